@@ -1,0 +1,81 @@
+"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point.
+
+One Hydra job is one training world (:func:`ddp_exp.launch.run_job`); ``-m`` sweeps run one world
+per job. Errors in the user's input end the process with one line on stderr naming the key and
+what is valid, exit status 2; a failed rank ends it with PyTorch's elastic failure summary,
+exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from ddp_exp.config import ConfigError, register_configs
+from ddp_exp.launch import run_job, torchrun_overrides
+
+log = logging.getLogger("ddp_exp")
+
+EXIT_CONFIG_ERROR = 2
+EXIT_RANK_FAILED = 1
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
+def _task(cfg: DictConfig) -> float | None:
+    """Run one job; returns the final ``val/loss`` (what Hydra sweepers minimise)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        final = run_job(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+    except ChildFailedError as exc:
+        log.error("training failed\n%s", exc.format_msg())
+        raise SystemExit(EXIT_RANK_FAILED) from None
+    return None if final is None else final.get("val/loss")
+
+
+def _one_line(exc: BaseException) -> str | None:
+    """A one-line message for a config value of the wrong type, or None for other errors."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = exc.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        msg = str(getattr(cause, "msg", cause)).splitlines()[0]
+        return f"{cause.full_key}: {msg}"
+    return None
+
+
+def main() -> None:
+    """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
+    from hydra.errors import HydraException
+
+    sys.argv += torchrun_overrides(sys.argv)
+    user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    # Let composition errors reach us instead of Hydra's multi-line report, so that a value of
+    # the wrong type (world_size=two) gets one line naming the key.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _task()
+    except HydraException as exc:
+        if user_wants_traceback:
+            raise
+        line = _one_line(exc)
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+        print(str(exc), file=sys.stderr)
+        if exc.__cause__ is not None:
+            print(str(exc.__cause__), file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

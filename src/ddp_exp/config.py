@@ -1,0 +1,259 @@
+"""The structured config schema, and the checks that run once before any rank starts.
+
+Every key a user can set lives in a dataclass here, registered in Hydra's ConfigStore under the
+``schema`` group; the YAML options in ``conf/`` extend these schemas (see ``conf/data/digits.yaml``),
+so OmegaConf checks types at composition and :func:`validate` checks ranges and relations.
+Errors for users are :class:`ConfigError`: one line naming the key, the bad value and what is valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import MISSING, SI, DictConfig, OmegaConf
+
+BACKENDS = ("auto", "gloo", "nccl")
+START_METHODS = ("fork", "forkserver", "spawn")
+TASKS = ("auto", "classification", "regression")
+
+
+class ConfigError(ValueError):
+    """A user's configuration cannot run; the message is one line naming the key."""
+
+
+# ----------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    """Keys every dataset has; ``_target_`` returns an :class:`ddp_exp.data.ArrayDataset`."""
+
+    _target_: str = MISSING
+    batch_size: int = 32  # per rank; the global batch is batch_size * world_size
+    val_size: int = 297  # held-out validation samples, chosen by the top-level seed
+    shuffle: bool = True
+    num_workers: int = 0  # > 0 serves batches through torch's DataLoader with worker processes
+
+
+@dataclass
+class DigitsDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.load_digits"
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.make_synthetic"
+    num_samples: int = 4096
+    num_features: int = 32
+    num_classes: int = 0  # 0: regression y = x @ w + noise; k > 0: k classes from a linear teacher
+    noise_std: float = 0.1
+    seed: int = SI("${seed}")
+    val_size: int = 512
+
+
+@dataclass
+class FileDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.load_file"
+    path: str = MISSING
+    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
+    val_size: int = 0
+
+
+# ---------------------------------------------------------------------------------- model
+@dataclass
+class MLPConfig:
+    _target_: str = "ddp_exp.models.MLP"
+    hidden_sizes: list[int] = field(default_factory=lambda: [128])
+    dropout: float = 0.0
+
+
+@dataclass
+class CNNConfig:
+    _target_: str = "ddp_exp.models.CNN"
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    hidden_size: int = 128
+
+
+@dataclass
+class LinearConfig:
+    _target_: str = "ddp_exp.models.Linear"
+
+
+# ---------------------------------------------------------------------------------- optim
+@dataclass
+class SGDConfig:
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWConfig:
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+# ------------------------------------------------------------------------- trainer & world
+@dataclass
+class TrainerConfig:
+    epochs: int = 10
+    max_steps: int | None = None  # stop after this many optimizer steps, even mid-epoch
+    log_every_n_steps: int = 10
+
+
+@dataclass
+class DistributedConfig:
+    backend: str = "auto"  # set through the `backend` group: auto | gloo | nccl
+    timeout_s: float = 600.0  # collective timeout of the process group, seconds
+
+
+@dataclass
+class LauncherConfig:
+    """The world's shape and how the elastic launcher starts it (torch.distributed.launcher.api)."""
+
+    nnodes: int = 1
+    max_restarts: int = 0
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "localhost:0"  # port 0: a free port chosen at launch
+    rdzv_timeout_s: int = 900
+    start_method: str = "fork"
+    monitor_interval_s: float = 0.05
+
+
+@dataclass
+class DDPConfig:
+    """Options passed to torch.nn.parallel.DistributedDataParallel."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class Config:
+    data: Any = MISSING
+    model: Any = MISSING
+    optim: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    world_size: int = 2  # total number of ranks
+    seed: int = 0
+    print_config: bool = True
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (group ``schema``), once per process."""
+    cs = ConfigStore.instance()
+    cs.store(name="ddp_exp_schema", node=Config)
+    for group, name, node in [
+        ("data", "digits", DigitsDataConfig),
+        ("data", "synthetic", SyntheticDataConfig),
+        ("data", "file", FileDataConfig),
+        ("data", "base", DataConfig),
+        ("model", "mlp", MLPConfig),
+        ("model", "cnn", CNNConfig),
+        ("model", "linear", LinearConfig),
+        ("optim", "sgd", SGDConfig),
+        ("optim", "adamw", AdamWConfig),
+        ("trainer", "default", TrainerConfig),
+        ("launcher", "local", LauncherConfig),
+    ]:
+        cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+# ------------------------------------------------------------------------------ validation
+def _check(ok: bool, key: str, value: Any, valid: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: {valid}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check ranges and relations of a composed config (types were checked by OmegaConf).
+
+    Raises:
+        ConfigError: one line naming the first offending key and what would be valid.
+    """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        key = missing[0]
+        hint = {"data.path": "a .pt, .npz or .csv file of features and targets"}.get(key, "a value")
+        raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
+
+    _check(cfg.world_size >= 1, "world_size", cfg.world_size, "a positive integer (1, 2, 3, ...)")
+    _check(cfg.seed >= 0, "seed", cfg.seed, "a non-negative integer")
+    d = cfg.data
+    for key in ("_target_", "batch_size", "val_size", "shuffle", "num_workers"):
+        _check(key in d, f"data.{key}", None, "every data config needs it (extend schema/data/base)")
+    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
+    _check(d.val_size >= 0, "data.val_size", d.val_size, "0 (no validation) or a positive count")
+    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")
+    if "task" in d:
+        _check(d.task in TASKS, "data.task", d.task, f"one of {', '.join(TASKS)}")
+    if "num_samples" in d:
+        _check(d.num_samples >= 2, "data.num_samples", d.num_samples, "an integer >= 2")
+    if "num_features" in d:
+        _check(d.num_features >= 1, "data.num_features", d.num_features, "a positive integer")
+    if "num_classes" in d:
+        _check(d.num_classes != 1 and d.num_classes >= 0, "data.num_classes", d.num_classes,
+               "0 (regression) or an integer >= 2")
+
+    _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp")
+    if "hidden_sizes" in cfg.model:
+        sizes = list(cfg.model.hidden_sizes)
+        _check(all(s >= 1 for s in sizes), "model.hidden_sizes", sizes, "positive layer widths")
+    _check("lr" in cfg.optim and cfg.optim.lr >= 0, "optim.lr", cfg.optim.get("lr"),
+           "a non-negative learning rate")
+
+    t = cfg.trainer
+    _check(t.epochs >= 1, "trainer.epochs", t.epochs, "a positive integer")
+    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps,
+           "null (no cap) or a positive integer")
+    _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
+           "a positive integer")
+
+    dist = cfg.distributed
+    _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")
+    _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s, "a positive number of s")
+
+    la = cfg.launcher
+    _check(la.nnodes >= 1, "launcher.nnodes", la.nnodes, "a positive integer")
+    _check(cfg.world_size % la.nnodes == 0, "world_size", cfg.world_size,
+           f"a multiple of launcher.nnodes={la.nnodes} (the same number of ranks on every node)")
+    _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
+    _check(la.start_method in START_METHODS, "launcher.start_method", la.start_method,
+           f"one of {', '.join(START_METHODS)}")
+    _check(la.monitor_interval_s > 0, "launcher.monitor_interval_s", la.monitor_interval_s,
+           "a positive number of seconds")
+    _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
+
+
+def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(node, **kwargs)`` with errors for users as :class:`ConfigError`.
+
+    ``key`` names the config node (``model``, ``data``, ``optim``) in the message. A ConfigError
+    raised by the target itself is passed through unchanged.
+
+    Raises:
+        ConfigError: the target cannot be imported, rejects its arguments, or raises ConfigError.
+    """
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        detail = str(cause).splitlines()[0] if cause is not None else str(exc).splitlines()[0]
+        raise ConfigError(f"{key}._target_={node.get('_target_')!r} failed: {detail}") from exc

@@ -1,0 +1,182 @@
+"""From one composed Hydra job to one training world.
+
+:func:`run_job` validates the config, builds the data and the seeded model **once** in this
+process, and starts ``world_size`` ranks through PyTorch's elastic launcher
+(``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun), every field of
+its ``LaunchConfig`` set explicitly: c10d rendezvous on ``localhost:0`` (a free port, so parallel
+jobs cannot collide or merge), a fresh ``run_id``, restarts from ``launcher.max_restarts``.
+
+When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
+:func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
+and broadcasts its resolved config, so every rank trains on the same config.
+
+Fork safety: the default start method is fork (fast start; ranks inherit imports, data and
+model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
+process pins itself to one intra-op thread before any torch compute (../shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp.config import ConfigError, instantiate_node, validate
+from ddp_exp.data import Datasets, build_datasets
+from ddp_exp.distributed import (
+    World,
+    destroy_process_group,
+    init_process_group,
+    resolve_backend,
+)
+from ddp_exp.metrics import flatten_hparams
+from ddp_exp.models import build_model
+from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads, train_rank
+
+log = logging.getLogger("ddp_exp")
+
+_DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not arguments of the loader
+
+
+def under_torchrun() -> bool:
+    """True when this process is a rank started by torchrun (or any elastic agent)."""
+    return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+
+
+def torchrun_overrides(argv: list[str]) -> list[str]:
+    """Overrides appended to ``argv`` on non-zero torchrun ranks before Hydra parses it, so that
+    they create nothing: no run folder (the current one), no ``.hydra/``, no job log."""
+    if not under_torchrun() or os.environ["RANK"] == "0":
+        return []
+    return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+            "hydra/hydra_logging=none"]
+
+
+def load_data(cfg: DictConfig) -> Datasets:
+    """Instantiate ``cfg.data`` (NumPy only: no torch compute) and hold out validation samples.
+
+    Raises:
+        ConfigError: unreadable data, or ``data.val_size`` too large.
+    """
+    loader_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                  if k not in _DATA_KEYS}
+    dataset = instantiate_node(loader_cfg, "data")
+    return build_datasets(dataset, cfg.data.val_size, cfg.seed, cfg.world_size)
+
+
+def _job_log_file() -> str | None:
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return handler.baseFilename
+    return None
+
+
+def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
+    """The config flattened, plus the group choices and the derived global batch size."""
+    hparams = flatten_hparams(plain)
+    if HydraConfig.initialized():
+        for group, choice in HydraConfig.get().runtime.choices.items():
+            if not group.startswith(("hydra", "schema")) and choice is not None:
+                hparams[group] = str(choice)
+    hparams["global_batch_size"] = plain["data"]["batch_size"] * plain["world_size"]
+    return hparams
+
+
+def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> RankInputs:
+    """Validate-and-build step shared by both launch paths; raises ConfigError on bad input."""
+    t_start = time.time()
+    datasets = load_data(cfg)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
+    model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
+                        datasets.train.input_shape, datasets.train.num_outputs)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain["world_size"] = world_size
+    return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,
+                      datasets=datasets, model=model, hparams=_hparams(plain), t_start=t_start)
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any] | None:
+    """Run one Hydra job as one training world; returns rank 0's final metrics.
+
+    Raises:
+        ConfigError: invalid config or data, before any rank starts.
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a rank failed.
+    """
+    if under_torchrun():
+        return run_under_torchrun(cfg)
+    torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
+    validate(cfg)
+    nproc = cfg.world_size // cfg.launcher.nnodes
+    backend = resolve_backend(cfg.distributed.backend, nproc)
+    job_dir = HydraConfig.get().runtime.output_dir
+    inputs = prepare(cfg, job_dir, cfg.world_size, backend)
+    if cfg.print_config:
+        log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
+    results = _elastic_launch(cfg, nproc, inputs)
+    return results.get(0)
+
+
+def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int, Any]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    la = cfg.launcher
+    # The agent's per-attempt error files go to a folder removed afterwards; the failure
+    # summary (rank, exit code, traceback) is raised as ChildFailedError.
+    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
+        config = LaunchConfig(
+            min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
+            run_id=uuid.uuid4().hex, role="ddp_exp",
+            rdzv_backend=la.rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
+            rdzv_configs={"timeout": la.rdzv_timeout_s},
+            max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
+            start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
+        )
+        return elastic_launch(config, run_rank)(inputs)
+
+
+def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
+    """This process is one rank of a torchrun world: validate, join, adopt rank 0's config.
+
+    Raises:
+        ConfigError: an explicit ``world_size=`` that is not torchrun's ``WORLD_SIZE``.
+    """
+    import torch.distributed as dist
+
+    world = World.from_env()
+    hc = HydraConfig.get()
+    if hc.mode is not None and hc.mode.name == "MULTIRUN":
+        raise ConfigError("multirun (-m) cannot run under torchrun: start the sweep with "
+                          "python -m ddp_exp -m ..., which launches one world per job")
+    explicit = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") == "world_size"]
+    if explicit and cfg.world_size != world.world_size:
+        raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="
+                          f"{world.world_size}; drop world_size= or make them equal")
+    cfg.world_size = world.world_size
+    cfg.launcher.nnodes = world.world_size // world.local_world_size
+    validate(cfg)
+    backend = resolve_backend(cfg.distributed.backend, world.local_world_size)
+    threads = set_threads(world)
+    init_process_group(backend, world, cfg.distributed.timeout_s)
+    try:
+        # Rank 0's composition wins: the same resolved config (${now:} included) and one
+        # output folder for the whole world.
+        shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
+                  _job_log_file()] if world.is_main else [None, None, None]
+        dist.broadcast_object_list(shared, src=0)
+        plain, job_dir, log_file = shared
+        cfg = OmegaConf.create(plain)
+        configure_logging(world.rank, log_file)
+        inputs = prepare(cfg, job_dir, world.world_size, backend)
+        if world.is_main and cfg.print_config:
+            log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
+        return train_rank(inputs, world, threads)
+    finally:
+        destroy_process_group()

@@ -1,0 +1,147 @@
+"""One rank's life: signals, logging, threads, the process group, the loop, clean shutdown.
+
+:func:`run_rank` is the module-level function the elastic launcher starts ``world_size`` times;
+it receives the already composed config as plain data (:class:`RankInputs`), never ``sys.argv``,
+so a rank can neither re-compose the config, nor make its own output folder, nor start a sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddp_exp.data import Datasets
+from ddp_exp.distributed import (
+    World,
+    destroy_process_group,
+    device_for,
+    init_process_group,
+    threads_per_rank,
+)
+from ddp_exp.metrics import MetricsWriter
+from ddp_exp.train import fit
+
+log = logging.getLogger("ddp_exp")
+
+LOG_FORMAT = "[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
+
+
+@dataclass
+class RankInputs:
+    """Everything a rank needs, as picklable data built once by the launching process.
+
+    Attributes:
+        cfg: the resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
+        job_dir: absolute path of the job's output folder (rank 0 writes there).
+        log_file: the job's log file to append to, or None.
+        backend: the resolved process-group backend (``gloo`` or ``nccl``).
+        datasets: the train/validation split.
+        model: the seeded, unwrapped model.
+        hparams: flat hyper-parameters for TensorBoard's HParams dashboard.
+        t_start: ``time.time()`` when the job started, for ``time/total_s``.
+    """
+
+    cfg: dict[str, Any]
+    job_dir: str
+    log_file: str | None
+    backend: str
+    datasets: Datasets
+    model: nn.Module
+    hparams: dict[str, Any] = field(default_factory=dict)
+    t_start: float = field(default_factory=time.time)
+
+
+def configure_logging(rank: int, log_file: str | None) -> None:
+    """Rank 0 logs INFO and above, other ranks WARNING and above; every line carries its rank.
+
+    Replaces inherited handlers (a forked rank inherits the parent's, which would write every
+    line once per rank), writing to stdout and appending to the job's log file.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file, mode="a"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def set_threads(world: World) -> int:
+    """Set this rank's intra-op threads (see :func:`ddp_exp.distributed.threads_per_rank`)."""
+    threads = threads_per_rank(world.local_world_size)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any] | None:
+    """Run the loop on this rank (process group already up); rank 0 writes the outputs.
+
+    Returns:
+        The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks.
+    """
+    cfg = inputs.cfg
+    device = device_for(inputs.backend, world.local_rank)
+    data = inputs.datasets
+    global_batch = cfg["data"]["batch_size"] * world.world_size
+    n_train = len(data.train)
+    padded = -n_train % world.world_size
+    log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
+             "(%d per rank); %d training / %d validation samples",
+             world.world_size, threads, inputs.backend, device.type, global_batch,
+             cfg["data"]["batch_size"], n_train, len(data.val))
+    if padded:
+        log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
+                 "%d sample(s) per epoch (train/num_samples=%d)", n_train, world.world_size,
+                 padded, n_train + padded)
+    writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main)
+    try:
+        final = fit(cfg, world, data, inputs.model, device, writer)
+        final.update({
+            "world_size": world.world_size,
+            "batch_size": cfg["data"]["batch_size"],
+            "global_batch_size": global_batch,
+            "threads_per_rank": threads,
+            "backend": inputs.backend,
+            "time/total_s": time.time() - inputs.t_start,
+        })
+        writer.finish(final)
+    finally:
+        writer.close()
+    if world.is_main:
+        log.info("wrote %s", os.path.join(inputs.job_dir, "metrics.json"))
+        return final
+    return None
+
+
+@record
+def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
+    """Entry point of one rank started by the elastic launcher (env ``RANK``, ``WORLD_SIZE``...).
+
+    ``@record`` hands an uncaught error to PyTorch's elastic error reporting, which names the
+    failing rank in the launcher's summary.
+    """
+    # A forked rank inherits the parent's Python signal handlers (Hydra's, the agent's); with
+    # them a rank blocked in native code ignores SIGTERM until the launcher's grace period ends.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    world = World.from_env()
+    configure_logging(world.rank, inputs.log_file)
+    threads = set_threads(world)
+    init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"])
+    try:
+        return train_rank(inputs, world, threads)
+    finally:
+        destroy_process_group()
