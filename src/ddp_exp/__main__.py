@@ -34,7 +34,8 @@ def _task(cfg: DictConfig) -> float | None:
     try:
         final = run_job(cfg)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees the same error
+            print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except ChildFailedError as exc:
         log.error("training failed\n%s", exc.format_msg())
