@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ddp_exp.distributed import all_reduce_sum
+from ddp_exp.files import atomic_write
 
 # Final metrics paired with each run's scalars in TensorBoard's HParams dashboard.
 HPARAM_METRICS = ("val/loss", "val/accuracy", "train/loss")
@@ -75,21 +75,9 @@ def flatten_hparams(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, float
 
 
 def write_json_atomic(path: str, payload: Mapping[str, Any]) -> None:
-    """Write JSON to ``path`` via a temp file in the same folder, fsync, then rename, so a
-    reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=True, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``payload`` as JSON (no NaN: see :func:`finite_or_none`) with :func:`atomic_write`."""
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -98,7 +86,8 @@ def finite_or_none(value: float | None) -> float | None:
 
 
 class MetricsWriter:
-    """Rank 0's outputs: ``<job_dir>/tensorboard/`` (one event stream) and ``metrics.json``.
+    """Rank 0's outputs: ``<job_dir>/tensorboard/`` (one event stream), ``metrics.json`` and
+    ``model.pt``.
 
     Args:
         job_dir: the job's output folder (Hydra's output dir), absolute.
@@ -128,10 +117,13 @@ class MetricsWriter:
             if value is not None:
                 self.writer.add_scalar(tag, value, step)
 
-    def finish(self, final: Mapping[str, Any]) -> None:
-        """Flush TensorBoard and write ``metrics.json`` atomically."""
+    def finish(self, final: Mapping[str, Any], model: torch.nn.Module) -> None:
+        """Flush TensorBoard, write ``metrics.json`` and the trained weights ``model.pt``
+        (the unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
         if self.writer is None:
             return
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        atomic_write(os.path.join(self.job_dir, "model.pt"), lambda fh: torch.save(state, fh))
         self.writer.flush()
         self.writer.close()
         self.writer = None

@@ -117,7 +117,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             "backend": inputs.backend,
             "time/total_s": time.time() - inputs.t_start,
         })
-        writer.finish(final)
+        writer.finish(final, inputs.model)
     finally:
         writer.close()
     if world.is_main:

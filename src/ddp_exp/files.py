@@ -1,0 +1,26 @@
+"""Files that are never half-written: temp file in the same folder, fsync, atomic rename."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
+
+
+def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
+    ``path``; a reader sees the old file or the complete new one, never part of one (POSIX
+    rename is atomic within a file system). The temp file is removed if ``write`` fails."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
