@@ -1,15 +1,16 @@
 """The structured config schema, and the checks that run once before any rank starts.
 
-Every key a user can set lives in a dataclass here, registered in Hydra's ConfigStore under the
-``schema`` group; the YAML options in ``conf/`` extend these schemas (see ``conf/data/digits.yaml``),
-so OmegaConf checks types at composition and :func:`validate` checks ranges and relations.
-Errors for users are :class:`ConfigError`: one line naming the key, the bad value and what is valid.
+Every key a user can set lives in a dataclass here, registered in Hydra's ConfigStore under
+the ``schema`` group; the YAML options in ``conf/`` extend these schemas (see
+``conf/data/digits.yaml``), so OmegaConf checks types at composition and :func:`validate` checks
+ranges and relations. Errors for users are :class:`ConfigError`: one line naming the key, the
+bad value and what is valid.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -196,7 +197,8 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.seed >= 0, "seed", cfg.seed, "a non-negative integer")
     d = cfg.data
     for key in ("_target_", "batch_size", "val_size", "shuffle", "num_workers"):
-        _check(key in d, f"data.{key}", None, "every data config needs it (extend schema/data/base)")
+        _check(key in d, f"data.{key}", None,
+               "every data config needs it (extend schema/data/base)")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
     _check(d.val_size >= 0, "data.val_size", d.val_size, "0 (no validation) or a positive count")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")

@@ -117,10 +117,20 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     backend = resolve_backend(cfg.distributed.backend, nproc)
     job_dir = HydraConfig.get().runtime.output_dir
     inputs = prepare(cfg, job_dir, cfg.world_size, backend)
+    if cfg.launcher.start_method == "fork":
+        _preload_for_ranks()
     if cfg.print_config:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
     results = _elastic_launch(cfg, nproc, inputs)
     return results.get(0)
+
+
+def _preload_for_ranks() -> None:
+    """Import, once and here, what every rank would import at its first ``DDP(model)``
+    (torch._dynamo, ~1 s) and in rank 0's writer; forked ranks inherit the modules. Imports
+    before a fork are safe; torch compute is not."""
+    import torch._dynamo  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
 
 
 def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int, Any]:

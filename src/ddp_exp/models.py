@@ -77,7 +77,10 @@ class CNN(nn.Module):
 
 
 class Linear(nn.Module):
-    """One linear layer on the flattened input: ``[batch, *input_shape] -> [batch, num_outputs]``."""
+    """One linear layer on the flattened input.
+
+    Input ``[batch, *input_shape]``, output ``[batch, num_outputs]``.
+    """
 
     def __init__(self, input_shape: Sequence[int], num_outputs: int):
         super().__init__()

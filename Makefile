@@ -1,0 +1,42 @@
+# ddp_exp: every target installs what it needs into .venv on first use.
+# torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PORT   ?= 6006
+ARGS   ?=
+
+.PHONY: install run test test-fast sweep tensorboard bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: install  ## the main job: digits, MLP, 2 gloo ranks (extra overrides: make run ARGS="...")
+	$(BIN)/python -m ddp_exp backend=gloo world_size=2 $(ARGS)
+
+test: install  ## the whole suite, as CI runs it
+	$(BIN)/python -m pytest
+
+test-fast: install  ## the suite without the slow multi-world tests
+	$(BIN)/python -m pytest -m "not slow"
+
+sweep: install  ## a batch-size sweep, one world per job, under outputs/multirun/
+	$(BIN)/python -m ddp_exp -m backend=gloo world_size=2 data.batch_size=16,32,64 $(ARGS)
+
+tensorboard: install  ## every run under outputs/, on http://127.0.0.1:$(PORT)
+	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache build dist src/*.egg-info
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +
