@@ -8,6 +8,7 @@ exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -45,13 +46,18 @@ def _task(cfg: DictConfig) -> float | None:
 
 def _one_line(exc: BaseException) -> str | None:
     """A one-line message for a config value of the wrong type, or None for other errors."""
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     cause = exc.__cause__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        msg = str(getattr(cause, "msg", cause)).splitlines()[0]
-        return f"{cause.full_key}: {msg}"
-    return None
+    if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
+        return None
+    msg = str(getattr(cause, "msg", cause)).splitlines()[0]
+    schema = getattr(cause, "object_type", None)
+    unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
+    if unknown_key and dataclasses.is_dataclass(schema):
+        keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+        msg += f"; valid keys: {', '.join(keys)}"
+    return f"{cause.full_key}: {msg}"
 
 
 def main() -> None:

@@ -133,9 +133,19 @@ def _preload_for_ranks() -> None:
     import torch.utils.tensorboard  # noqa: F401
 
 
+def _drop_duplicate_failure(record: logging.LogRecord) -> bool:
+    """The agent logs a failed rank's traceback, then raises it again in ChildFailedError,
+    which the entry point prints: keep the error shown once."""
+    return not str(record.msg).startswith("failed (exitcode")
+
+
 def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int, Any]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if _drop_duplicate_failure not in agent_log.filters:
+        agent_log.addFilter(_drop_duplicate_failure)
 
     la = cfg.launcher
     # The agent's per-attempt error files go to a folder removed afterwards; the failure

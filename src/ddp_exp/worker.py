@@ -35,6 +35,20 @@ log = logging.getLogger("ddp_exp")
 LOG_FORMAT = "[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
 
 
+PEER_FAILURE_GRACE_S = 5.0
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True for errors a collective raises because a peer rank went away (gloo/NCCL connection
+    closed or reset, a store that is gone), as opposed to an error of this rank's own."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer",
+                            "Broken pipe", "NCCL communicator was aborted"))
+
+
 @dataclass
 class RankInputs:
     """Everything a rank needs, as picklable data built once by the launching process.
@@ -143,5 +157,11 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"])
     try:
         return train_rank(inputs, world, threads)
+    except Exception as exc:
+        if is_peer_failure(exc):
+            # Our collective broke because another rank died first. Exit after it, so that the
+            # launcher reports that rank's error as the root cause (it stops us when it sees it).
+            time.sleep(PEER_FAILURE_GRACE_S)
+        raise
     finally:
         destroy_process_group()
