@@ -21,6 +21,7 @@ from omegaconf import MISSING, SI, DictConfig, OmegaConf
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("fork", "forkserver", "spawn")
 TASKS = ("auto", "classification", "regression")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 class ConfigError(ValueError):
@@ -110,6 +111,9 @@ class TrainerConfig:
     epochs: int = 10
     max_steps: int | None = None  # stop after this many optimizer steps, even mid-epoch
     log_every_n_steps: int = 10
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
+    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
+    compile: bool = False  # torch.compile the DDP model
 
 
 @dataclass
@@ -175,6 +179,13 @@ def register_configs() -> None:
         cs.store(group=f"schema/{group}", name=name, node=node)
 
 
+def global_batch_size(cfg: Mapping[str, Any]) -> int:
+    """Samples per optimizer step over the world:
+    ``data.batch_size x world_size x trainer.accumulate_grad_batches``."""
+    return (cfg["data"]["batch_size"] * cfg["world_size"]
+            * cfg["trainer"]["accumulate_grad_batches"])
+
+
 # ------------------------------------------------------------------------------ validation
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
     if not ok:
@@ -225,6 +236,10 @@ def validate(cfg: DictConfig) -> None:
            "null (no cap) or a positive integer")
     _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
            "a positive integer")
+    _check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches",
+           t.accumulate_grad_batches, "a positive integer")
+    _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
+           f"one of {', '.join(PRECISIONS)}")
 
     dist = cfg.distributed
     _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")

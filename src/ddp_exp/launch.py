@@ -28,7 +28,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.config import ConfigError, instantiate_node, validate
+from ddp_exp.config import ConfigError, global_batch_size, instantiate_node, validate
 from ddp_exp.data import Datasets, build_datasets
 from ddp_exp.distributed import (
     World,
@@ -85,7 +85,7 @@ def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
         for group, choice in HydraConfig.get().runtime.choices.items():
             if not group.startswith(("hydra", "schema")) and choice is not None:
                 hparams[group] = str(choice)
-    hparams["global_batch_size"] = plain["data"]["batch_size"] * plain["world_size"]
+    hparams["global_batch_size"] = global_batch_size(plain)
     return hparams
 
 

@@ -4,22 +4,28 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
 
 1. ``sampler.set_epoch(epoch)``: a new permutation per epoch, the same on every rank, strided
    into shards (``DistributedSampler``).
-2. Per step: forward through the DDP wrapper, ``loss.backward()`` (DDP all-reduces gradient
-   buckets while backward runs, so every rank ends with the mean gradient of the global batch),
-   ``optimizer.step()``, and ``zero_grad`` before the next backward, since autograd accumulates
-   into ``.grad``. The loss is summed on the device; nothing waits on the host.
-3. Every ``trainer.log_every_n_steps``: one all-reduce of (loss sum, sample count), and rank 0
-   writes ``train/loss`` (mean over the interval's samples), ``train/lr`` and
-   ``train/samples_per_sec`` at x = global step.
-4. Evaluation of the whole validation set through ``model.module`` (the unwrapped model: no DDP
-   collectives in the forward, so uneven shards cannot hang), one all-reduce of (loss sum,
-   correct, count), and rank 0 writes ``val/loss`` and ``val/accuracy``.
+2. Per optimizer step: ``zero_grad`` (autograd accumulates into ``.grad``), then for each of the
+   ``trainer.accumulate_grad_batches`` micro-batches a forward through the DDP wrapper and
+   ``backward()``; DDP all-reduces gradient buckets while the last micro-batch's backward runs,
+   and the earlier ones run forward *and* backward inside ``no_sync()`` (a ``no_sync`` around
+   backward alone still syncs: DDP docstring). Each micro-batch loss is weighted by its share of
+   the step's samples, so ``accumulate_grad_batches=2, batch_size=b`` steps exactly like
+   ``batch_size=2b``. Then ``optimizer.step()``. Losses stay on the device: no host sync per step.
+3. Every ``trainer.log_every_n_steps``: one all-reduce of (loss sum, sample count); rank 0 writes
+   ``train/loss`` (mean over the interval's samples), ``train/lr`` and ``train/samples_per_sec``
+   at x = global step. A non-finite sum stops every rank at once, naming the first bad step.
+4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
+   forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
+   rank 0 writes ``val/loss`` and ``val/accuracy``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,31 +35,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from ddp_exp.config import instantiate_node
+from ddp_exp.config import ConfigError, instantiate_node
 from ddp_exp.data import Datasets, TrainLoader, val_batches
-from ddp_exp.distributed import World
+from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 
 log = logging.getLogger(__name__)
 
 EVAL_BATCH_SIZE = 512  # evaluation only: larger batches, same per-sample losses
+AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-@dataclass
-class Summary:
-    """What one epoch measured, reduced over the world."""
-
-    epoch: int
-    global_step: int
-    train_loss: float | None
-    train_samples: int
-    train_s: float
-    val: dict[str, Any]
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite on some rank; every rank raises it together."""
 
 
 def loss_per_sample(output: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-sample loss ``[batch]``: cross-entropy for classes (``target [batch]`` int64), else the
-    mean squared error over the ``[batch, k]`` outputs."""
+    """Per-sample loss ``[batch]`` in float32: cross-entropy for classes (``target [batch]``
+    int64), else the mean squared error over the ``[batch, k]`` outputs."""
+    output = output.float()
     if num_classes:
         return F.cross_entropy(output, target, reduction="none")
     return (output - target).pow(2).mean(dim=1)
@@ -63,20 +63,40 @@ def batch_loss(output: torch.Tensor, target: torch.Tensor, num_classes: int) -> 
     """Mean loss of a batch (a scalar), the quantity whose gradient DDP averages across ranks."""
     if num_classes:
         return F.cross_entropy(output, target)
-    return F.mse_loss(output, target)
+    return F.mse_loss(output.float(), target)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for ``bf16-mixed`` / ``16-mixed``, a no-op for ``32-true``."""
+    dtype = AUTOCAST_DTYPES[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def groups(batches: Iterable, size: int) -> Iterator[list]:
+    """Consecutive groups of ``size`` items (the last one may be shorter)."""
+    group: list = []
+    for item in batches:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, datasets: Datasets, world: World,
-             device: torch.device) -> dict[str, Any]:
+def evaluate(model: nn.Module, datasets: Datasets, world: World, device: torch.device,
+             precision: str = "32-true") -> dict[str, Any]:
     """Loss and accuracy of ``model`` on the whole validation set, exact for any world size.
 
-    Each rank evaluates samples ``rank, rank + world_size, ...`` (no padding, a shard may be
-    empty), then one all-reduce sums (loss, correct, count) in float64.
+    Each rank evaluates samples ``rank, rank + world_size, ...`` (no padding; a shard may be
+    empty), then one all-reduce sums (loss, correct, count) in float64. Every rank must call it.
 
     Returns:
         ``val/loss`` (mean per-sample loss), ``val/accuracy`` (correct / count, None for
-        regression) and ``val/num_samples``; losses are None when the set is empty.
+        regression) and ``val/num_samples``; loss and accuracy are None for an empty set.
     """
     was_training = model.training
     model.eval()
@@ -85,7 +105,8 @@ def evaluate(model: nn.Module, datasets: Datasets, world: World,
     sums = Accumulator(("loss_sum", "correct", "num_samples"), device)
     for xb, yb in val_batches(x, y, world.rank, world.world_size, EVAL_BATCH_SIZE):
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        out = model(xb)
+        with autocast(device, precision):
+            out = model(xb)
         sums.add("loss_sum", loss_per_sample(out, yb, datasets.num_classes).double().sum())
         if datasets.num_classes:
             sums.add("correct", (out.argmax(dim=1) == yb).sum())
@@ -100,126 +121,222 @@ def evaluate(model: nn.Module, datasets: Datasets, world: World,
     }
 
 
-def fit(cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
-        device: torch.device, writer: MetricsWriter) -> dict[str, Any]:
-    """Train ``model`` for ``trainer.epochs`` (or ``trainer.max_steps``) on this rank.
+class LossWindow:
+    """The per-step training losses of one logging interval, kept on the device.
+
+    ``add`` only appends (no kernel, no sync); ``reduce`` sums ``loss * batch size`` in float64
+    and all-reduces (sum, count) once. If the sum is not finite, a second all-reduce finds the
+    first bad step over all ranks and every rank raises :class:`NonFiniteLossError`.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.losses: list[torch.Tensor] = []
+        self.sizes: list[int] = []
+        self.first_step = 0
+
+    def add(self, loss: torch.Tensor, size: int, step: int) -> None:
+        if not self.losses:
+            self.first_step = step
+        self.losses.append(loss.detach())
+        self.sizes.append(size)
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    def reduce(self, world: World) -> tuple[float, int]:
+        """Returns the world's (loss sum, sample count) of the interval and empties it."""
+        losses = torch.stack(self.losses).double()
+        sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
+        totals = torch.stack([(losses * sizes).sum(), sizes.sum()])
+        loss_sum, count = all_reduce_sum(totals).tolist()
+        if not math.isfinite(loss_sum):
+            self._raise_nonfinite(losses, world)
+        self.losses, self.sizes = [], []
+        return loss_sum, int(count)
+
+    def _raise_nonfinite(self, losses: torch.Tensor, world: World) -> None:
+        import torch.distributed as dist
+
+        bad = (~torch.isfinite(losses)).nonzero()
+        # Encode (step, rank) in one number so one MIN all-reduce finds the earliest.
+        mine = (self.first_step + int(bad[0])) * world.world_size + world.rank if len(bad) \
+            else math.inf
+        code = torch.tensor([float(mine)], dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and world.world_size > 1:
+            dist.all_reduce(code, op=dist.ReduceOp.MIN)
+        step, rank = divmod(int(code.item()), world.world_size)
+        raise NonFiniteLossError(f"non-finite training loss at step {step} (first seen on rank "
+                                 f"{rank}); all {world.world_size} rank(s) stopped. Lower optim.lr"
+                                 " or check the data for NaN/inf")
+
+
+@dataclass
+class EpochResult:
+    """What one epoch measured, reduced over the world."""
+
+    epoch: int
+    global_step: int
+    train_loss: float | None
+    train_samples: int
+    train_s: float
+    val: dict[str, Any]
+
+
+class Trainer:
+    """The loop of one rank: built from the resolved config, the data and the seeded model.
 
     Args:
         cfg: the resolved config as plain data (see ``conf/config.yaml``).
-        world: this rank's place in the world; the default process group is initialised.
+        world: this rank's place; the default process group is initialised.
         datasets: the train/validation split, identical on every rank.
-        model: the seeded, unwrapped model (identical on every rank; DDP broadcasts rank 0's
-            parameters anyway).
+        model: the seeded, unwrapped model (DDP broadcasts rank 0's parameters at wrap time).
+        device: this rank's device.
         writer: rank 0's TensorBoard/metrics writer (a no-op elsewhere).
 
-    Returns:
-        The final global metrics (see ``metrics.json`` in the README).
+    Raises:
+        ConfigError: a precision the device cannot run.
     """
-    data_cfg, trainer = cfg["data"], cfg["trainer"]
-    batch_size, num_classes = data_cfg["batch_size"], datasets.num_classes
-    x = torch.from_numpy(datasets.train.features).to(device)
-    y = torch.from_numpy(datasets.train.targets).to(device)
-    sampler = DistributedSampler(range(len(x)), num_replicas=world.world_size, rank=world.rank,
-                                 shuffle=data_cfg["shuffle"], seed=cfg["seed"], drop_last=False)
-    loader = TrainLoader(x, y, sampler, batch_size, data_cfg["num_workers"])
 
-    model = model.to(device)
-    ddp = DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=cfg["ddp"]["bucket_cap_mb"],
-        gradient_as_bucket_view=cfg["ddp"]["gradient_as_bucket_view"],
-        static_graph=cfg["ddp"]["static_graph"],
-        find_unused_parameters=cfg["ddp"]["find_unused_parameters"])
-    optimizer = instantiate_node(cfg["optim"], "optim")(ddp.parameters())
-    torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness differ per rank
+    def __init__(self, cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
+                 device: torch.device, writer: MetricsWriter):
+        self.cfg, self.world, self.datasets, self.device, self.writer = (
+            cfg, world, datasets, device, writer)
+        trainer, data_cfg, ddp_cfg = cfg["trainer"], cfg["data"], cfg["ddp"]
+        self.precision = trainer["precision"]
+        if self.precision == "16-mixed" and device.type != "cuda":
+            raise ConfigError("trainer.precision=16-mixed needs CUDA; use bf16-mixed on the CPU")
+        self.accumulate = trainer["accumulate_grad_batches"]
+        self.num_classes = datasets.num_classes
+        x = torch.from_numpy(datasets.train.features).to(device)
+        y = torch.from_numpy(datasets.train.targets).to(device)
+        self.sampler = DistributedSampler(range(len(x)), num_replicas=world.world_size,
+                                          rank=world.rank, shuffle=data_cfg["shuffle"],
+                                          seed=cfg["seed"], drop_last=False)
+        self.loader = TrainLoader(x, y, self.sampler, data_cfg["batch_size"],
+                                  data_cfg["num_workers"])
+        self.model = model.to(device)
+        self.ddp = DistributedDataParallel(
+            self.model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=ddp_cfg["bucket_cap_mb"],
+            gradient_as_bucket_view=ddp_cfg["gradient_as_bucket_view"],
+            static_graph=ddp_cfg["static_graph"],
+            find_unused_parameters=ddp_cfg["find_unused_parameters"])
+        # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
+        self.forward = torch.compile(self.ddp) if trainer["compile"] else self.ddp
+        self.optimizer = instantiate_node(cfg["optim"], "optim")(self.ddp.parameters())
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "16-mixed")
+        torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
+        self.epoch = 0  # the next epoch to run
+        self.global_step = 0
 
-    max_steps = trainer["max_steps"]
-    log_every = trainer["log_every_n_steps"]
-    interval = Accumulator(("loss_sum", "num_samples"), device)
-    global_step, last = 0, None
-    train_s, run_samples = 0.0, 0
-    for epoch in range(trainer["epochs"]):
-        sampler.set_epoch(epoch)
-        ddp.train()
-        epoch_loss, epoch_samples, epoch_s = 0.0, 0, 0.0
-        t_interval = time.perf_counter()
-        pending = 0
-        for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            loss = batch_loss(ddp(xb), yb, num_classes)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            global_step += 1
-            pending += 1
-            interval.add("loss_sum", loss, weight=len(xb))
-            interval.add("num_samples", len(xb))
-            stop = max_steps is not None and global_step >= max_steps
-            if pending == log_every or stop:
-                t_interval, seconds, totals = _log_interval(interval, t_interval, global_step,
-                                                            optimizer, writer)
-                epoch_loss += totals["loss_sum"]
-                epoch_samples += int(totals["num_samples"])
-                epoch_s += seconds
-                pending = 0
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch: ``ceil(batches per rank / accumulate_grad_batches)``."""
+        return math.ceil(len(self.loader) / self.accumulate)
+
+    def _step(self, group: list, window: LossWindow) -> None:
+        """One optimizer step over a group of micro-batches (see the module docstring)."""
+        step_samples = sum(len(xb) for xb, _ in group)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, (xb, yb) in enumerate(group):
+            xb = xb.to(self.device, non_blocking=True)
+            yb = yb.to(self.device, non_blocking=True)
+            last = i == len(group) - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync():
+                with autocast(self.device, self.precision):
+                    loss = batch_loss(self.forward(xb), yb, self.num_classes)
+                share = len(xb) / step_samples
+                self.scaler.scale(loss if share == 1.0 else loss * share).backward()
+            window.add(loss, len(xb), self.global_step + 1)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.global_step += 1
+
+    def train_epoch(self) -> tuple[float, int, float]:
+        """Run one epoch (or up to ``trainer.max_steps``); returns the world's (loss sum,
+        samples, seconds in the loop)."""
+        trainer = self.cfg["trainer"]
+        max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
+        self.sampler.set_epoch(self.epoch)
+        self.ddp.train()
+        window = LossWindow(self.device)
+        loss_sum, samples, seconds = 0.0, 0, 0.0
+        t_start = time.perf_counter()
+        for group in groups(self.loader, self.accumulate):
+            self._step(group, window)
+            stop = max_steps is not None and self.global_step >= max_steps
+            if self.global_step % log_every == 0 or stop:
+                s, n, dt = self._log(window, t_start)
+                t_start += dt
+                loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
             if stop:
                 break
-        if pending:
-            t_interval, seconds, totals = _log_interval(interval, t_interval, global_step,
-                                                        optimizer, writer)
-            epoch_loss += totals["loss_sum"]
-            epoch_samples += int(totals["num_samples"])
-            epoch_s += seconds
-        train_s += epoch_s
-        run_samples += epoch_samples
-        val = evaluate(ddp.module, datasets, world, device) if len(datasets.val) else {
-            "val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        writer.scalars(global_step, {k: v for k, v in val.items() if k != "val/num_samples"})
-        last = Summary(epoch, global_step, mean(epoch_loss, epoch_samples), epoch_samples,
-                       epoch_s, val)
-        log.info(_epoch_line(last, trainer["epochs"]))
-        if max_steps is not None and global_step >= max_steps:
-            break
+        if len(window):
+            s, n, dt = self._log(window, t_start)
+            loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
+        return loss_sum, samples, seconds
 
-    assert last is not None  # epochs >= 1 is validated
-    return {
-        **last.val,
-        "train/loss": last.train_loss,
-        "train/num_samples": last.train_samples,
-        "train/samples_per_sec": mean(run_samples, train_s),
-        "time/train_s": train_s,
-        "epoch": last.epoch + 1,
-        "global_step": global_step,
-        "steps_per_epoch": len(loader),
-    }
+    def _log(self, window: LossWindow, t_start: float) -> tuple[float, int, float]:
+        """Reduce the interval (one all-reduce) and write its scalars; returns the world's
+        (loss sum, samples) and the interval's seconds, logging included."""
+        loss_sum, samples = window.reduce(self.world)
+        rate = mean(samples, time.perf_counter() - t_start)
+        self.writer.scalars(self.global_step, {
+            "train/loss": mean(loss_sum, samples),
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/samples_per_sec": rate,
+        })
+        return loss_sum, samples, time.perf_counter() - t_start
+
+    def validate(self) -> dict[str, Any]:
+        if not len(self.datasets.val):
+            return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
+        val = evaluate(self.model, self.datasets, self.world, self.device, self.precision)
+        self.writer.scalars(self.global_step,
+                            {k: v for k, v in val.items() if k != "val/num_samples"})
+        return val
+
+    def fit(self) -> dict[str, Any]:
+        """Train until ``trainer.epochs`` or ``trainer.max_steps``; returns the final global
+        metrics (see ``metrics.json`` in the README)."""
+        trainer = self.cfg["trainer"]
+        max_steps = trainer["max_steps"]
+        last: EpochResult | None = None
+        train_s, run_samples = 0.0, 0
+        while self.epoch < trainer["epochs"]:
+            loss_sum, samples, seconds = self.train_epoch()
+            train_s, run_samples = train_s + seconds, run_samples + samples
+            last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
+                               seconds, self.validate())
+            log.info(_epoch_line(last, trainer["epochs"]))
+            self.epoch += 1
+            if max_steps is not None and self.global_step >= max_steps:
+                break
+        assert last is not None  # trainer.epochs >= 1 is validated
+        return {
+            **last.val,
+            "train/loss": last.train_loss,
+            "train/num_samples": last.train_samples,
+            "train/samples_per_sec": mean(run_samples, train_s),
+            "time/train_s": train_s,
+            "epoch": last.epoch + 1,
+            "global_step": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
 
 
-def _log_interval(interval: Accumulator, t_start: float, step: int, optimizer,
-                  writer: MetricsWriter) -> tuple[float, float, dict[str, float]]:
-    """Reduce the interval's sums (one all-reduce) and write its scalars; returns the new
-    interval start, the interval's seconds and the reduced totals."""
-    totals = interval.reduce()
-    now = time.perf_counter()
-    seconds = now - t_start
-    writer.scalars(step, {
-        "train/loss": mean(totals["loss_sum"], totals["num_samples"]),
-        "train/lr": optimizer.param_groups[0]["lr"],
-        "train/samples_per_sec": mean(totals["num_samples"], seconds),
-    })
-    return now, seconds, totals
-
-
-def _epoch_line(s: Summary, epochs: int) -> str:
-    parts = [f"epoch {s.epoch + 1}/{epochs}", f"step {s.global_step}"]
-    if s.train_loss is not None:
-        parts.append(f"train/loss {s.train_loss:.4f}")
-    if s.val["val/loss"] is not None:
-        parts.append(f"val/loss {s.val['val/loss']:.4f}")
-    if s.val["val/accuracy"] is not None:
-        correct = round(s.val["val/accuracy"] * s.val["val/num_samples"])
-        parts.append(f"val/accuracy {s.val['val/accuracy']:.4f} "
-                     f"({correct}/{s.val['val/num_samples']})")
-    rate = mean(s.train_samples, s.train_s)
+def _epoch_line(r: EpochResult, epochs: int) -> str:
+    parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
+    if r.train_loss is not None:
+        parts.append(f"train/loss {r.train_loss:.4f}")
+    if r.val["val/loss"] is not None:
+        parts.append(f"val/loss {r.val['val/loss']:.4f}")
+    if r.val["val/accuracy"] is not None:
+        correct = round(r.val["val/accuracy"] * r.val["val/num_samples"])
+        parts.append(f"val/accuracy {r.val['val/accuracy']:.4f} "
+                     f"({correct}/{r.val['val/num_samples']})")
+    rate = mean(r.train_samples, r.train_s)
     if rate is not None:
         parts.append(f"{rate:,.0f} samples/s")
     return " | ".join(parts)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_exp.config import global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
     World,
@@ -28,7 +29,7 @@ from ddp_exp.distributed import (
     threads_per_rank,
 )
 from ddp_exp.metrics import MetricsWriter
-from ddp_exp.train import fit
+from ddp_exp.train import Trainer
 
 log = logging.getLogger("ddp_exp")
 
@@ -109,20 +110,21 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     cfg = inputs.cfg
     device = device_for(inputs.backend, world.local_rank)
     data = inputs.datasets
-    global_batch = cfg["data"]["batch_size"] * world.world_size
+    global_batch = global_batch_size(cfg)
     n_train = len(data.train)
     padded = -n_train % world.world_size
     log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
-             "(%d per rank); %d training / %d validation samples",
+             "(%d per rank x %d accumulated); %d training / %d validation samples",
              world.world_size, threads, inputs.backend, device.type, global_batch,
-             cfg["data"]["batch_size"], n_train, len(data.val))
+             cfg["data"]["batch_size"], cfg["trainer"]["accumulate_grad_batches"], n_train,
+             len(data.val))
     if padded:
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
                  "%d sample(s) per epoch (train/num_samples=%d)", n_train, world.world_size,
                  padded, n_train + padded)
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main)
     try:
-        final = fit(cfg, world, data, inputs.model, device, writer)
+        final = Trainer(cfg, world, data, inputs.model, device, writer).fit()
         final.update({
             "world_size": world.world_size,
             "batch_size": cfg["data"]["batch_size"],
