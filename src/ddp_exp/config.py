@@ -114,6 +114,10 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
     compile: bool = False  # torch.compile the DDP model
+    save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
+    checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
+    keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
+    resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
 
 
 @dataclass
@@ -238,6 +242,10 @@ def validate(cfg: DictConfig) -> None:
            "a positive integer")
     _check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches",
            t.accumulate_grad_batches, "a positive integer")
+    _check(t.checkpoint_every_n_epochs >= 0, "trainer.checkpoint_every_n_epochs",
+           t.checkpoint_every_n_epochs, "0 (never) or a positive number of epochs")
+    _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
+           "a positive integer")
     _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
            f"one of {', '.join(PRECISIONS)}")
 

@@ -8,6 +8,12 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
     ``path``; a reader sees the old file or the complete new one, never part of one (POSIX
@@ -19,6 +25,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

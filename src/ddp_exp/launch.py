@@ -28,6 +28,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError, global_batch_size, instantiate_node, validate
 from ddp_exp.data import Datasets, build_datasets
 from ddp_exp.distributed import (
@@ -96,6 +97,14 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                         datasets.train.input_shape, datasets.train.num_outputs)
+    resume = cfg.trainer.resume
+    if resume not in (None, "auto"):  # check the file and that it fits, before ranks start
+        state = checkpoint.load(os.path.abspath(os.path.expanduser(resume)))
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError) as exc:
+            raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's model does not fit "
+                              f"this model ({str(exc).splitlines()[0][:200]})") from None
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,

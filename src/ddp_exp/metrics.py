@@ -93,9 +93,12 @@ class MetricsWriter:
         job_dir: the job's output folder (Hydra's output dir), absolute.
         hparams: flat hyper-parameters for the HParams dashboard (see :func:`flatten_hparams`).
         enabled: False on every rank but 0: all methods then do nothing.
+        purge_step: on resume, the checkpoint's global step: TensorBoard hides what an earlier
+            attempt logged at this step and later.
     """
 
-    def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool):
+    def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool,
+                 purge_step: int | None = None):
         self.job_dir = job_dir
         self.writer = None
         if not enabled:
@@ -103,7 +106,8 @@ class MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-        self.writer = SummaryWriter(log_dir=os.path.join(job_dir, "tensorboard"))
+        self.writer = SummaryWriter(log_dir=os.path.join(job_dir, "tensorboard"),
+                                    purge_step=purge_step)
         # The three HParams summaries go into this run's own writer; SummaryWriter.add_hparams
         # would open a new timestamped sub-run (pytorch #32651).
         for summary in hparams_summaries(dict(hparams), {m: 0.0 for m in HPARAM_METRICS}):

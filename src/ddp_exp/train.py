@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError, instantiate_node
 from ddp_exp.data import Datasets, TrainLoader, val_batches
 from ddp_exp.distributed import World, all_reduce_sum
@@ -230,6 +231,68 @@ class Trainer:
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
 
+    # ------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly; a collective (gathers every rank's RNG)."""
+        import torch.distributed as dist
+
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda"
+               else None}
+        ranks_rng: list[Any] = [None] * self.world.world_size
+        if dist.is_initialized() and self.world.world_size > 1:
+            dist.all_gather_object(ranks_rng, rng)
+        else:
+            ranks_rng = [rng]
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None,
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch - 1,  # the last completed epoch, 0-based
+            "global_step": self.global_step,
+            "world_size": self.world.world_size,
+            "rng": ranks_rng,
+            "config": self.cfg,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], source: str) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict` (same model and optimizer).
+
+        Raises:
+            ConfigError: the checkpoint's model or optimizer does not fit this run.
+        """
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
+                              f"model/optimizer ({str(exc).splitlines()[0][:200]})") from None
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch = state["epoch"] + 1
+        self.global_step = state["global_step"]
+        ranks_rng = state.get("rng") or []
+        if len(ranks_rng) == self.world.world_size:  # same world: continue every rank's stream
+            mine = ranks_rng[self.world.rank]
+            torch.set_rng_state(mine["torch"])
+            if mine.get("cuda") is not None and self.device.type == "cuda":
+                torch.cuda.set_rng_state(mine["cuda"], self.device)
+        log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
+                 self.global_step)
+
+    def save_checkpoint(self) -> None:
+        """Every rank calls it after an epoch; rank 0 writes (see :mod:`ddp_exp.checkpoint`)."""
+        trainer = self.cfg["trainer"]
+        every = trainer["checkpoint_every_n_epochs"]
+        keep_epoch_file = every > 0 and self.epoch % every == 0
+        if not (trainer["save_last"] or keep_epoch_file):
+            return
+        state = self.state_dict()
+        if self.world.is_main:
+            checkpoint.save(self.writer.job_dir, state, keep_epoch_file,
+                            trainer["keep_checkpoints"])
+
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps per epoch: ``ceil(batches per rank / accumulate_grad_batches)``."""
@@ -312,8 +375,10 @@ class Trainer:
             log.info(_epoch_line(last, trainer["epochs"]))
             self.epoch += 1
             if max_steps is not None and self.global_step >= max_steps:
-                break
-        assert last is not None  # trainer.epochs >= 1 is validated
+                break  # a partial epoch: resuming it could not be exact, so no checkpoint
+            self.save_checkpoint()
+        if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
+            last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0, self.validate())
         return {
             **last.val,
             "train/loss": last.train_loss,

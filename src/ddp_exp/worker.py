@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ddp_exp import checkpoint
 from ddp_exp.config import global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
@@ -122,9 +123,16 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
                  "%d sample(s) per epoch (train/num_samples=%d)", n_train, world.world_size,
                  padded, n_train + padded)
-    writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], restarted)
+    state = checkpoint.load(source, map_location=device) if source else None
+    writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
+                           purge_step=state["global_step"] if state else None)
     try:
-        final = Trainer(cfg, world, data, inputs.model, device, writer).fit()
+        trainer = Trainer(cfg, world, data, inputs.model, device, writer)
+        if state is not None:
+            trainer.load_state_dict(state, source)
+        final = trainer.fit()
         final.update({
             "world_size": world.world_size,
             "batch_size": cfg["data"]["batch_size"],

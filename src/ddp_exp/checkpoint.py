@@ -1,0 +1,96 @@
+"""Checkpoints: written by rank 0 alone, atomically, loaded with ``weights_only=True``.
+
+Layout, in ``<job_dir>/checkpoints/``:
+
+* ``epoch_0000.pt``, ``epoch_0001.pt``, ...: every ``trainer.checkpoint_every_n_epochs`` epochs,
+  the newest ``trainer.keep_checkpoints`` kept;
+* ``last.pt``: the newest completed epoch, always (what ``trainer.resume=auto`` and elastic
+  restarts continue from).
+
+A checkpoint holds the unwrapped model, optimizer, grad-scaler state, the completed ``epoch``
+(0-based), ``global_step``, every rank's RNG states and the resolved config: all that is needed to
+continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
+temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
+mid-save, sees the previous complete file or the new complete one, never part of one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import torch
+
+from ddp_exp.config import ConfigError
+from ddp_exp.files import atomic_write
+
+FORMAT = "ddp_exp/checkpoint/v1"
+LAST = "last.pt"
+
+
+def checkpoint_dir(job_dir: str) -> str:
+    """``<job_dir>/checkpoints``."""
+    return os.path.join(job_dir, "checkpoints")
+
+
+def epoch_path(job_dir: str, epoch: int) -> str:
+    """Path of the checkpoint of (0-based) ``epoch``."""
+    return os.path.join(checkpoint_dir(job_dir), f"epoch_{epoch:04d}.pt")
+
+
+def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int) -> str:
+    """Write ``state`` as ``last.pt`` (and as its epoch file when ``keep_epoch_file``), then
+    delete all but the newest ``keep`` epoch files. Call on rank 0 only.
+
+    Returns:
+        The path written (the epoch file if any, else ``last.pt``).
+    """
+    folder = checkpoint_dir(job_dir)
+    os.makedirs(folder, exist_ok=True)
+    payload = {"format": FORMAT, **state}
+    last = os.path.join(folder, LAST)
+    if not keep_epoch_file:
+        atomic_write(last, lambda fh: torch.save(payload, fh))
+        return last
+    path = epoch_path(job_dir, state["epoch"])
+    atomic_write(path, lambda fh: torch.save(payload, fh))
+    # last.pt becomes a second name of the same complete file: no second write, still atomic.
+    tmp = f"{last}.{os.getpid()}.tmp"
+    os.link(path, tmp)
+    os.replace(tmp, last)
+    for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
+        os.unlink(old)
+    return path
+
+
+def load(path: str, key: str = "trainer.resume", map_location: str | torch.device = "cpu"
+         ) -> dict[str, Any]:
+    """Load and check a checkpoint with ``torch.load(weights_only=True)``.
+
+    Raises:
+        ConfigError: missing, unreadable, corrupt or not a ddp_exp checkpoint; ``key`` names
+            the config key the path came from.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key}={path!r}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint ({first[:200]})"
+                          ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
+    return state
+
+
+def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:
+    """The checkpoint to continue from: ``resume`` as a path, or ``<job_dir>/checkpoints/
+    last.pt`` for ``resume=auto`` and after an elastic restart (when it exists)."""
+    if resume not in (None, "auto"):
+        return os.path.abspath(os.path.expanduser(resume))
+    last = os.path.join(checkpoint_dir(job_dir), LAST)
+    if (resume == "auto" or restarted) and os.path.isfile(last):
+        return last
+    return None
