@@ -7,6 +7,7 @@ on the same data, a value computed in this process from the data and the seeded 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -16,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
+import yaml
 from conftest import scalars
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
 DIGITS_N = 1797  # scikit-learn's digits
 DEFAULT_VAL = 297  # conf/data/digits.yaml
 TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -37,9 +39,10 @@ def _initial_model(seed: int, datasets) -> torch.nn.Module:
     """The seeded initial MLP, built as ``ddp_exp.launch.prepare`` does (seed, then build)."""
     from ddp_exp.models import MLP
 
+    mlp = yaml.safe_load((CONF / "model" / "mlp.yaml").read_text())  # the default model
     torch.manual_seed(seed)
-    model = MLP(datasets.train.input_shape, datasets.train.num_outputs, hidden_sizes=[128],
-                dropout=0.0)
+    model = MLP(datasets.train.input_shape, datasets.train.num_outputs,
+                hidden_sizes=mlp["hidden_sizes"], dropout=mlp["dropout"])
     return model.eval()
 
 
@@ -222,9 +225,7 @@ def test_one_event_stream_one_metrics_json_with_hparams_for_world_size_3(run_cli
 # ----------------------------------------------------------------- 5. the main job learns
 @pytest.mark.slow
 def test_main_job_reaches_90_percent_val_accuracy(run_cli):
-    """Issue 2 item 5: the default main job (world_size=2, default epochs) reaches val acc >= 0.9."""
-    import yaml
-
+    """Issue 2 item 5: the default main job (world_size=2, default epochs) gets val acc >= 0.9."""
     run = run_cli("world_size=2", QUIET).ok()
     m = run.metrics
     cfg = yaml.safe_load((run.job_dir / ".hydra" / "config.yaml").read_text())
@@ -246,8 +247,6 @@ def _single_job_dir(root: Path) -> Path:
 @pytest.mark.slow
 def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_path):
     """C01: a ${now:...%f} run dir is created once per job, launched by ddp_exp and by torchrun."""
-    import json
-
     args = ("world_size=2", "trainer.epochs=1", QUIET)
     run_cli(*args, f"hydra.run.dir={tmp_path}/c01/${{now:%H-%M-%S-%f}}", run_dir=False).ok()
     run_cli(*args, f"hydra.run.dir={tmp_path}/c01t/${{now:%H-%M-%S-%f}}", run_dir=False,
@@ -303,7 +302,6 @@ def test_multirun_batch_sweep_makes_two_jobs_and_no_nested_sweep(run_cli, tmp_pa
     assert list(tmp_path.rglob("multirun")) == []
     assert list(tmp_path.rglob("multirun.yaml")) == [sweep / "multirun.yaml"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
-    import json
 
     train = DIGITS_N - 297
     for job, batch in (("0", 16), ("1", 32)):

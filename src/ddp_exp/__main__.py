@@ -30,6 +30,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
 def _task(cfg: DictConfig) -> float | None:
     """Run one job; returns the final ``val/loss`` (what Hydra sweepers minimise)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
@@ -41,6 +42,9 @@ def _task(cfg: DictConfig) -> float | None:
     except ChildFailedError as exc:
         log.error("training failed\n%s", exc.format_msg())
         raise SystemExit(EXIT_RANK_FAILED) from None
+    except SignalException as exc:  # the elastic agent stopped every rank before raising this
+        log.error("stopped by %s: every rank has ended", exc.sigval.name)
+        raise SystemExit(128 + int(exc.sigval)) from None
     return None if final is None else final.get("val/loss")
 
 

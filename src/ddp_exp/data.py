@@ -273,7 +273,8 @@ class TrainLoader:
         self.loader = None
         if num_workers > 0:
             self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, sampler=sampler,
-                                     num_workers=num_workers, persistent_workers=True)
+                                     num_workers=num_workers, persistent_workers=True,
+                                     worker_init_fn=die_with_parent)
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -288,6 +289,20 @@ class TrainLoader:
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def die_with_parent(worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: the worker gets SIGKILL when its rank dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``). Otherwise a killed rank's workers live on until their next
+    liveness check (5 s), holding the rank's exit pipe, so the launcher waits for them."""
+    del worker_id
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: keep torch's own liveness check
+        pass
 
 
 def val_batches(x, y, rank: int, world_size: int, batch_size: int) -> Iterator:
