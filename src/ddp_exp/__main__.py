@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
+import time
 
 import hydra
 from omegaconf import DictConfig
 
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.launch import run_job, torchrun_overrides
+from ddp_exp.sweep import SweepFailed, raise_if_failed, write_status
 
 log = logging.getLogger("ddp_exp")
 
@@ -29,23 +32,52 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
 def _task(cfg: DictConfig) -> float | None:
-    """Run one job; returns the final ``val/loss`` (what Hydra sweepers minimise)."""
+    """Run one job; returns the final ``val/loss`` (what Hydra sweepers minimise).
+
+    A failed job records ``status.json`` in its folder. A single run then exits non-zero; in a
+    multirun the job returns NaN so the other jobs go on, and the summary callback fails the
+    sweep at the end. Ctrl-C / SIGTERM stops the whole sweep.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    hc = HydraConfig.get()
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun: rank 0 reports
+    t_start = time.time()
+    error, code = None, 0
     try:
         final = run_job(cfg)
     except ConfigError as exc:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees the same error
+        if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
+        error, code = str(exc), EXIT_CONFIG_ERROR
     except ChildFailedError as exc:
         log.error("training failed\n%s", exc.format_msg())
-        raise SystemExit(EXIT_RANK_FAILED) from None
+        error, code = _failure_line(exc), EXIT_RANK_FAILED
     except SignalException as exc:  # the elastic agent stopped every rank before raising this
         log.error("stopped by %s: every rank has ended", exc.sigval.name)
         raise SystemExit(128 + int(exc.sigval)) from None
-    return None if final is None else final.get("val/loss")
+    if main_process:
+        write_status(hc.runtime.output_dir, "failed" if error else "completed",
+                     list(hc.overrides.task), time.time() - t_start, error)
+    if error is None:
+        return None if final is None else final.get("val/loss")
+    if hc.mode == RunMode.MULTIRUN:
+        return math.nan
+    raise SystemExit(code)
+
+
+def _failure_line(exc) -> str:
+    """``rank R: <error>`` for the root cause of a failed world."""
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message).strip().splitlines()
+    detail = text[-1] if text else f"exit code {failure.exitcode}"
+    return f"rank {rank} failed: {detail}"
 
 
 def _one_line(exc: BaseException) -> str | None:
@@ -75,6 +107,10 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _task()
+        raise_if_failed()
+    except SweepFailed as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_RANK_FAILED) from None
     except HydraException as exc:
         if user_wants_traceback:
             raise

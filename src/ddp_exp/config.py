@@ -85,10 +85,24 @@ class LinearConfig:
 
 
 # ---------------------------------------------------------------------------------- optim
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
 @dataclass
-class SGDConfig:
-    _target_: str = "torch.optim.SGD"
+class OptimConfig:
+    """Keys every optimizer has; ``lr_scaling`` and ``reference_batch_size`` are ours, the rest
+    go to the ``_target_`` optimizer class."""
+
+    _target_: str = MISSING
     _partial_: bool = True
+    lr: float = MISSING  # base learning rate, at the reference global batch size
+    lr_scaling: str = "none"  # none | linear | sqrt: scale lr by global batch / reference
+    reference_batch_size: int = 64  # the global batch size at which lr is the base lr
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    _target_: str = "torch.optim.SGD"
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
@@ -96,9 +110,8 @@ class SGDConfig:
 
 
 @dataclass
-class AdamWConfig:
+class AdamWConfig(OptimConfig):
     _target_: str = "torch.optim.AdamW"
-    _partial_: bool = True
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -177,10 +190,26 @@ def register_configs() -> None:
         ("model", "linear", LinearConfig),
         ("optim", "sgd", SGDConfig),
         ("optim", "adamw", AdamWConfig),
+        ("optim", "base", OptimConfig),
         ("trainer", "default", TrainerConfig),
         ("launcher", "local", LauncherConfig),
     ]:
         cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+OPTIM_OWN_KEYS = ("lr_scaling", "reference_batch_size")  # not arguments of the optimizer
+
+
+def effective_lr(cfg: Mapping[str, Any]) -> float:
+    """The learning rate the optimizer gets: ``optim.lr`` scaled by ``k = global batch /
+    optim.reference_batch_size``: times k (``linear``, Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD"), times sqrt(k) (``sqrt``, Krizhevsky 2014 / Hoffer et al. 2017), or not."""
+    optim = cfg["optim"]
+    rule = optim.get("lr_scaling", "none")
+    if rule == "none":
+        return float(optim["lr"])
+    k = global_batch_size(cfg) / optim["reference_batch_size"]
+    return float(optim["lr"]) * (k if rule == "linear" else k ** 0.5)
 
 
 def global_batch_size(cfg: Mapping[str, Any]) -> int:
@@ -233,6 +262,12 @@ def validate(cfg: DictConfig) -> None:
         _check(all(s >= 1 for s in sizes), "model.hidden_sizes", sizes, "positive layer widths")
     _check("lr" in cfg.optim and cfg.optim.lr >= 0, "optim.lr", cfg.optim.get("lr"),
            "a non-negative learning rate")
+    scaling = cfg.optim.get("lr_scaling", "none")
+    _check(scaling in LR_SCALINGS, "optim.lr_scaling", scaling, f"one of {', '.join(LR_SCALINGS)}")
+    if scaling != "none":
+        ref = cfg.optim.get("reference_batch_size")
+        _check(isinstance(ref, int) and ref >= 1, "optim.reference_batch_size", ref,
+               "a positive global batch size")
 
     t = cfg.trainer
     _check(t.epochs >= 1, "trainer.epochs", t.epochs, "a positive integer")

@@ -29,7 +29,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import checkpoint
-from ddp_exp.config import ConfigError, global_batch_size, instantiate_node, validate
+from ddp_exp.config import (
+    ConfigError,
+    effective_lr,
+    global_batch_size,
+    instantiate_node,
+    validate,
+)
 from ddp_exp.data import Datasets, build_datasets
 from ddp_exp.distributed import (
     World,
@@ -87,6 +93,7 @@ def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
             if not group.startswith(("hydra", "schema")) and choice is not None:
                 hparams[group] = str(choice)
     hparams["global_batch_size"] = global_batch_size(plain)
+    hparams["optim.effective_lr"] = effective_lr(plain)
     return hparams
 
 

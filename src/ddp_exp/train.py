@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from ddp_exp import checkpoint
-from ddp_exp.config import ConfigError, instantiate_node
+from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
 from ddp_exp.data import Datasets, TrainLoader, val_batches
 from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
@@ -225,7 +225,10 @@ class Trainer:
             find_unused_parameters=ddp_cfg["find_unused_parameters"])
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
         self.forward = torch.compile(self.ddp) if trainer["compile"] else self.ddp
-        self.optimizer = instantiate_node(cfg["optim"], "optim")(self.ddp.parameters())
+        self.lr = effective_lr(cfg)
+        optim_args = {k: v for k, v in cfg["optim"].items() if k not in OPTIM_OWN_KEYS}
+        optim_args["lr"] = self.lr
+        self.optimizer = instantiate_node(optim_args, "optim")(self.ddp.parameters())
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "16-mixed")
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         self.epoch = 0  # the next epoch to run

@@ -1,0 +1,206 @@
+"""Sweeps: each job's outcome on disk, and one summary per multirun.
+
+Every job writes ``status.json`` into its own folder (:func:`write_status`): completed or failed,
+its overrides, wall seconds and, on failure, the error. At the end of a multirun, Hydra calls
+:class:`SummaryCallback` (``hydra.callbacks`` in ``conf/config.yaml``), which reads every job
+folder of the sweep (whichever launcher ran them: sequential, joblib processes, submitit) and
+writes ``summary.csv``, ``summary.md`` and ``summary.png`` into the sweep folder. A failed job
+does not take the others' rows with it; the callback then records the failure, and the entry
+point (which runs the sweep) raises :class:`SweepFailed` from it, so the sweep still exits
+non-zero. (Hydra turns exceptions raised inside callbacks into warnings.)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ddp_exp.files import atomic_write
+
+log = logging.getLogger("ddp_exp")
+
+STATUS_FILE = "status.json"
+COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
+           "samples_per_sec", "error")
+
+
+class SweepFailed(RuntimeError):
+    """Some jobs of a multirun failed; the summary lists them."""
+
+
+# Set by SummaryCallback.on_multirun_end in the process that ran the sweep; read and cleared by
+# raise_if_failed. A module global because Hydra swallows exceptions from callbacks.
+_failure: str | None = None
+
+
+def raise_if_failed() -> None:
+    """Raise :class:`SweepFailed` if the multirun that just ended had failed jobs."""
+    global _failure
+    failure, _failure = _failure, None
+    if failure:
+        raise SweepFailed(failure)
+
+
+def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
+                 error: str | None = None) -> None:
+    """Write ``<job_dir>/status.json`` atomically: ``status`` is ``completed`` or ``failed``."""
+    payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
+               "error": error}
+    text = json.dumps(payload, indent=2) + "\n"
+    atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def collect(sweep_dir: str) -> list[dict[str, Any]]:
+    """One row per job folder under ``sweep_dir`` (those holding ``.hydra/``), in job order.
+
+    A job with ``metrics.json`` and no failure is ``completed``; one whose ``status.json`` says
+    failed is ``failed``; a job folder with neither (killed before it could write) is
+    ``incomplete``.
+    """
+    rows = []
+    for name in os.listdir(sweep_dir):
+        job_dir = os.path.join(sweep_dir, name)
+        if not os.path.isdir(os.path.join(job_dir, ".hydra")):
+            continue
+        status = _read_json(os.path.join(job_dir, STATUS_FILE)) or {}
+        metrics = _read_json(os.path.join(job_dir, "metrics.json")) or {}
+        state = status.get("status") or ("completed" if metrics else "incomplete")
+        rows.append({
+            "job": name,
+            "overrides": " ".join(status.get("overrides") or _overrides(job_dir)),
+            "status": state,
+            "val/loss": metrics.get("val/loss"),
+            "val/accuracy": metrics.get("val/accuracy"),
+            "train/loss": metrics.get("train/loss"),
+            "wall_s": status.get("wall_s", metrics.get("time/total_s")),
+            "samples_per_sec": metrics.get("train/samples_per_sec"),
+            "error": status.get("error"),
+        })
+    rows.sort(key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit()
+                             else 0, r["job"]))
+    return rows
+
+
+def _overrides(job_dir: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    path = os.path.join(job_dir, ".hydra", "overrides.yaml")
+    return list(OmegaConf.load(path)) if os.path.exists(path) else []
+
+
+def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """Override keys whose value differs between jobs, in first-seen order."""
+    values: dict[str, set[str]] = {}
+    for row in rows:
+        for item in row["overrides"].split():
+            key, _, value = item.partition("=")
+            values.setdefault(key, set()).add(value)
+    return [k for k, v in values.items() if len(v) > 1]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
+    """``summary.csv`` (full precision), ``summary.md`` (a table) and ``summary.png``."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in COLUMNS})
+    atomic_write(os.path.join(sweep_dir, "summary.csv"), lambda fh: fh.write(buf.getvalue()
+                                                                              .encode()))
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [_fmt(row[k]).replace("|", "\\|").replace("\n", " ") for k in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    atomic_write(os.path.join(sweep_dir, "summary.md"), lambda fh: fh.write(text.encode()))
+    _plot(sweep_dir, rows)
+
+
+def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
+    """Final metrics and throughput against the swept parameter (or the job, if several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = swept_keys(rows)
+    done = [r for r in rows if r["status"] == "completed"]
+    x_label, xs, numeric = "job", [r["job"] for r in done], False
+    if len(keys) == 1:
+        values = [dict(o.partition("=")[::2] for o in r["overrides"].split())[keys[0]]
+                  for r in done]
+        try:
+            xs, numeric = [float(v) for v in values], True
+        except ValueError:
+            xs = values
+        x_label = keys[0]
+    metrics = [("val/loss", "val/loss"), ("val/accuracy", "val/accuracy"),
+               ("train/loss", "train/loss"), ("samples_per_sec", "train samples/s")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
+    for ax, (key, title) in zip(axes, metrics, strict=True):
+        ys = [r[key] if r[key] is not None else math.nan for r in done]
+        if numeric:
+            order = sorted(range(len(xs)), key=lambda i: xs[i])
+            ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o")
+            if len(set(xs)) > 2 and min(xs) > 0 and max(xs) / min(xs) >= 8:
+                ax.set_xscale("log", base=2)
+        else:
+            ax.bar(range(len(xs)), ys)
+            ax.set_xticks(range(len(xs)), [str(x) for x in xs], rotation=45)
+        ax.set_title(title)
+        ax.set_xlabel(x_label)
+        ax.grid(alpha=0.3)
+    failed = len(rows) - len(done)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(sweep_dir))}: {len(done)} completed"
+                 + (f", {failed} failed" if failed else ""))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(os.path.join(sweep_dir, "summary.png"), lambda fh: fh.write(buf.getvalue()))
+
+
+class SummaryCallback(Callback):
+    """Hydra callback: writes the sweep summary when a multirun ends (``on_multirun_end``),
+    and records failed or unfinished jobs for :func:`raise_if_failed`."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _failure
+        sweep_dir = config.hydra.sweep.dir
+        if not os.path.isdir(sweep_dir):
+            return
+        rows = collect(sweep_dir)
+        if not rows:
+            return
+        write_summary(sweep_dir, rows)
+        log.info("sweep summary: %s", os.path.join(os.path.abspath(sweep_dir), "summary.md"))
+        bad = [r for r in rows if r["status"] != "completed"]
+        if bad:
+            jobs = ", ".join(f"{r['job']} ({r['status']})" for r in bad)
+            _failure = (f"{len(bad)} of {len(rows)} jobs did not complete: {jobs}; see "
+                        f"{os.path.join(sweep_dir, 'summary.md')}")
