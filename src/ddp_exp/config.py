@@ -22,6 +22,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("fork", "forkserver", "spawn")
 TASKS = ("auto", "classification", "regression")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+PROGRESS_MODES = ("auto", "bar", "log", "off")
 
 
 class ConfigError(ValueError):
@@ -127,6 +128,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
     compile: bool = False  # torch.compile the DDP model
+    progress: str = "auto"  # auto (bar on a terminal, else log lines) | bar | log | off
     save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
     checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
@@ -281,6 +283,8 @@ def validate(cfg: DictConfig) -> None:
            t.checkpoint_every_n_epochs, "0 (never) or a positive number of epochs")
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
            "a positive integer")
+    _check(t.progress in PROGRESS_MODES, "trainer.progress", t.progress,
+           f"one of {', '.join(PROGRESS_MODES)}")
     _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
            f"one of {', '.join(PRECISIONS)}")
 

@@ -40,6 +40,7 @@ from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiat
 from ddp_exp.data import Datasets, TrainLoader, val_batches
 from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
+from ddp_exp.progress import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -327,32 +328,41 @@ class Trainer:
         self.sampler.set_epoch(self.epoch)
         self.ddp.train()
         window = LossWindow(self.device)
+        progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
+                            trainer["epochs"], self.steps_per_epoch)
         loss_sum, samples, seconds = 0.0, 0, 0.0
         t_start = time.perf_counter()
-        for group in groups(self.loader, self.accumulate):
-            self._step(group, window)
-            stop = max_steps is not None and self.global_step >= max_steps
-            if self.global_step % log_every == 0 or stop:
-                s, n, dt = self._log(window, t_start)
-                t_start += dt
+        try:
+            for group in groups(self.loader, self.accumulate):
+                self._step(group, window)
+                progress.step()
+                stop = max_steps is not None and self.global_step >= max_steps
+                if self.global_step % log_every == 0 or stop or progress.done == progress.steps:
+                    s, n, dt = self._log(window, t_start, progress)
+                    t_start += dt
+                    loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
+                if stop:
+                    break
+            if len(window):  # steps_per_epoch was off (a user loader): flush the rest
+                s, n, dt = self._log(window, t_start, progress)
                 loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
-            if stop:
-                break
-        if len(window):
-            s, n, dt = self._log(window, t_start)
-            loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
+        finally:
+            progress.close()
         return loss_sum, samples, seconds
 
-    def _log(self, window: LossWindow, t_start: float) -> tuple[float, int, float]:
+    def _log(self, window: LossWindow, t_start: float, progress: Progress
+             ) -> tuple[float, int, float]:
         """Reduce the interval (one all-reduce) and write its scalars; returns the world's
         (loss sum, samples) and the interval's seconds, logging included."""
         loss_sum, samples = window.reduce(self.world)
         rate = mean(samples, time.perf_counter() - t_start)
+        loss = mean(loss_sum, samples)
         self.writer.scalars(self.global_step, {
-            "train/loss": mean(loss_sum, samples),
+            "train/loss": loss,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_sec": rate,
         })
+        progress.interval(loss, rate)
         return loss_sum, samples, time.perf_counter() - t_start
 
     def validate(self) -> dict[str, Any]:
