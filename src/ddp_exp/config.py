@@ -148,7 +148,8 @@ class LauncherConfig:
     nnodes: int = 1
     max_restarts: int = 0
     rdzv_backend: str = "c10d"
-    rdzv_endpoint: str = "localhost:0"  # port 0: a free port chosen at launch
+    rdzv_endpoint: str = "localhost:0"  # port 0: a free port chosen at launch (one node only)
+    rdzv_id: str | None = None  # the same id on every node of a multi-node world
     rdzv_timeout_s: int = 900
     start_method: str = "fork"
     monitor_interval_s: float = 0.05
@@ -296,6 +297,13 @@ def validate(cfg: DictConfig) -> None:
     _check(la.nnodes >= 1, "launcher.nnodes", la.nnodes, "a positive integer")
     _check(cfg.world_size % la.nnodes == 0, "world_size", cfg.world_size,
            f"a multiple of launcher.nnodes={la.nnodes} (the same number of ranks on every node)")
+    if la.nnodes > 1:
+        _check(bool(la.rdzv_id), "launcher.rdzv_id", la.rdzv_id,
+               "a job id shared by every node, required when launcher.nnodes > 1")
+        host, _, port = la.rdzv_endpoint.rpartition(":")
+        _check(bool(host) and port.isdigit() and int(port) > 0, "launcher.rdzv_endpoint",
+               la.rdzv_endpoint, "HOST:PORT of the rendezvous (a fixed port every node can "
+               "reach) when launcher.nnodes > 1")
     _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
     _check(la.start_method in START_METHODS, "launcher.start_method", la.start_method,
            f"one of {', '.join(START_METHODS)}")

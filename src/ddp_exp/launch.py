@@ -169,7 +169,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
-            run_id=uuid.uuid4().hex, role="ddp_exp",
+            run_id=la.rdzv_id or uuid.uuid4().hex, role="ddp_exp",
             rdzv_backend=la.rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
             rdzv_configs={"timeout": la.rdzv_timeout_s},
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
