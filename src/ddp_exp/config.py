@@ -174,6 +174,8 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
+    metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks
     seed: int = 0
     print_config: bool = True
@@ -246,6 +248,10 @@ def validate(cfg: DictConfig) -> None:
     for key in ("_target_", "batch_size", "val_size", "shuffle", "num_workers"):
         _check(key in d, f"data.{key}", None,
                "every data config needs it (extend schema/data/base)")
+    for key in ("batch_size", "val_size", "num_workers"):  # untyped user YAML included
+        value = d[key]
+        _check(isinstance(value, int) and not isinstance(value, bool), f"data.{key}", value,
+               "an integer")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
     _check(d.val_size >= 0, "data.val_size", d.val_size, "0 (no validation) or a positive count")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")

@@ -45,6 +45,7 @@ from ddp_exp.distributed import (
 )
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
+from ddp_exp.objective import Objective
 from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads, train_rank
 
 log = logging.getLogger("ddp_exp")
@@ -114,8 +115,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
                               f"this model ({str(exc).splitlines()[0][:200]})") from None
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
+    objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,
-                      datasets=datasets, model=model, hparams=_hparams(plain), t_start=t_start)
+                      datasets=datasets, model=model, objective=objective,
+                      hparams=_hparams(plain), t_start=t_start)
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any] | None:

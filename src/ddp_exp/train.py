@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
@@ -40,6 +39,7 @@ from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiat
 from ddp_exp.data import Datasets, TrainLoader, val_batches
 from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
+from ddp_exp.objective import Objective
 from ddp_exp.progress import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
@@ -50,22 +50,6 @@ AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": to
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite on some rank; every rank raises it together."""
-
-
-def loss_per_sample(output: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-sample loss ``[batch]`` in float32: cross-entropy for classes (``target [batch]``
-    int64), else the mean squared error over the ``[batch, k]`` outputs."""
-    output = output.float()
-    if num_classes:
-        return F.cross_entropy(output, target, reduction="none")
-    return (output - target).pow(2).mean(dim=1)
-
-
-def batch_loss(output: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Mean loss of a batch (a scalar), the quantity whose gradient DDP averages across ranks."""
-    if num_classes:
-        return F.cross_entropy(output, target)
-    return F.mse_loss(output.float(), target)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -89,38 +73,42 @@ def groups(batches: Iterable, size: int) -> Iterator[list]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, datasets: Datasets, world: World, device: torch.device,
-             precision: str = "32-true") -> dict[str, Any]:
-    """Loss and accuracy of ``model`` on the whole validation set, exact for any world size.
+def evaluate(model: nn.Module, datasets: Datasets, objective: Objective, world: World,
+             device: torch.device, precision: str = "32-true") -> dict[str, Any]:
+    """Loss and metrics of ``model`` on the whole validation set, exact for any world size.
 
     Each rank evaluates samples ``rank, rank + world_size, ...`` (no padding; a shard may be
-    empty), then one all-reduce sums (loss, correct, count) in float64. Every rank must call it.
+    empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics, count).
+    Every rank must call it.
 
     Returns:
-        ``val/loss`` (mean per-sample loss), ``val/accuracy`` (correct / count, None for
-        regression) and ``val/num_samples``; loss and accuracy are None for an empty set.
+        ``val/loss`` (mean per-sample loss), ``val/<metric>`` for each metric (e.g.
+        ``val/accuracy``; None when it does not apply) and ``val/num_samples``; means are None
+        for an empty set.
     """
     was_training = model.training
     model.eval()
     x = torch.from_numpy(datasets.val.features)
     y = torch.from_numpy(datasets.val.targets)
-    sums = Accumulator(("loss_sum", "correct", "num_samples"), device)
+    names = tuple(objective.metrics)
+    sums = Accumulator(("loss", *names, "num_samples"), device)
     for xb, yb in val_batches(x, y, world.rank, world.world_size, EVAL_BATCH_SIZE):
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         with autocast(device, precision):
             out = model(xb)
-        sums.add("loss_sum", loss_per_sample(out, yb, datasets.num_classes).double().sum())
-        if datasets.num_classes:
-            sums.add("correct", (out.argmax(dim=1) == yb).sum())
+        sums.add("loss", objective.per_sample_loss(out, yb).double().sum())
+        for name in names:
+            sums.add(name, objective.metrics[name](out, yb).double().sum())
         sums.add("num_samples", len(xb))
     totals = sums.reduce()
     model.train(was_training)
     count = int(totals["num_samples"])
-    return {
-        "val/loss": mean(totals["loss_sum"], count),
-        "val/accuracy": mean(totals["correct"], count) if datasets.num_classes else None,
-        "val/num_samples": count,
-    }
+    result: dict[str, Any] = {"val/loss": mean(totals["loss"], count)}
+    if "accuracy" not in names:
+        result["val/accuracy"] = None  # regression: reported as null
+    result.update({f"val/{name}": mean(totals[name], count) for name in names})
+    result["val/num_samples"] = count
+    return result
 
 
 class LossWindow:
@@ -193,6 +181,7 @@ class Trainer:
         world: this rank's place; the default process group is initialised.
         datasets: the train/validation split, identical on every rank.
         model: the seeded, unwrapped model (DDP broadcasts rank 0's parameters at wrap time).
+        objective: the loss and validation metrics.
         device: this rank's device.
         writer: rank 0's TensorBoard/metrics writer (a no-op elsewhere).
 
@@ -201,7 +190,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
-                 device: torch.device, writer: MetricsWriter):
+                 objective: Objective, device: torch.device, writer: MetricsWriter):
         self.cfg, self.world, self.datasets, self.device, self.writer = (
             cfg, world, datasets, device, writer)
         trainer, data_cfg, ddp_cfg = cfg["trainer"], cfg["data"], cfg["ddp"]
@@ -209,7 +198,7 @@ class Trainer:
         if self.precision == "16-mixed" and device.type != "cuda":
             raise ConfigError("trainer.precision=16-mixed needs CUDA; use bf16-mixed on the CPU")
         self.accumulate = trainer["accumulate_grad_batches"]
-        self.num_classes = datasets.num_classes
+        self.objective = objective
         x = torch.from_numpy(datasets.train.features).to(device)
         y = torch.from_numpy(datasets.train.targets).to(device)
         self.sampler = DistributedSampler(range(len(x)), num_replicas=world.world_size,
@@ -312,7 +301,7 @@ class Trainer:
             last = i == len(group) - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with autocast(self.device, self.precision):
-                    loss = batch_loss(self.forward(xb), yb, self.num_classes)
+                    loss = self.objective.batch_loss(self.forward(xb), yb)
                 share = len(xb) / step_samples
                 self.scaler.scale(loss if share == 1.0 else loss * share).backward()
             window.add(loss, len(xb), self.global_step + 1)
@@ -368,7 +357,8 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        val = evaluate(self.model, self.datasets, self.world, self.device, self.precision)
+        val = evaluate(self.model, self.datasets, self.objective, self.world, self.device,
+                       self.precision)
         self.writer.scalars(self.global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val
@@ -414,6 +404,9 @@ def _epoch_line(r: EpochResult, epochs: int) -> str:
         correct = round(r.val["val/accuracy"] * r.val["val/num_samples"])
         parts.append(f"val/accuracy {r.val['val/accuracy']:.4f} "
                      f"({correct}/{r.val['val/num_samples']})")
+    for key, value in r.val.items():
+        if key not in ("val/loss", "val/accuracy", "val/num_samples") and value is not None:
+            parts.append(f"{key} {value:.4f}")
     rate = mean(r.train_samples, r.train_s)
     if rate is not None:
         parts.append(f"{rate:,.0f} samples/s")

@@ -30,6 +30,7 @@ from ddp_exp.distributed import (
     threads_per_rank,
 )
 from ddp_exp.metrics import MetricsWriter
+from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
 
 log = logging.getLogger("ddp_exp")
@@ -62,6 +63,7 @@ class RankInputs:
         backend: the resolved process-group backend (``gloo`` or ``nccl``).
         datasets: the train/validation split.
         model: the seeded, unwrapped model.
+        objective: the training loss and validation metrics.
         hparams: flat hyper-parameters for TensorBoard's HParams dashboard.
         t_start: ``time.time()`` when the job started, for ``time/total_s``.
     """
@@ -72,6 +74,7 @@ class RankInputs:
     backend: str
     datasets: Datasets
     model: nn.Module
+    objective: Objective
     hparams: dict[str, Any] = field(default_factory=dict)
     t_start: float = field(default_factory=time.time)
 
@@ -129,7 +132,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
                            purge_step=state["global_step"] if state else None)
     try:
-        trainer = Trainer(cfg, world, data, inputs.model, device, writer)
+        trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:
             trainer.load_state_dict(state, source)
         final = trainer.fit()

@@ -1,0 +1,1 @@
+"""An example user project: its own model, dataset, loss and metric, trained by ddp_exp."""
