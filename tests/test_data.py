@@ -348,7 +348,7 @@ def test_train_loader_batched_equals_dataloader(n, world_size, batch_size):
         per_rank.append(fast)
 
     shard = math.ceil(n / world_size)
-    for e, epoch in enumerate(epochs):
+    for e in range(len(epochs)):
         idx = [torch.cat([yb for _, yb in per_rank[r][e]]).tolist() for r in range(world_size)]
         # every rank serves the same number of samples: ceil(n / world_size)
         assert all(len(i) == shard for i in idx)
@@ -411,3 +411,104 @@ def test_steps_per_epoch_cases():
     assert steps_per_epoch(1500, 2, 32) == 24
     # C07: 1501 samples on 2 ranks (751 after padding), batch 10
     assert steps_per_epoch(1501, 2, 10) == 76
+
+
+# ------------------------------------------------------------------ end to end, real CLI
+def _frozen_forward(state: dict, x: np.ndarray) -> torch.Tensor:
+    """The MLP's forward written out from its saved weights: flatten, (Linear, ReLU)*, Linear."""
+    layers = sorted({k.rsplit(".", 1)[0] for k in state}, key=lambda k: int(k.split(".")[-1]))
+    h = torch.from_numpy(x).reshape(len(x), -1).double()
+    for i, name in enumerate(layers):
+        h = h @ state[f"{name}.weight"].double().T + state[f"{name}.bias"].double()
+        if i < len(layers) - 1:
+            h = torch.relu(h)
+    return h
+
+
+def _check_frozen_run(run, dataset: ArrayDataset, val_size: int, batch_size: int) -> None:
+    """``optim.lr=0.0``, 1 epoch, 2 ranks, a training set divisible by 2: the reported losses
+    are the plain means over the split, computed here in float64 from the saved weights."""
+    m = run.ok().metrics
+    split = build_datasets(dataset, val_size, seed=0, world_size=2)
+    n_train = len(dataset) - val_size
+    assert n_train % 2 == 0  # no padding: each training sample is seen exactly once
+    assert m["world_size"] == 2
+    assert m["global_batch_size"] == 2 * batch_size
+    assert m["val/num_samples"] == val_size
+    assert m["train/num_samples"] == n_train
+    assert m["steps_per_epoch"] == m["global_step"] == math.ceil(n_train / 2 / batch_size)
+    state = torch.load(run.job_dir / "model.pt", weights_only=True)
+
+    def losses(part: ArrayDataset) -> torch.Tensor:
+        out = _frozen_forward(state, part.features)
+        if dataset.num_classes:
+            return torch.nn.functional.cross_entropy(out, torch.from_numpy(part.targets),
+                                                     reduction="none")
+        return (out - torch.from_numpy(part.targets).double()).pow(2).mean(dim=1)
+
+    assert m["val/loss"] == pytest.approx(losses(split.val).mean().item(), rel=1e-6)
+    assert m["train/loss"] == pytest.approx(losses(split.train).mean().item(), rel=1e-6)
+    if dataset.num_classes:
+        predicted = _frozen_forward(state, split.val.features).argmax(dim=1).numpy()
+        correct = int((predicted == split.val.targets).sum())
+        assert m["val/accuracy"] == pytest.approx(correct / val_size, abs=1e-12)
+    else:
+        assert m["val/accuracy"] is None
+
+
+def test_cli_data_file_csv(run_cli, tmp_path):
+    features, labels, _ = _arrays(n=64, f=4, seed=3, classes=3)
+    path = _write(tmp_path / "train.csv", "csv", features, labels, header=True)
+    run = run_cli("world_size=2", "trainer.epochs=1", "data=file", f"data.path={path}",
+                  "data.val_size=14", "data.batch_size=8", "optim.lr=0.0")
+    _check_frozen_run(run, load_file(path), val_size=14, batch_size=8)
+    assert load_file(path).num_classes == 3
+
+
+def test_cli_data_file_pt_regression(run_cli, tmp_path):
+    features, _, values = _arrays(n=50, f=5, seed=4)
+    path = _write(tmp_path / "train.pt", "pt", features, values)
+    run = run_cli("world_size=2", "trainer.epochs=1", "data=file", f"data.path={path}",
+                  "data.val_size=10", "data.batch_size=8", "optim.lr=0.0")
+    _check_frozen_run(run, load_file(path), val_size=10, batch_size=8)
+
+
+def test_cli_data_file_default_has_no_validation(run_cli, tmp_path):
+    features, labels, _ = _arrays(n=30, f=4, seed=5)
+    path = _write(tmp_path / "d.npz", "npz", features, labels)
+    m = run_cli("world_size=2", "trainer.epochs=1", "data=file", f"data.path={path}").ok().metrics
+    assert m["val/num_samples"] == 0  # data=file defaults to data.val_size=0
+    assert m["val/loss"] is None and m["val/accuracy"] is None
+    assert m["train/num_samples"] == 30
+
+
+def _synthetic(num_classes: int) -> ArrayDataset:
+    return make_synthetic(4096, 32, num_classes=num_classes, noise_std=0.1, seed=0)
+
+
+def test_cli_synthetic_regression(run_cli):
+    m = run_cli("world_size=2", "trainer.epochs=1", "data=synthetic").ok().metrics
+    n_train, val = 4096 - 512, 512
+    assert m["val/accuracy"] is None
+    assert m["val/num_samples"] == val
+    assert m["train/num_samples"] == n_train
+    assert m["steps_per_epoch"] == m["global_step"] == math.ceil(n_train / 2 / 32)
+    assert m["global_batch_size"] == 64
+    # it learned: well below the loss of always predicting the mean
+    held_out = build_datasets(_synthetic(0), val, seed=0, world_size=2).val.targets
+    assert math.isfinite(m["val/loss"]) and m["val/loss"] < 0.5 * float(np.var(held_out))
+
+
+def test_cli_synthetic_classification(run_cli):
+    m = run_cli("world_size=2", "trainer.epochs=1", "data=synthetic",
+                "data.num_classes=4").ok().metrics
+    val = 512
+    assert m["val/num_samples"] == val
+    assert m["train/num_samples"] == 4096 - val
+    correct = round(m["val/accuracy"] * val)
+    assert m["val/accuracy"] == pytest.approx(correct / val, abs=1e-12)  # a count over 512
+    # it learned: far above the accuracy of predicting the most frequent class
+    held_out = build_datasets(_synthetic(4), val, seed=0, world_size=2).val.targets
+    majority = np.bincount(held_out, minlength=4).max() / val
+    assert m["val/accuracy"] > max(0.5, majority + 0.1)
+    assert math.isfinite(m["val/loss"])

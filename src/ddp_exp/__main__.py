@@ -116,7 +116,8 @@ def main() -> None:
             raise
         line = _one_line(exc)
         if line is not None:
-            print(f"error: {line}", file=sys.stderr, flush=True)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it
+                print(f"error: {line}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
         print(str(exc), file=sys.stderr)
         if exc.__cause__ is not None:

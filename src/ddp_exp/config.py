@@ -318,6 +318,17 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
 
 
+def check_precision(precision: str, backend: str) -> None:
+    """``16-mixed`` needs CUDA (GradScaler); bf16 autocast runs on CPU and GPU.
+
+    Raises:
+        ConfigError: 16-mixed without the nccl (CUDA) backend.
+    """
+    if precision == "16-mixed" and backend != "nccl":
+        raise ConfigError("trainer.precision=16-mixed needs CUDA (backend nccl); use "
+                          "bf16-mixed or 32-true on the CPU")
+
+
 def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(node, **kwargs)`` with errors for users as :class:`ConfigError`.
 
@@ -333,5 +344,6 @@ def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
         cause = exc.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        detail = str(cause).splitlines()[0] if cause is not None else str(exc).splitlines()[0]
+        text = str(cause if cause is not None else exc).strip()
+        detail = " ".join(text.split())[:300] if text else type(exc).__name__
         raise ConfigError(f"{key}._target_={node.get('_target_')!r} failed: {detail}") from exc

@@ -136,6 +136,8 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
         ConfigError: the file is missing, of an unknown kind, or its content is unusable.
     """
     full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        raise ConfigError(f"data.path={path!r} is a directory; give a .pt, .npz or .csv file")
     if not os.path.isfile(full):
         raise ConfigError(f"data.path={path!r}: no such file (looked at {full})")
     ext = os.path.splitext(full)[1].lower()
@@ -182,12 +184,18 @@ def _pick_arrays(obj, path: str):
 
 def _read_csv(full: str):
     with open(full) as fh:
-        first = fh.readline()
-    try:
-        [float(v) for v in first.strip().split(",")]
-        header = 0
-    except ValueError:
-        header = 1
+        first = fh.readline().strip().split(",")
+
+    def numeric(field: str) -> bool:
+        try:
+            float(field)
+            return True
+        except ValueError:
+            return False
+
+    # A header row has no number in it; a row mixing numbers and words is bad data, which
+    # np.loadtxt reports (as a one-line ConfigError naming data.path).
+    header = 0 if any(numeric(f) for f in first) else 1
     table = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
     if table.shape[1] < 2:
         raise ConfigError(f"data.path={full!r}: a CSV needs feature columns and a last target "

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp import checkpoint
 from ddp_exp.config import (
     ConfigError,
+    check_precision,
     effective_lr,
     global_batch_size,
     instantiate_node,
@@ -46,6 +47,7 @@ from ddp_exp.distributed import (
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
+from ddp_exp.train import build_optimizer
 from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads, train_rank
 
 log = logging.getLogger("ddp_exp")
@@ -116,6 +118,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
+    build_optimizer(plain, model.parameters())  # a bad optim node fails here, not in the ranks
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,
                       datasets=datasets, model=model, objective=objective,
                       hparams=_hparams(plain), t_start=t_start)
@@ -134,6 +137,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     validate(cfg)
     nproc = cfg.world_size // cfg.launcher.nnodes
     backend = resolve_backend(cfg.distributed.backend, nproc)
+    check_precision(cfg.trainer.precision, backend)
     job_dir = HydraConfig.get().runtime.output_dir
     inputs = prepare(cfg, job_dir, cfg.world_size, backend)
     if cfg.launcher.start_method == "fork":
@@ -202,6 +206,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     cfg.launcher.nnodes = world.world_size // world.local_world_size
     validate(cfg)
     backend = resolve_backend(cfg.distributed.backend, world.local_world_size)
+    check_precision(cfg.trainer.precision, backend)
     threads = set_threads(world)
     init_process_group(backend, world, cfg.distributed.timeout_s)
     try:

@@ -9,12 +9,13 @@ receives ``input_shape`` and/or ``num_outputs`` only if its constructor accepts 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from hydra.utils import get_method
 from omegaconf import DictConfig
 from torch import nn
 
@@ -90,6 +91,29 @@ class Linear(nn.Module):
         return self.net(x)
 
 
+def locate(path: str, key: str) -> Any:
+    """Import ``pkg.module.Name`` (the object a ``_target_`` names).
+
+    Raises:
+        ConfigError: one line naming ``key`` when it cannot be imported.
+    """
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError as exc:
+            if cut == 1:
+                raise ConfigError(f"{key}={path!r} cannot be imported ({exc})") from None
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            return obj
+        except AttributeError:
+            break
+    raise ConfigError(f"{key}={path!r} cannot be imported (no such module or attribute)")
+
+
 def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs: int) -> nn.Module:
     """Instantiate ``cfg`` (a ``_target_`` node) with the dataset's sizes.
 
@@ -97,10 +121,7 @@ def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs:
         ConfigError: the target cannot be imported or does not build an ``nn.Module``.
     """
     target = cfg["_target_"]
-    try:
-        factory = get_method(target)
-    except Exception as exc:
-        raise ConfigError(f"model._target_={target!r} cannot be imported ({exc})") from None
+    factory = locate(target, "model._target_")
     try:
         params = inspect.signature(factory).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())

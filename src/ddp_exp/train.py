@@ -111,6 +111,22 @@ def evaluate(model: nn.Module, datasets: Datasets, objective: Objective, world: 
     return result
 
 
+def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]
+                    ) -> torch.optim.Optimizer:
+    """``cfg.optim``'s ``_target_`` over ``params``, at the effective (scaled) learning rate.
+
+    Raises:
+        ConfigError: the optimizer cannot be imported or rejects its arguments.
+    """
+    args = {k: v for k, v in cfg["optim"].items() if k not in OPTIM_OWN_KEYS}
+    args["lr"] = effective_lr(cfg)
+    factory = instantiate_node(args, "optim")
+    try:
+        return factory(params)
+    except (TypeError, ValueError) as exc:  # an unknown keyword, a value out of range
+        raise ConfigError(f"optim ({args['_target_']}): {exc}") from None
+
+
 class LossWindow:
     """The per-step training losses of one logging interval, kept on the device.
 
@@ -184,9 +200,6 @@ class Trainer:
         objective: the loss and validation metrics.
         device: this rank's device.
         writer: rank 0's TensorBoard/metrics writer (a no-op elsewhere).
-
-    Raises:
-        ConfigError: a precision the device cannot run.
     """
 
     def __init__(self, cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
@@ -195,8 +208,6 @@ class Trainer:
             cfg, world, datasets, device, writer)
         trainer, data_cfg, ddp_cfg = cfg["trainer"], cfg["data"], cfg["ddp"]
         self.precision = trainer["precision"]
-        if self.precision == "16-mixed" and device.type != "cuda":
-            raise ConfigError("trainer.precision=16-mixed needs CUDA; use bf16-mixed on the CPU")
         self.accumulate = trainer["accumulate_grad_batches"]
         self.objective = objective
         x = torch.from_numpy(datasets.train.features).to(device)
@@ -215,10 +226,7 @@ class Trainer:
             find_unused_parameters=ddp_cfg["find_unused_parameters"])
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
         self.forward = torch.compile(self.ddp) if trainer["compile"] else self.ddp
-        self.lr = effective_lr(cfg)
-        optim_args = {k: v for k, v in cfg["optim"].items() if k not in OPTIM_OWN_KEYS}
-        optim_args["lr"] = self.lr
-        self.optimizer = instantiate_node(optim_args, "optim")(self.ddp.parameters())
+        self.optimizer = build_optimizer(cfg, self.ddp.parameters())
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "16-mixed")
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         self.epoch = 0  # the next epoch to run
