@@ -18,7 +18,6 @@ from ddp_exp.data import (
     load_digits,
     load_file,
     make_synthetic,
-    steps_per_epoch,
     val_batches,
 )
 
@@ -402,15 +401,18 @@ def test_steps_per_epoch_matches_train_loader(n, world_size, batch_size):
     loader = TrainLoader(x, y, sampler, batch_size)
     counted = sum(1 for _ in loader)
     assert len(loader) == counted
-    assert steps_per_epoch(n, world_size, batch_size) == counted
+    assert counted == math.ceil(math.ceil(n / world_size) / batch_size)  # padded shards
 
 
-def test_steps_per_epoch_cases():
-    # C03: 1500 training samples on 2 ranks, 750 each
-    assert steps_per_epoch(1500, 2, 16) == 47
-    assert steps_per_epoch(1500, 2, 32) == 24
-    # C07: 1501 samples on 2 ranks (751 after padding), batch 10
-    assert steps_per_epoch(1501, 2, 10) == 76
+@pytest.mark.parametrize(("n", "world_size", "batch_size", "steps"), [
+    (1500, 2, 16, 47), (1500, 2, 32, 24),  # C03: 750 per rank
+    (1501, 2, 10, 76),  # C07: 751 per rank after padding
+])
+def test_steps_per_epoch_cases(n, world_size, batch_size, steps):
+    x, y = _index_tensors(n)
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=0, shuffle=True,
+                                 seed=0, drop_last=False)
+    assert len(TrainLoader(x, y, sampler, batch_size)) == steps
 
 
 # ------------------------------------------------------------------ end to end, real CLI

@@ -259,11 +259,6 @@ def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: 
 
 
 # ---------------------------------------------------------------------------- rank side
-def steps_per_epoch(num_train: int, world_size: int, batch_size: int) -> int:
-    """Optimizer steps per epoch: ``ceil(ceil(N / world_size) / batch_size)`` (padded shards)."""
-    return math.ceil(math.ceil(num_train / world_size) / batch_size)
-
-
 class TrainLoader:
     """This rank's training batches ``(x [B, ...], y [B] or [B, k])``, one epoch per iteration.
 
