@@ -52,11 +52,13 @@ class World:
 def resolve_backend(backend: str, local_world_size: int) -> str:
     """Turn ``auto`` into ``nccl`` or ``gloo``; check that ``nccl`` can run here.
 
-    Uses ``torch.cuda.device_count()``, which does not initialise CUDA (fork stays safe).
+    Counts devices through NVML (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), which does not
+    initialise CUDA in this process, so ranks forked from it can still use their GPU.
 
     Raises:
         ConfigError: ``backend=nccl`` without one CUDA device per local rank.
     """
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
         return "nccl" if gpus >= local_world_size and dist.is_nccl_available() else "gloo"
