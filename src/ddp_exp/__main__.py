@@ -9,6 +9,7 @@ exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -123,6 +124,10 @@ def main() -> None:
         if exc.__cause__ is not None:
             print(str(exc.__cause__), file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        # The run is over: exempt torch's millions of objects from the garbage collections of
+        # interpreter shutdown, which otherwise take 1-3 s after every job (measured here).
+        gc.freeze()
 
 
 if __name__ == "__main__":
