@@ -34,8 +34,12 @@ sweep: install  ## a batch-size sweep, one world per job, under outputs/multirun
 tensorboard: install  ## every run under outputs/, on http://127.0.0.1:$(PORT)
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
 
+bench: install  ## ddp_exp vs hand-written DDP and Lightning: BENCHMARKS.md, benchmarks/results.csv (ARGS="--quick" to smoke-test)
+	$(BIN)/python -m pip install --quiet -e ".[bench]" || true
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
 lint: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache build dist src/*.egg-info

@@ -1,0 +1,114 @@
+"""The benchmark workloads (issue 5), shared by the hand-written scripts and the runner.
+
+The arrays are the ones ddp_exp trains on, bit for bit: :func:`load` repeats what
+``ddp_exp.data.load_digits`` / ``make_synthetic`` / ``build_datasets`` do, in NumPy alone, so the
+hand-written scripts do not pay for importing ddp_exp (``ddp_exp.data`` imports Hydra, ~0.5 s).
+``benchmarks/run.py`` checks the arrays against ddp_exp's own loaders before it measures anything
+(:func:`check_against_ddp_exp`).
+
+Workloads:
+
+* ``digits``: scikit-learn's 8x8 digits, 297 validation samples held out by seed 0 (1500
+  training samples), MLP 64-128-10, 32 samples per rank, 20 epochs.
+* ``compute``: ``make_synthetic`` with 10 classes from a random linear teacher, 16,384 training
+  samples of 512 features (+1,024 validation), MLP 512-2048-2048-10, 256 per rank, 2 epochs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import numpy as np
+
+SEED = 0
+LR, MOMENTUM = 0.05, 0.9
+LOG_EVERY_N_STEPS = 10  # ddp_exp's trainer.log_every_n_steps default: one host sync per interval
+
+WORKLOADS = {
+    "digits": {"hidden": [128], "batch_size": 32, "epochs": 20, "val_size": 297},
+    "compute": {"hidden": [2048, 2048], "batch_size": 256, "epochs": 2, "val_size": 1024,
+                "num_train": 16384, "num_features": 512, "num_classes": 10, "noise_std": 0.1},
+}
+
+
+def digits_csv() -> str:
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("scikit-learn is not installed (ddp_exp depends on it)")
+    return os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray, int]:
+    table = np.loadtxt(digits_csv(), delimiter=",", dtype=np.float64)
+    pixels, labels = table[:, :-1], table[:, -1].astype(np.int64)
+    return (pixels / 16.0).astype(np.float32).reshape(-1, 1, 8, 8), labels, 10
+
+
+def _synthetic(num_samples: int, num_features: int, num_classes: int, noise_std: float,
+               seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((num_samples, num_features), dtype=np.float32)
+    teacher = rng.standard_normal((num_features, num_classes),
+                                  dtype=np.float32) / math.sqrt(num_features)
+    scores = x @ teacher + noise_std * rng.standard_normal((num_samples, num_classes),
+                                                           dtype=np.float32)
+    return x, scores.argmax(axis=1).astype(np.int64), num_classes
+
+
+def spec(name: str, num_train: int | None = None) -> dict:
+    """The workload's settings; ``num_train`` shrinks the compute workload (quick runs)."""
+    w = dict(WORKLOADS[name])
+    if num_train is not None and name == "compute":
+        w["num_train"] = num_train
+    return w
+
+
+def load(name: str, num_train: int | None = None):
+    """``(x_train, y_train, x_val, y_val, num_classes)`` as NumPy arrays, exactly ddp_exp's."""
+    w = spec(name, num_train)
+    if name == "digits":
+        x, y, k = _digits()
+    else:
+        x, y, k = _synthetic(w["num_train"] + w["val_size"], w["num_features"],
+                             w["num_classes"], w["noise_std"], SEED)
+    perm = np.random.default_rng(SEED).permutation(len(x))  # = ddp_exp.data.build_datasets
+    val_idx, train_idx = np.sort(perm[:w["val_size"]]), np.sort(perm[w["val_size"]:])
+    return x[train_idx], y[train_idx], x[val_idx], y[val_idx], k
+
+
+def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
+                      num_train: int | None = None) -> list[str]:
+    """The ``python -m ddp_exp`` overrides of the same job (no checkpoints, logs or config dump)."""
+    w = spec(name, num_train)
+    common = [f"world_size={world_size}", "backend=gloo", f"seed={SEED}",
+              f"data.batch_size={batch_size}", f"trainer.epochs={epochs}",
+              f"trainer.log_every_n_steps={LOG_EVERY_N_STEPS}",
+              "model=mlp", "model.hidden_sizes=[" + ",".join(map(str, w["hidden"])) + "]",
+              "optim=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}",
+              "trainer.save_last=false", "print_config=false", "trainer.progress=off"]
+    if name == "digits":
+        return ["data=digits", f"data.val_size={w['val_size']}"] + common
+    return ["data=synthetic", f"data.num_classes={w['num_classes']}",
+            f"data.num_features={w['num_features']}",
+            f"data.num_samples={w['num_train'] + w['val_size']}",
+            f"data.val_size={w['val_size']}", f"data.noise_std={w['noise_std']}"] + common
+
+
+def check_against_ddp_exp(name: str, num_train: int | None = None) -> None:
+    """Raise AssertionError unless :func:`load` gives ddp_exp's arrays exactly."""
+    from ddp_exp import data
+
+    w = spec(name, num_train)
+    if name == "digits":
+        ds = data.load_digits()
+    else:
+        ds = data.make_synthetic(w["num_train"] + w["val_size"], w["num_features"],
+                                 w["num_classes"], w["noise_std"], SEED)
+    split = data.build_datasets(ds, w["val_size"], SEED, 1)
+    mine = load(name, num_train)
+    theirs = (split.train.features, split.train.targets, split.val.features, split.val.targets)
+    for a, b in zip(mine[:4], theirs, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+    assert mine[4] == split.num_classes, name
