@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ddp_exp.config import ConfigError
-from ddp_exp.files import atomic_write
+from ddp_exp.files import atomic_write, remove_partial, temp_name
 
 FORMAT = "ddp_exp/checkpoint/v1"
 LAST = "last.pt"
@@ -48,6 +48,7 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int) 
     """
     folder = checkpoint_dir(job_dir)
     os.makedirs(folder, exist_ok=True)
+    remove_partial(folder)  # left by a writer killed mid-save (e.g. an earlier attempt)
     payload = {"format": FORMAT, **state}
     last = os.path.join(folder, LAST)
     if not keep_epoch_file:
@@ -56,7 +57,7 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int) 
     path = epoch_path(job_dir, state["epoch"])
     atomic_write(path, lambda fh: torch.save(payload, fh))
     # last.pt becomes a second name of the same complete file: no second write, still atomic.
-    tmp = f"{last}.{os.getpid()}.tmp"
+    tmp = temp_name(last)
     os.link(path, tmp)
     os.replace(tmp, last)
     for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
@@ -83,6 +84,12 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
     return state
+
+
+def remove_partial_files(job_dir: str) -> list[str]:
+    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
+    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
+    return remove_partial(job_dir) + remove_partial(checkpoint_dir(job_dir))
 
 
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Callable
@@ -31,3 +32,22 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def temp_name(path: str, tag: str = "") -> str:
+    """A temp-file name beside ``path`` that :func:`remove_partial` recognises."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)),
+                        f".{os.path.basename(path)}.{tag or os.getpid()}.tmp")
+
+
+def remove_partial(folder: str) -> list[str]:
+    """Delete the temp files a killed writer left in ``folder`` (``.<name>.*.tmp``); the
+    complete files are untouched. Returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(folder, ".*.tmp")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed

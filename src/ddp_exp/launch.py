@@ -53,6 +53,7 @@ from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads,
 log = logging.getLogger("ddp_exp")
 
 _DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not arguments of the loader
+_FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def under_torchrun() -> bool:
@@ -173,6 +174,13 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
     la = cfg.launcher
     # The agent's per-attempt error files go to a folder removed afterwards; the failure
     # summary (rank, exit code, traceback) is raised as ChildFailedError.
+    # A restarted world must not read the previous attempt's keys: by default torch's c10d
+    # rendezvous hands every attempt the same shared TCPStore, and the new ranks connect to the
+    # dead ones' gloo addresses ("Connection refused"; 10 of 17 restarts failed here). Opting out
+    # gives every attempt's ranks a fresh store on a new free port.
+    env_before = os.environ.get(_FRESH_STORE_ENV)
+    if la.max_restarts > 0:
+        os.environ[_FRESH_STORE_ENV] = "1"
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
@@ -182,7 +190,14 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
         )
-        return elastic_launch(config, run_rank)(inputs)
+        try:
+            return elastic_launch(config, run_rank)(inputs)
+        finally:  # every rank has ended: a rank killed mid-write leaves no partial file
+            if env_before is None:
+                os.environ.pop(_FRESH_STORE_ENV, None)
+            else:
+                os.environ[_FRESH_STORE_ENV] = env_before
+            checkpoint.remove_partial_files(inputs.job_dir)
 
 
 def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:

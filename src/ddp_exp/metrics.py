@@ -93,8 +93,8 @@ class MetricsWriter:
         job_dir: the job's output folder (Hydra's output dir), absolute.
         hparams: flat hyper-parameters for the HParams dashboard (see :func:`flatten_hparams`).
         enabled: False on every rank but 0: all methods then do nothing.
-        purge_step: on resume, the checkpoint's global step: TensorBoard hides what an earlier
-            attempt logged at this step and later.
+        purge_step: on resume, the checkpoint's global step + 1: TensorBoard hides what an
+            earlier attempt logged after the checkpoint (steps >= purge_step).
     """
 
     def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool,

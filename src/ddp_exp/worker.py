@@ -130,7 +130,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], restarted)
     state = checkpoint.load(source, map_location=device) if source else None
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
-                           purge_step=state["global_step"] if state else None)
+                           purge_step=state["global_step"] + 1 if state else None)
     try:
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:

@@ -1,0 +1,92 @@
+"""A user model that injects faults, plugged in through the public entry (no product change).
+
+``FaultyMLP`` is :class:`ddp_exp.models.MLP` (same layers, built in the same order, so the same
+seeded initial weights and the same ``state_dict`` keys) whose ``forward``, in training mode,
+counts its calls. At call number ``fault_step`` (1-based: the optimizer step of a fresh process
+with ``accumulate_grad_batches=1``) on rank ``fault_rank`` (read from ``os.environ["RANK"]``) it
+does one of:
+
+* ``fault: raise``: ``raise RuntimeError("injected failure at step k")``;
+* ``fault: nan``: returns outputs full of NaN (the loss becomes NaN);
+* ``fault: kill``: ``os.kill(os.getpid(), signal.SIGKILL)``;
+* ``fault: none``: nothing (a plain MLP).
+
+With ``once_file`` set, the fault fires only if that file does not exist yet, and creates it
+when firing, so an elastically restarted world does not fail again.
+
+Use it with a config dir holding ``model/faulty.yaml`` (see :func:`write_model_yaml`), then
+``python -m ddp_exp --config-dir <dir> model=faulty`` with this folder on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import yaml
+
+from ddp_exp.models import MLP
+
+FAULTS = ("none", "raise", "nan", "kill")
+
+
+class FaultyMLP(MLP):
+    def __init__(self, input_shape: Sequence[int], num_outputs: int,
+                 hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0,
+                 fault: str = "none", fault_step: int = 0, fault_rank: int = 1,
+                 once_file: str | None = None):
+        super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes, dropout=dropout)
+        if fault not in FAULTS:
+            raise ValueError(f"fault={fault!r}: one of {FAULTS}")
+        self.fault = fault
+        self.fault_step = int(fault_step)
+        self.fault_rank = int(fault_rank)
+        self.once_file = once_file
+        self.calls = 0  # a plain attribute: not in the state_dict
+
+    def _fires(self) -> bool:
+        if self.fault == "none" or self.calls != self.fault_step:
+            return False
+        if int(os.environ.get("RANK", "-1")) != self.fault_rank:
+            return False
+        if self.once_file:
+            try:  # create exclusively: fires once even across restarts
+                fd = os.open(self.once_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return False
+            os.write(fd, f"{self.fault} rank {self.fault_rank} step {self.calls}\n".encode())
+            os.close(fd)
+        return True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if not self.training:
+            return out
+        self.calls += 1
+        if self._fires():
+            if self.fault == "raise":
+                raise RuntimeError(f"injected failure at step {self.calls}")
+            if self.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fault == "nan":
+                return out * float("nan")
+        return out
+
+
+def write_model_yaml(config_dir: Path, name: str = "faulty", fault: str = "none",
+                     fault_step: int = 0, fault_rank: int = 1, once_file: str | None = None,
+                     hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0) -> Path:
+    """Write ``<config_dir>/model/<name>.yaml`` for :class:`FaultyMLP`; returns ``config_dir``.
+
+    ``hidden_sizes`` and ``dropout`` default to conf/model/mlp.yaml's values, so the faulty
+    model starts from the same seeded weights as ``model=mlp``."""
+    node = {"_target_": "faulty.FaultyMLP", "hidden_sizes": list(hidden_sizes),
+            "dropout": dropout, "fault": fault, "fault_step": fault_step,
+            "fault_rank": fault_rank, "once_file": once_file}
+    folder = Path(config_dir) / "model"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
+    return Path(config_dir)

@@ -1,0 +1,445 @@
+"""Faults (issue 4, "What must hold"; cases C12 and C13): exact resume, elastic restarts, a rank
+that raises, dies or produces NaN, Ctrl-C / SIGTERM, checkpoint files, bad resume files.
+
+Faults are injected without touching the product: ``tests/faulty.py`` holds ``FaultyMLP``, a
+user model plugged in through the public entry (``--config-dir <dir> model=faulty`` with this
+folder on ``PYTHONPATH``), which raises, returns NaN or SIGKILLs its own rank at a given step.
+
+Expected values come from elsewhere than the run under test: an uninterrupted run of the plain
+``model=mlp``, the checkpoint files themselves, or counts derived from the dataset sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Run, assert_no_orphans, cli_env, tagged_processes
+from faulty import write_model_yaml
+
+TESTS = Path(__file__).resolve().parent
+QUIET = "print_config=false"
+TRAIN_N = 1797 - 297  # digits minus the default val_size
+STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
+STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
+UNREACHABLE = 10**9
+# Final metrics that depend on the training alone (not on timing).
+COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/loss", "train/num_samples",
+            "epoch", "global_step", "steps_per_epoch")
+
+
+# ------------------------------------------------------------------------------------ helpers
+def faulty_env() -> dict[str, str]:
+    """PYTHONPATH with this folder first (so ``faulty`` imports), the rest of it kept."""
+    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(parts)}
+
+
+def faulty_args(config_dir: Path, **model) -> list[str]:
+    """Write ``<config_dir>/model/faulty.yaml`` and return the overrides selecting it."""
+    write_model_yaml(config_dir, **model)
+    return ["--config-dir", str(config_dir), "model=faulty"]
+
+
+def output(run: Run) -> str:
+    return run.stdout + run.stderr
+
+
+def root_cause(text: str) -> str:
+    """The "Root Cause" section of PyTorch's elastic failure table."""
+    assert "Root Cause (first observed failure):" in text, text
+    section = text.split("Root Cause (first observed failure):", 1)[1]
+    return section.split("=" * 20, 1)[0]
+
+
+def load_ckpt(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def temp_files(folder: Path) -> list[str]:
+    """Names in ``folder`` (hidden ones included) that look like temp or partial files."""
+    return sorted(n for n in os.listdir(folder) if n.endswith((".tmp", ".partial")) or
+                  n.startswith("."))
+
+
+def assert_same_result(run_dir: Path, ref_dir: Path, tol: float) -> None:
+    """metrics.json (training values) and model.pt of ``run_dir`` equal ``ref_dir``'s."""
+    import json
+
+    got = json.loads((run_dir / "metrics.json").read_text())
+    ref = json.loads((ref_dir / "metrics.json").read_text())
+    for key in COMPARED:
+        a, b = got[key], ref[key]
+        if isinstance(b, float):
+            assert a == pytest.approx(b, rel=tol, abs=tol), (key, a, b)
+        else:
+            assert a == b, (key, a, b)
+    p_got = torch.load(run_dir / "model.pt", weights_only=True)
+    p_ref = torch.load(ref_dir / "model.pt", weights_only=True)
+    assert p_got.keys() == p_ref.keys() and len(p_ref) > 0
+    for name in p_ref:
+        torch.testing.assert_close(p_got[name], p_ref[name], rtol=0, atol=tol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted world_size=2, 4-epoch run of the plain ``model=mlp`` (seed 0); its job
+    folder."""
+    root = tmp_path_factory.mktemp("reference")
+    job = root / "job"
+    tag = uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddp_exp", "world_size=2", "trainer.epochs=4", "seed=0",
+         "model=mlp", QUIET, f"hydra.run.dir={job}"],
+        cwd=root, env=cli_env(tag), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert_no_orphans(tag)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return job
+
+
+def test_faulty_model_matches_mlp_and_fires_once(tmp_path, monkeypatch):
+    """The injector itself: same initial weights and keys as MLP, fires at its step, once."""
+    from faulty import FaultyMLP
+
+    from ddp_exp.models import MLP
+
+    torch.manual_seed(0)
+    plain = MLP((1, 8, 8), 10)
+    torch.manual_seed(0)
+    once = tmp_path / "once"
+    faulty = FaultyMLP((1, 8, 8), 10, fault="raise", fault_step=2, fault_rank=1,
+                       once_file=str(once))
+    assert plain.state_dict().keys() == faulty.state_dict().keys()
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, faulty.state_dict()[k]), k
+    x = torch.rand(4, 1, 8, 8)
+    monkeypatch.setenv("RANK", "1")
+    faulty.eval()
+    for _ in range(3):
+        faulty(x)  # evaluation does not count
+    faulty.train()
+    faulty(x)
+    with pytest.raises(RuntimeError, match="injected failure at step 2"):
+        faulty(x)
+    assert once.exists()
+    faulty.calls = 1
+    faulty(x)  # step 2 again, but the once file exists
+    nan = FaultyMLP((1, 8, 8), 10, fault="nan", fault_step=1, fault_rank=0)
+    monkeypatch.setenv("RANK", "1")
+    assert torch.isfinite(nan(x)).all()  # other rank: no fault
+    nan.calls = 0
+    monkeypatch.setenv("RANK", "0")
+    assert torch.isnan(nan(x)).all()
+
+
+# --------------------------------------------------------------------- 1. exact resume
+@pytest.mark.slow
+def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
+    """Must-hold 1: rank 1 SIGKILLed inside epoch 3 of 4 (no restarts), then the same job folder
+    rerun with ``trainer.resume=auto``: same final metrics and parameters as a run never
+    interrupted."""
+    conf = tmp_path / "conf"
+    kill_step = 2 * STEPS_2 + STEPS_2 // 2  # step 60: inside epoch 3 (steps 49..72)
+    common = ("world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=0", QUIET)
+    killed = run_cli(*faulty_args(conf, fault="kill", fault_step=kill_step), *common,
+                     job="job", env=faulty_env())
+    assert killed.returncode != 0, output(killed)
+    assert "rank      : 1" in root_cause(output(killed))
+    assert not (killed.job_dir / "metrics.json").exists()
+    last = load_ckpt(killed.job_dir / "checkpoints" / "last.pt")
+    assert last["epoch"] == 1  # epochs 0 and 1 (0-based) complete
+    assert last["global_step"] == 2 * STEPS_2
+
+    # Same model class (the checkpoint must fit), its fault now unreachable.
+    resumed = run_cli(*faulty_args(conf, fault="kill", fault_step=UNREACHABLE), *common,
+                      "trainer.resume=auto", job="job", env=faulty_env()).ok()
+    assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
+    assert "epoch 3/4" in resumed.stdout and "epoch 1/4" not in resumed.stdout
+    assert_same_result(resumed.job_dir, reference, tol=1e-7)
+
+
+@pytest.mark.slow
+def test_two_epochs_then_resume_auto_to_four_is_exact(run_cli, reference):
+    """Must-hold 1, the plain way: trainer.epochs=2, then the same folder with trainer.epochs=4
+    trainer.resume=auto."""
+    common = ("world_size=2", "seed=0", "model=mlp", QUIET)
+    run_cli(*common, "trainer.epochs=2", job="job").ok()
+    resumed = run_cli(*common, "trainer.epochs=4", "trainer.resume=auto", job="job").ok()
+    assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
+    assert_same_result(resumed.job_dir, reference, tol=1e-7)
+
+
+def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of ``tag`` as TensorBoard shows the job's folder: every event file,
+    read in order, with what a resumed writer's ``purge_step`` hides removed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_resumed_run_tensorboard_curves_equal_uninterrupted(run_cli, reference):
+    """A resumed job's TensorBoard curves (all its event files, as TensorBoard reads them) show
+    the same points as the uninterrupted run's: nothing lost at the resume step, no duplicate
+    from the first attempt."""
+    common = ("world_size=2", "seed=0", "model=mlp", QUIET)
+    run_cli(*common, "trainer.epochs=2", job="job").ok()
+    resumed = run_cli(*common, "trainer.epochs=4", "trainer.resume=auto", job="job").ok()
+    for tag in ("val/loss", "val/accuracy", "train/loss"):
+        got = tensorboard_series(resumed.job_dir, tag)
+        ref = tensorboard_series(reference, tag)
+        assert [s for s, _ in got] == [s for s, _ in ref], (tag, got, ref)
+        assert [v for _, v in got] == pytest.approx([v for _, v in ref], rel=1e-6), tag
+
+
+# ------------------------------------------------------------------- 2. elastic restart
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_step", [STEPS_2 + STEPS_2 // 2, STEPS_2 // 2],
+                         ids=["mid-epoch-2", "before-first-checkpoint"])
+def test_elastic_restart_after_rank_killed(run_cli, tmp_path, reference, kill_step):
+    """Must-hold 2: ``launcher.max_restarts=1``, rank 1 SIGKILLed once mid-epoch: the world
+    restarts from checkpoints/last.pt (after epoch 1: step 24), or from scratch when no epoch
+    had finished, and ends exactly as an uninterrupted run."""
+    once = tmp_path / "fired"
+    run = run_cli(*faulty_args(tmp_path / "conf", fault="kill", fault_step=kill_step,
+                               once_file=str(once)),
+                  "world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=1",
+                  "distributed.timeout_s=30", QUIET, env=faulty_env()).ok()  # a hang ends in 30 s
+    assert once.exists(), "the fault never fired"
+    last = re.escape(str(run.job_dir / "checkpoints" / "last.pt"))
+    resumed = re.findall(rf"resumed from {last}\b.*step (\d+)\b", run.stdout)
+    done = kill_step // STEPS_2 * STEPS_2  # the step of the last checkpoint before the kill
+    assert resumed == ([str(done)] if done else []), run.stdout
+    assert_same_result(run.job_dir, reference, tol=1e-6)
+
+
+# ------------------------------------------------------------ 3. a rank that raises or dies
+@pytest.mark.slow
+@pytest.mark.parametrize(("fault", "rank"), [("raise", 1), ("raise", 0), ("kill", 1)])
+def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
+    """Must-hold 3: a rank raises (or is SIGKILLed) at step 5, no restarts: non-zero exit
+    within 30 s, that rank named as the root cause with its error shown once, no process left
+    (run_cli checks)."""
+    run = run_cli(*faulty_args(tmp_path / "conf", fault=fault, fault_step=5, fault_rank=rank),
+                  "world_size=2", "trainer.epochs=2", "launcher.max_restarts=0", QUIET,
+                  env=faulty_env(), timeout=120)
+    text = output(run)
+    assert run.returncode != 0, text
+    assert run.seconds < 30, run.seconds
+    cause = root_cause(text)
+    assert f"rank      : {rank}" in cause, cause
+    assert f"rank      : {1 - rank}" not in cause, cause
+    if fault == "raise":
+        assert text.count("injected failure at step 5") == 1, text
+        assert "RuntimeError: injected failure at step 5" in cause
+    else:
+        assert "SIGKILL" in cause, cause
+    assert not (run.job_dir / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------------ 4. signals (C12)
+SIGNAL_CASES = [
+    pytest.param("group", signal.SIGINT, 130, id="sigint-group"),
+    pytest.param("pid", signal.SIGINT, 130, id="sigint-pid"),
+    pytest.param("pid", signal.SIGTERM, 143, id="sigterm-pid"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "sig", "code"), SIGNAL_CASES)
+def test_signal_ends_every_rank_and_leaves_complete_checkpoint(run_cli, tmp_path, target, sig,
+                                                               code):
+    """C12 / must-hold 4: after epoch 1 of 200 and its checkpoint, SIGINT to the process group
+    (Ctrl-C), or SIGINT / SIGTERM to the top PID: exit 130 (143) within 15 s, no tagged process,
+    last.pt complete, no temp file; the same command can run again at once."""
+    tag = uuid.uuid4().hex
+    job = tmp_path / "sig"
+    cmd = [sys.executable, "-m", "ddp_exp", "backend=gloo", "world_size=2",
+           "data.num_workers=2", "trainer.epochs=200", QUIET, f"hydra.run.dir={job}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "epoch 1/200" in line:
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(120), "".join(lines)
+        # The epoch line comes before that epoch's checkpoint: wait for the first last.pt, so
+        # that a complete one must survive the signal.
+        deadline = time.monotonic() + 60
+        while not (job / "checkpoints" / "last.pt").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        if target == "group":
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after {sig.name}:\n{''.join(lines)}")
+        elapsed = time.monotonic() - t0
+        reader.join(10)
+        text = "".join(lines)
+        assert rc == code, (rc, text)
+        assert elapsed < 15, elapsed
+        assert_no_orphans(tag)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in tagged_processes(tag):  # children of the process started here
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    ckpts = job / "checkpoints"
+    state = load_ckpt(ckpts / "last.pt")
+    assert state["epoch"] >= 0 and state["global_step"] == (state["epoch"] + 1) * STEPS_2
+    assert temp_files(ckpts) == [], os.listdir(ckpts)
+    assert sorted(os.listdir(ckpts)) == ["last.pt"]
+
+    again = run_cli("backend=gloo", "world_size=2", "trainer.epochs=1", QUIET, job="again",
+                    timeout=120).ok()
+    assert "epoch 1/1" in again.stdout
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "sig", "code"), [SIGNAL_CASES[0], SIGNAL_CASES[2]])
+def test_signal_during_checkpoint_write_leaves_no_partial_file(tmp_path, target, sig, code):
+    """C12 "no half-written checkpoint is left": the signal is sent the moment a temp file
+    appears in checkpoints/ (a large model makes the write last); afterwards last.pt is absent
+    or complete, and no temp file remains."""
+    tag = uuid.uuid4().hex
+    job = tmp_path / "sig"
+    ckpts = job / "checkpoints"
+    cmd = [sys.executable, "-m", "ddp_exp", "backend=gloo", "world_size=2", "trainer.epochs=200",
+           "data.val_size=1600", "model.hidden_sizes=[2048,2048]", QUIET,
+           f"hydra.run.dir={job}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = []
+        while not seen:
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint write"
+            try:
+                seen = [n for n in os.listdir(ckpts) if n.endswith(".tmp")]
+            except FileNotFoundError:
+                pass
+            time.sleep(0.001)
+        (os.killpg if target == "group" else os.kill)(proc.pid, sig)
+        assert proc.wait(timeout=30) == code
+        assert_no_orphans(tag)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if (ckpts / "last.pt").exists():
+        assert load_ckpt(ckpts / "last.pt")["epoch"] >= 0
+    assert temp_files(ckpts) == [], [(n, (ckpts / n).stat().st_size) for n in os.listdir(ckpts)]
+
+
+# ---------------------------------------------------------------------------- 5. NaN loss
+@pytest.mark.slow
+def test_nan_on_one_rank_stops_all_naming_the_step(run_cli, tmp_path):
+    """Must-hold 5: NaN outputs on rank 1 at step 3 (logging every 10 steps): every rank stops,
+    non-zero exit, the error names step 3; nobody hangs."""
+    run = run_cli(*faulty_args(tmp_path / "conf", fault="nan", fault_step=3),
+                  "world_size=2", "trainer.epochs=2", "trainer.log_every_n_steps=10", QUIET,
+                  env=faulty_env(), timeout=120)
+    text = output(run)
+    assert run.returncode != 0, text
+    assert run.seconds < 60, run.seconds
+    assert re.search(r"non-finite training loss at step 3\b", text), text
+    assert not (run.job_dir / "metrics.json").exists()
+    assert not (run.job_dir / "checkpoints").exists()  # stopped inside epoch 1
+
+
+# ---------------------------------------------------------------- 6. checkpoint files (C13)
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [None, 2])
+def test_three_ranks_write_one_complete_checkpoint_per_epoch(run_cli, keep):
+    """C13: world_size=3, 3 epochs, a checkpoint every epoch: exactly epoch_0000..0002.pt plus
+    last.pt, each loadable with weights_only=True and recording its epoch; no temp files.
+    With keep_checkpoints=2 only the newest two epoch files stay."""
+    extra = [f"trainer.keep_checkpoints={keep}"] if keep else []
+    run = run_cli("world_size=3", "trainer.epochs=3", "trainer.checkpoint_every_n_epochs=1",
+                  *extra, QUIET, timeout=240).ok()
+    folder = run.job_dir / "checkpoints"
+    epochs = [0, 1, 2] if keep is None else [1, 2]
+    names = [f"epoch_{e:04d}.pt" for e in epochs]
+    assert sorted(os.listdir(folder)) == sorted(names + ["last.pt"])
+    assert temp_files(folder) == []
+    for e, name in zip(epochs, names, strict=True):
+        state = load_ckpt(folder / name)
+        assert state["epoch"] == e, name
+        assert state["global_step"] == (e + 1) * STEPS_3, name
+    last = load_ckpt(folder / "last.pt")
+    assert last["epoch"] == 2
+    final = torch.load(run.job_dir / "model.pt", weights_only=True)
+    assert last["model"].keys() == final.keys()
+    for name in final:
+        assert torch.equal(last["model"][name], final[name]), name
+
+
+# ------------------------------------------------------------- 7. bad trainer.resume files
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"\x00not a checkpoint\xff" * 64)
+
+
+def _foreign(path: Path) -> None:
+    torch.save({"a": 1}, path)
+
+
+def _truncated(path: Path) -> None:
+    torch.save({"a": torch.zeros(1000)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("make", [_garbage, _foreign, _truncated, None],
+                         ids=["garbage", "foreign", "truncated", "missing"])
+def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path, make):
+    """A corrupt, foreign or missing ``trainer.resume=PATH``: non-zero exit within 10 s, a
+    one-line error naming trainer.resume, and no rank started (no tensorboard/)."""
+    path = tmp_path / "bad.pt"
+    if make is not None:
+        make(path)
+    run = run_cli("world_size=2", f"trainer.resume={path}", QUIET, timeout=60)
+    assert run.returncode != 0, output(run)
+    assert run.seconds < 10, run.seconds
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr  # one line, no traceback or warning
+    assert "trainer.resume" in lines[0] and str(path) in lines[0], lines
+    assert "Traceback" not in output(run)
+    for produced in ("tensorboard", "checkpoints", "metrics.json", "model.pt"):
+        assert not (run.job_dir / produced).exists(), produced
