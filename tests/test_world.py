@@ -72,10 +72,10 @@ def job_dirs_under(root: Path) -> list[Path]:
 
 
 def log_messages(text: str) -> list[str]:
-    """The message part of each ``[time]([rankN])[logger][LEVEL] - message`` log record line
-    (the launching process logs without a rank tag, the ranks with one)."""
+    """The message part of each ``[time][rankN|launcher][logger][LEVEL] - message`` log record
+    line (the launching process tags its lines [launcher], the ranks [rankN])."""
     return [line.split(" - ", 1)[1] for line in text.splitlines()
-            if re.match(r"^\[[^\]]*\](\[rank\d+\])?\[[^\]]*\]\[[A-Z]+\] - ", line)]
+            if re.match(r"^\[[^\]]*\]\[(rank\d+|launcher)\]\[[^\]]*\]\[[A-Z]+\] - ", line)]
 
 
 def event_files(root: Path) -> list[Path]:
