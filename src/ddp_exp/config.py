@@ -303,13 +303,15 @@ def validate(cfg: DictConfig) -> None:
     _check(la.nnodes >= 1, "launcher.nnodes", la.nnodes, "a positive integer")
     _check(cfg.world_size % la.nnodes == 0, "world_size", cfg.world_size,
            f"a multiple of launcher.nnodes={la.nnodes} (the same number of ranks on every node)")
+    host, _, port = la.rdzv_endpoint.rpartition(":")
+    _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
+           la.rdzv_endpoint, "HOST:PORT, e.g. localhost:0 (port 0: a free port, one node only)")
     if la.nnodes > 1:
         _check(bool(la.rdzv_id), "launcher.rdzv_id", la.rdzv_id,
                "a job id shared by every node, required when launcher.nnodes > 1")
-        host, _, port = la.rdzv_endpoint.rpartition(":")
-        _check(bool(host) and port.isdigit() and int(port) > 0, "launcher.rdzv_endpoint",
-               la.rdzv_endpoint, "HOST:PORT of the rendezvous (a fixed port every node can "
-               "reach) when launcher.nnodes > 1")
+        _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
+               "HOST:PORT of the rendezvous with a fixed port every node can reach, when "
+               "launcher.nnodes > 1")
     _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
     _check(la.start_method in START_METHODS, "launcher.start_method", la.start_method,
            f"one of {', '.join(START_METHODS)}")
