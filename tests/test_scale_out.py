@@ -56,6 +56,7 @@ def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path):
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:29400"],
      "launcher.rdzv_id"),
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_id=x"], "launcher.rdzv_endpoint"),
+    (["launcher.rdzv_endpoint=garbage"], "launcher.rdzv_endpoint"),
 ])
 def test_world_shape_errors_fail_at_once(run_cli, overrides, key):
     """A world that cannot be laid out on the nodes fails before anything starts."""
