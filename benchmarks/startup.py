@@ -6,7 +6,7 @@ gloo, and nothing else. Its wall time is the floor a 1-epoch ddp_exp job is comp
 
 ``mp-fork`` / ``mp-spawn``: ``torch.multiprocessing.start_processes`` with a free port;
 ``elastic``: PyTorch's elastic launcher configured as ddp_exp configures it (c10d rendezvous on
-``localhost:0``, fork, 0.05 s monitor interval). Each rank runs ``init_process_group("gloo")``,
+``127.0.0.1:0``, fork, 0.05 s monitor interval). Each rank runs ``init_process_group("gloo")``,
 one barrier, ``destroy_process_group()``. Prints ``BENCH_RESULT {json}`` with ``wall_s`` measured
 inside the process from its first line (the runner also times the whole process from outside).
 
@@ -53,7 +53,7 @@ def launch_elastic(world_size: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as logs:
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
                               run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-                              rdzv_endpoint="localhost:0", max_restarts=0,
+                              rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                               monitor_interval=0.05, start_method="fork",
                               logs_specs=DefaultLogsSpecs(log_dir=logs))
         elastic_launch(config, elastic_rank)()

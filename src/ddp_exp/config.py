@@ -148,7 +148,7 @@ class LauncherConfig:
     nnodes: int = 1
     max_restarts: int = 0
     rdzv_backend: str = "c10d"
-    rdzv_endpoint: str = "localhost:0"  # port 0: a free port chosen at launch (one node only)
+    rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
     rdzv_id: str | None = None  # the same id on every node of a multi-node world
     rdzv_timeout_s: int = 900
     start_method: str = "fork"
@@ -305,7 +305,7 @@ def validate(cfg: DictConfig) -> None:
            f"a multiple of launcher.nnodes={la.nnodes} (the same number of ranks on every node)")
     host, _, port = la.rdzv_endpoint.rpartition(":")
     _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
-           la.rdzv_endpoint, "HOST:PORT, e.g. localhost:0 (port 0: a free port, one node only)")
+           la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
     if la.nnodes > 1:
         _check(bool(la.rdzv_id), "launcher.rdzv_id", la.rdzv_id,
                "a job id shared by every node, required when launcher.nnodes > 1")

@@ -3,7 +3,7 @@
 :func:`run_job` validates the config, builds the data and the seeded model **once** in this
 process, and starts ``world_size`` ranks through PyTorch's elastic launcher
 (``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun), every field of
-its ``LaunchConfig`` set explicitly: c10d rendezvous on ``localhost:0`` (a free port, so parallel
+its ``LaunchConfig`` set explicitly: c10d rendezvous on ``127.0.0.1:0`` (a free port, so parallel
 jobs cannot collide or merge), a fresh ``run_id``, restarts from ``launcher.max_restarts``.
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
@@ -17,8 +17,10 @@ process pins itself to one intra-op thread before any torch compute (../shared/D
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import tempfile
 import time
 import uuid
@@ -178,10 +180,18 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
     # rendezvous hands every attempt the same shared TCPStore, and the new ranks connect to the
     # dead ones' gloo addresses ("Connection refused"; 10 of 17 restarts failed here). Opting out
     # gives every attempt's ranks a fresh store on a new free port.
-    env_before = os.environ.get(_FRESH_STORE_ENV)
+    # Forked ranks must not resolve host names: a rank forked while another thread of this
+    # process held glibc's resolver lock blocked for ever in getaddrinfo (seen once, a rank stuck
+    # in __resolv_context_get inside TCPStore's connect). Numeric addresses and a named gloo
+    # interface keep getaddrinfo's resolver out of the ranks and of the agent's threads.
+    env = {}
     if la.max_restarts > 0:
-        os.environ[_FRESH_STORE_ENV] = "1"
-    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
+        env[_FRESH_STORE_ENV] = "1"
+    single_node = la.nnodes == 1
+    if single_node and inputs.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo would resolve this host's name to pick an interface; on one node it is loopback.
+        env["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir, _environ(env):
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
             run_id=la.rdzv_id or uuid.uuid4().hex, role="ddp_exp",
@@ -189,15 +199,34 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
             rdzv_configs={"timeout": la.rdzv_timeout_s},
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
+            # One node: ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
+            local_addr="127.0.0.1" if single_node else None,
         )
         try:
             return elastic_launch(config, run_rank)(inputs)
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
-            if env_before is None:
-                os.environ.pop(_FRESH_STORE_ENV, None)
-            else:
-                os.environ[_FRESH_STORE_ENV] = env_before
             checkpoint.remove_partial_files(inputs.job_dir)
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set environment variables for the launch (the ranks inherit them), then restore."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _loopback_interface() -> str:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"
 
 
 def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
