@@ -81,3 +81,20 @@ def test_no_output_left_outside_the_job_folder(run_cli, tmp_path):
     stray = [p for p in tmp_path.iterdir() if p.name != "run"]
     assert stray == [], stray
     assert os.path.isdir(tmp_path / "run" / "tensorboard")
+
+
+def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli):
+    """Regression: a torch loss with its default reduction='mean' returns one number per batch;
+    taken as per-sample values it made val/loss wrong (0.0099 instead of 1.4732). It must fail
+    at once with one line saying what to do."""
+    run = run_cli("+loss._target_=torch.nn.functional.cross_entropy", "+loss._partial_=true")
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "one value per sample" in lines[0]
+    assert "reduction='none'" in lines[0]
+    assert not (run.job_dir / "tensorboard").exists()
+    fixed = run_cli("+loss._target_=torch.nn.functional.cross_entropy", "+loss._partial_=true",
+                    "+loss.reduction=none", "trainer.epochs=1", "print_config=false",
+                    job="fixed").ok()
+    default = run_cli("trainer.epochs=1", "print_config=false", job="default").ok()
+    assert fixed.metrics["val/loss"] == pytest.approx(default.metrics["val/loss"], rel=1e-6)

@@ -121,6 +121,9 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
+    probe = slice(0, min(2, len(datasets.train)))
+    objective.check(model, torch.from_numpy(datasets.train.features[probe]),
+                    torch.from_numpy(datasets.train.targets[probe]))
     build_optimizer(plain, model.parameters())  # a bad optim node fails here, not in the ranks
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,
                       datasets=datasets, model=model, objective=objective,

@@ -50,6 +50,25 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.argmax(dim=1) == target).float()
 
 
+def _per_sample(fn: PerSample, key: str) -> PerSample:
+    """Wrap a user function so that a result that is not one value per sample fails loudly:
+    a batch-mean loss (PyTorch's default ``reduction='mean'``) would silently make every
+    reported mean wrong. A shape check on the host: no device sync."""
+    if not callable(fn):
+        raise ConfigError(f"{key}._target_ built a {type(fn).__name__}, not a function of "
+                          "(output, target); add _partial_: true for a function with options")
+
+    def checked(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        values = fn(output, target)
+        if not isinstance(values, torch.Tensor) or values.shape != (len(output),):
+            shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values)
+            raise ConfigError(f"{key} must return one value per sample, shape [{len(output)}]; "
+                              f"got {shape} (for a torch loss pass reduction='none')")
+        return values
+
+    return checked
+
+
 class Objective:
     """The loss and metrics of one run (see the module docstring).
 
@@ -67,14 +86,15 @@ class Objective:
         self.num_classes = num_classes
         self.custom_loss = loss is not None
         self.per_sample_loss: PerSample = (
-            instantiate_node(loss, "loss") if loss is not None
+            _per_sample(instantiate_node(loss, "loss"), "loss") if loss is not None
             else cross_entropy if num_classes else squared_error)
         self.metrics: dict[str, PerSample] = {"accuracy": accuracy} if num_classes else {}
         for name, node in (metrics or {}).items():
             if not isinstance(node, Mapping) or "_target_" not in node:
                 raise ConfigError(f"metrics.{name} needs a _target_ (a function of "
                                   "(output, target) returning per-sample values)")
-            self.metrics[name] = instantiate_node(node, f"metrics.{name}")
+            self.metrics[name] = _per_sample(instantiate_node(node, f"metrics.{name}"),
+                                             f"metrics.{name}")
 
     def batch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean loss of a batch (a scalar); the built-in losses use torch's fused kernels."""
@@ -83,3 +103,26 @@ class Objective:
         if self.num_classes:
             return F.cross_entropy(output, target)
         return F.mse_loss(output.float(), target)
+
+    @torch.no_grad()
+    def check(self, model: torch.nn.Module, features: torch.Tensor, targets: torch.Tensor
+              ) -> None:
+        """One forward of ``model`` on a few samples through the loss and every metric, in the
+        launching process, so that a model or objective that cannot work fails before any rank
+        starts.
+
+        Raises:
+            ConfigError: a wrong output shape, or a loss or metric that is not per-sample.
+        """
+        was_training = model.training
+        model.eval()
+        try:
+            output = model(features)
+        except Exception as exc:
+            raise ConfigError(f"model: a forward pass on samples of shape "
+                              f"{list(features.shape[1:])} failed: {exc}") from None
+        finally:
+            model.train(was_training)
+        self.per_sample_loss(output, targets)
+        for metric in self.metrics.values():
+            metric(output, targets)

@@ -7,6 +7,8 @@ so a rank can neither re-compose the config, nor make its own output folder, nor
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import signal
@@ -167,6 +169,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
     threads = set_threads(world)
+    # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
+    # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
+    inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
     init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"])
     try:
         return train_rank(inputs, world, threads)
