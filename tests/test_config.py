@@ -326,3 +326,18 @@ def test_torchrun_type_error_printed_once(run_cli):
     mentions = [ln for ln in output.splitlines() if "world_size" in ln and "two" in ln]
     assert len(mentions) == 1, output
     _no_rank_started(run)
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["+foo=1"], "foo"),
+    (["data=file", "data.path={csv}", "world_size=6"], "world_size"),
+])
+def test_more_config_errors_name_the_key(run_cli, tmp_path, overrides, key):
+    """Regressions: an unknown top-level key was accepted; a world larger than the data was
+    reported as a data.val_size problem."""
+    csv = tmp_path / "five.csv"
+    csv.write_text("1,2,0\n3,4,1\n5,6,0\n7,8,1\n9,1,0\n")
+    run = run_cli(*[o.format(csv=csv) for o in overrides])
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), run.stderr

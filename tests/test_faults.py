@@ -11,6 +11,7 @@ Expected values come from elsewhere than the run under test: an uninterrupted ru
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -443,3 +444,41 @@ def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path, ma
     assert "Traceback" not in output(run)
     for produced in ("tensorboard", "checkpoints", "metrics.json", "model.pt"):
         assert not (run.job_dir / produced).exists(), produced
+
+
+def test_resuming_a_finished_run_changes_nothing(run_cli):
+    """Regression: resume=auto on a run that trained all its epochs rewrote its metrics.json
+    (train/loss null) and status.json, and added a duplicate TensorBoard point."""
+    first = run_cli("trainer.epochs=1", "print_config=false").ok()
+    before = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
+    events = sorted((first.job_dir / "tensorboard").iterdir())
+    again = run_cli("trainer.epochs=1", "trainer.resume=auto", "print_config=false")
+    assert again.returncode == 2 and "nothing left to train" in again.stderr
+    after = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
+    for name in ("metrics.json", "status.json", "model.pt"):
+        assert after[name] == before[name], name
+    assert sorted((first.job_dir / "tensorboard").iterdir()) == events
+
+
+def test_a_second_run_into_a_busy_job_folder_is_refused(run_cli, tmp_path):
+    """Regression: two runs given the same hydra.run.dir both ran and mixed their event
+    streams, checkpoints and metrics in one folder."""
+    job = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    first = subprocess.Popen([sys.executable, "-m", "ddp_exp", "trainer.epochs=200",
+                              "print_config=false", f"hydra.run.dir={job}"], cwd=tmp_path,
+                             env=cli_env(tag), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (job / "tensorboard").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        second = run_cli("trainer.epochs=1", "model=cnn")
+        assert second.returncode == 2
+        assert "in use by another running job" in second.stderr
+        assert len(list((job / "tensorboard").iterdir())) == 1
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=30)
+    assert_no_orphans(tag)
+    assert json.loads((job / "status.json").read_text())["status"] == "interrupted"

@@ -8,6 +8,7 @@ exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -20,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from ddp_exp.config import ConfigError, register_configs
-from ddp_exp.launch import run_job, torchrun_overrides
+from ddp_exp.launch import LeaveFolderAlone, job_folder_lock, run_job, torchrun_overrides
 from ddp_exp.sweep import SweepFailed, raise_if_failed, write_status
 
 log = logging.getLogger("ddp_exp")
@@ -48,8 +49,14 @@ def _task(cfg: DictConfig) -> float | None:
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun: rank 0 reports
     t_start = time.time()
     error, code = None, 0
+    job_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     try:
-        final = run_job(cfg)
+        with job_folder_lock(job_dir) if main_process else contextlib.nullcontext():
+            final = run_job(cfg)
+    except LeaveFolderAlone as exc:  # finished already, or another run's: write nothing there
+        if main_process:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -59,10 +66,12 @@ def _task(cfg: DictConfig) -> float | None:
         error, code = _failure_line(exc), EXIT_RANK_FAILED
     except SignalException as exc:  # the elastic agent stopped every rank before raising this
         log.error("stopped by %s: every rank has ended", exc.sigval.name)
+        write_status(job_dir, "interrupted", overrides, time.time() - t_start,
+                     f"stopped by {exc.sigval.name}")
         raise SystemExit(128 + int(exc.sigval)) from None
     if main_process:
-        write_status(hc.runtime.output_dir, "failed" if error else "completed",
-                     list(hc.overrides.task), time.time() - t_start, error)
+        write_status(job_dir, "failed" if error else "completed", overrides,
+                     time.time() - t_start, error)
     if error is None:
         return None if final is None else final.get("val/loss")
     if hc.mode == RunMode.MULTIRUN:

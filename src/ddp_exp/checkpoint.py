@@ -78,9 +78,9 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint ({first[:200]})"
-                          ) from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint "
+                          f"({type(exc).__name__}: {first[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
     return state

@@ -9,6 +9,7 @@ bad value and what is valid.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -242,6 +243,10 @@ def validate(cfg: DictConfig) -> None:
         hint = {"data.path": "a .pt, .npz or .csv file of features and targets"}.get(key, "a value")
         raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
 
+    known = {f.name for f in dataclasses.fields(Config)}
+    for key in cfg:
+        _check(key in known, str(key), cfg[key], f"not a ddp_exp key (top-level keys: "
+               f"{', '.join(sorted(known))})")
     _check(cfg.world_size >= 1, "world_size", cfg.world_size, "a positive integer (1, 2, 3, ...)")
     _check(cfg.seed >= 0, "seed", cfg.seed, "a non-negative integer")
     d = cfg.data
@@ -297,7 +302,8 @@ def validate(cfg: DictConfig) -> None:
 
     dist = cfg.distributed
     _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")
-    _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s, "a positive number of s")
+    _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s,
+           "a positive number of seconds")
 
     la = cfg.launcher
     _check(la.nnodes >= 1, "launcher.nnodes", la.nnodes, "a positive integer")

@@ -22,6 +22,7 @@ import importlib.util
 import logging
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -130,7 +131,8 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
     and ``targets`` [N] or [N, k] (also accepted: ``x``/``y``), or a pair ``(features, targets)``.
     ``.csv``: numeric columns, the last one the target; a non-numeric first row is a header.
     ``task=auto`` treats integer targets as class labels ``0..C-1`` (in a CSV: non-negative whole
-    numbers with at most 100 distinct values), anything else as regression.
+    numbers below 1000 with at most 100 distinct values), anything else as regression; the
+    inference is logged.
 
     Raises:
         ConfigError: the file is missing, of an unknown kind, or its content is unusable.
@@ -163,7 +165,12 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
     except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
         raise ConfigError(f"data.path={path!r}: cannot read it ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from exc
-    return _to_dataset(features, targets, task, path, integral)
+    dataset = _to_dataset(features, targets, task, path, integral)
+    kind = (f"classification, {dataset.num_classes} classes" if dataset.num_classes
+            else f"regression, {dataset.num_outputs} target(s)")
+    log.info("data.path=%s: %d samples of shape %s; %s (data.task=%s)", path, len(dataset),
+             list(dataset.input_shape), kind, task)
+    return dataset
 
 
 def _pick_arrays(obj, path: str):
@@ -196,14 +203,16 @@ def _read_csv(full: str):
     # A header row has no number in it; a row mixing numbers and words is bad data, which
     # np.loadtxt reports (as a one-line ConfigError naming data.path).
     header = 0 if any(numeric(f) for f in first) else 1
-    table = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
+    with warnings.catch_warnings():  # an empty file: our error below, not numpy's warning
+        warnings.simplefilter("ignore", UserWarning)
+        table = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
     if table.shape[1] < 2:
         raise ConfigError(f"data.path={full!r}: a CSV needs feature columns and a last target "
                           f"column, found {table.shape[1]} column(s)")
     targets = table[:, -1]
     finite = np.isfinite(targets).all()
     integral = bool(finite and (targets >= 0).all() and (targets == np.round(targets)).all()
-                    and len(np.unique(targets)) <= 100)
+                    and len(np.unique(targets)) <= 100 and targets.max() < 1000)
     return table[:, :-1], targets, integral
 
 
@@ -249,6 +258,9 @@ def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: 
         ConfigError: ``val_size`` leaves fewer training samples than ranks.
     """
     n = len(dataset)
+    if world_size > n:
+        raise ConfigError(f"world_size={world_size} is invalid: the dataset has only {n} samples "
+                          "and every rank needs a training sample")
     if val_size > n - world_size:
         raise ConfigError(f"data.val_size={val_size} is invalid: the dataset has {n} samples, so "
                           f"it must be at most {n - world_size} (every one of the {world_size} "

@@ -58,6 +58,41 @@ _DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not argumen
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
+class LeaveFolderAlone(ConfigError):
+    """An error after which this job must not write into its folder (another run's)."""
+
+
+class AlreadyComplete(LeaveFolderAlone):
+    """``trainer.resume`` points at a run that has already trained all its epochs."""
+
+
+class JobFolderBusy(LeaveFolderAlone):
+    """Another running job holds the job folder."""
+
+
+@contextlib.contextmanager
+def job_folder_lock(job_dir: str):
+    """Hold an exclusive lock on the job folder while a world uses it.
+
+    Raises:
+        ConfigError: another run holds it (two runs given the same ``hydra.run.dir`` would
+            mix their event streams, checkpoints and metrics).
+    """
+    import fcntl
+
+    os.makedirs(job_dir, exist_ok=True)
+    with open(os.path.join(job_dir, ".ddp_exp.lock"), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
+                                "give this run its own folder") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def under_torchrun() -> bool:
     """True when this process is a rank started by torchrun (or any elastic agent)."""
     return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
@@ -110,14 +145,23 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                         datasets.train.input_shape, datasets.train.num_outputs)
-    resume = cfg.trainer.resume
-    if resume not in (None, "auto"):  # check the file and that it fits, before ranks start
-        state = checkpoint.load(os.path.abspath(os.path.expanduser(resume)))
+    source = checkpoint.find_resume(job_dir, cfg.trainer.resume, restarted=False)
+    if source is not None:  # check the file and that it fits, before ranks start
+        state = checkpoint.load(source)
         try:
             model.load_state_dict(state["model"])
         except (RuntimeError, KeyError) as exc:
-            raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's model does not fit "
-                              f"this model ({str(exc).splitlines()[0][:200]})") from None
+            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
+                              f"does not fit this model ({str(exc).splitlines()[0][:200]})"
+                              ) from None
+        if state["epoch"] + 1 >= cfg.trainer.epochs:
+            raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
+                                  f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
+                                  f"{cfg.trainer.epochs}: nothing left to train (raise "
+                                  "trainer.epochs to continue); the job folder is unchanged")
+        if state.get("world_size") not in (None, world_size):
+            log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
+                        "batch differ from the interrupted run", state["world_size"], world_size)
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))

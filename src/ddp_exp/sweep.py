@@ -52,7 +52,8 @@ def raise_if_failed() -> None:
 
 def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
                  error: str | None = None) -> None:
-    """Write ``<job_dir>/status.json`` atomically: ``status`` is ``completed`` or ``failed``."""
+    """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
+    ``interrupted``."""
     payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
                "error": error}
     text = json.dumps(payload, indent=2) + "\n"
