@@ -7,7 +7,11 @@ from ddp_exp.data import ArrayDataset
 
 
 def load_wine(standardize: bool = True) -> ArrayDataset:
-    """scikit-learn's bundled wine recognition data: 178 samples, 13 features, 3 classes."""
+    """scikit-learn's bundled wine recognition data: 178 samples, 13 features, 3 classes.
+
+    ``standardize`` uses the statistics of the whole file, validation samples included, which
+    is enough for an example; a real project would compute them on its training split.
+    """
     bunch = sklearn_wine()
     x = bunch.data.astype(np.float64)
     if standardize:
