@@ -90,3 +90,26 @@ def write_model_yaml(config_dir: Path, name: str = "faulty", fault: str = "none"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
     return Path(config_dir)
+
+
+class EnvProbeMLP(MLP):
+    """:class:`ddp_exp.models.MLP` that, at its first training forward in each rank, writes the
+    rank's distributed environment to ``<probe_dir>/rank<RANK>.json``."""
+
+    KEYS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "WORLD_SIZE")
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int, probe_dir: str,
+                 hidden_sizes: Sequence[int] = (128,)):
+        super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes)
+        self.probe_dir = probe_dir
+        self.written = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not self.written:
+            import json
+
+            env = {k: os.environ.get(k) for k in self.KEYS}
+            path = Path(self.probe_dir) / f"rank{os.environ['RANK']}.json"
+            path.write_text(json.dumps(env))
+            self.written = True
+        return super().forward(x)

@@ -82,3 +82,13 @@ def test_make_clean_on_a_fresh_clone(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert not (clone / "outputs").exists()
     assert (clone / "src" / "ddp_exp" / "__main__.py").exists()
+
+
+def test_make_bench_smoke_run_writes_its_report(tmp_path):
+    """`make bench` on its quickest setting (one start-up group, one repeat) into temp files."""
+    csv, md = tmp_path / "results.csv", tmp_path / "BENCHMARKS.md"
+    out = make("bench", "NO_BENCH_EXTRA=1",
+               f"ARGS=--quick --only startup --csv {csv} --markdown {md}", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(csv.read_text().splitlines()) >= 3
+    assert "(d)" in md.read_text()
