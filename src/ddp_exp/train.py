@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 EVAL_BATCH_SIZE = 512  # evaluation only: larger batches, same per-sample losses
 AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 class NonFiniteLossError(RuntimeError):
@@ -56,7 +57,7 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     """``torch.autocast`` for ``bf16-mixed`` / ``16-mixed``, a no-op for ``32-true``."""
     dtype = AUTOCAST_DTYPES[precision]
     if dtype is None:
-        return contextlib.nullcontext()
+        return NO_CONTEXT
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -227,7 +228,11 @@ class Trainer:
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
         self.forward = torch.compile(self.ddp) if trainer["compile"] else self.ddp
         self.optimizer = build_optimizer(cfg, self.ddp.parameters())
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "16-mixed")
+        # fp16 needs loss scaling; bf16 and fp32 do not (and skip the scaler's calls per step).
+        self.scaler = (torch.amp.GradScaler(device.type) if self.precision == "16-mixed"
+                       else None)
+        self.autocast = autocast(device, self.precision)
+        self.move_batches = device.type != "cpu"
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
@@ -249,7 +254,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None,
-            "scaler": self.scaler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": self.epoch - 1,  # the last completed epoch, 0-based
             "global_step": self.global_step,
             "world_size": self.world.world_size,
@@ -269,7 +274,7 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError) as exc:
             raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
                               f"model/optimizer ({str(exc).splitlines()[0][:200]})") from None
-        if state.get("scaler"):
+        if state.get("scaler") and self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
@@ -300,21 +305,26 @@ class Trainer:
         return math.ceil(len(self.loader) / self.accumulate)
 
     def _step(self, group: list, window: LossWindow) -> None:
-        """One optimizer step over a group of micro-batches (see the module docstring)."""
-        step_samples = sum(len(xb) for xb, _ in group)
+        """One optimizer step over a group of micro-batches (see the module docstring). The
+        hot path: no device sync, and nothing done per step that can be done once."""
+        last = len(group) - 1
+        step_samples = len(group[0][0]) if last == 0 else sum(len(xb) for xb, _ in group)
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
-            xb = xb.to(self.device, non_blocking=True)
-            yb = yb.to(self.device, non_blocking=True)
-            last = i == len(group) - 1
-            with contextlib.nullcontext() if last else self.ddp.no_sync():
-                with autocast(self.device, self.precision):
+            if self.move_batches:  # in-memory data already lives on the device
+                xb = xb.to(self.device, non_blocking=True)
+                yb = yb.to(self.device, non_blocking=True)
+            with self.ddp.no_sync() if i < last else NO_CONTEXT:
+                with self.autocast:
                     loss = self.objective.batch_loss(self.forward(xb), yb)
-                share = len(xb) / step_samples
-                self.scaler.scale(loss if share == 1.0 else loss * share).backward()
+                scaled = loss if last == 0 else loss * (len(xb) / step_samples)
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             window.add(loss, len(xb), self.global_step + 1)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.global_step += 1
 
     def train_epoch(self) -> tuple[float, int, float]:
