@@ -8,7 +8,7 @@ TORCH_PIP_ARGS ?=
 PORT   ?= 6006
 ARGS   ?=
 
-.PHONY: install run test test-fast sweep tensorboard bench lint clean
+.PHONY: install run test test-fast test-cuda sweep tensorboard bench lint clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,9 @@ test: install  ## the whole suite, as CI runs it
 
 test-fast: install  ## the suite without the slow multi-world tests
 	$(BIN)/python -m pytest -m "not slow"
+
+test-cuda: install  ## the CUDA/NCCL tests alone (they skip without a GPU)
+	$(BIN)/python -m pytest -m cuda -rs tests/test_device.py
 
 sweep: install  ## a batch-size sweep, one world per job, under outputs/multirun/
 	$(BIN)/python -m ddp_exp -m backend=gloo world_size=2 data.batch_size=16,32,64 $(ARGS)

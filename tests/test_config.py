@@ -215,6 +215,9 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["optim._target_=torch.optim.Nope"], "optim._target_", id="optim target"),
     pytest.param(["trainer.precision=16-mixed"], "trainer.precision", id="fp16 without GPU",
                  marks=NO_GPU),
+    pytest.param(["device=cuda"], "device=cuda", id="cuda without GPU", marks=NO_GPU),
+    pytest.param(["device=cpu", "backend=nccl"], "backend=nccl", id="nccl on the CPU"),
+    pytest.param(["device=gpu"], "device", id="device=gpu"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 import torch
 from conftest import assert_no_orphans, cli_env
 
+from ddp_exp.config import ConfigError
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -20,29 +23,38 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path):
-    """Two launcher processes (one rank each) meet through c10d rendezvous on loopback and
-    train one world of 2: the same metrics and weights as world_size=2 on one node."""
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path, rendezvous):
+    """Two launcher processes (one rank each) meet on loopback, through c10d rendezvous (an id,
+    ranks numbered by the rendezvous) or the static one (fixed node ranks, torchrun's
+    --node-rank), and train one world of 2: the same metrics and weights as world_size=2 on one
+    node."""
     single = run_cli("world_size=2", "trainer.epochs=2", "print_config=false", job="single").ok()
     port, rdzv_id, tag = _free_port(), uuid.uuid4().hex, uuid.uuid4().hex
     procs = []
     for node in range(2):
+        join = ([f"launcher.rdzv_id={rdzv_id}"] if rendezvous == "c10d" else
+                ["launcher.rdzv_backend=static", f"launcher.node_rank={node}"])
         cmd = [sys.executable, "-m", "ddp_exp", "world_size=2", "launcher.nnodes=2",
-               f"launcher.rdzv_endpoint=localhost:{port}", f"launcher.rdzv_id={rdzv_id}",
+               f"launcher.rdzv_endpoint=localhost:{port}", *join,
                "trainer.epochs=2", "print_config=false", f"hydra.run.dir={tmp_path}/node{node}"]
         # Each "node" believes it owns both cores: one thread each, as on separate machines.
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag, OMP_NUM_THREADS="1"),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, stdin=subprocess.DEVNULL))
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:  # a hang fails the test, and leaves no process behind
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert_no_orphans(tag)
     written = [d for d in (tmp_path / "node0", tmp_path / "node1") if (d / "metrics.json").exists()]
     assert len(written) == 1  # the node that got rank 0 writes; the other writes nothing
+    if rendezvous == "static":
+        assert written == [tmp_path / "node0"]  # ranks numbered node by node
     other = ({tmp_path / "node0", tmp_path / "node1"} - set(written)).pop()
     assert not (other / "tensorboard").exists() and not (other / "model.pt").exists()
-
-
     multi = json.loads((written[0] / "metrics.json").read_text())
     for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
         assert multi[key] == pytest.approx(single.metrics[key], rel=1e-6), key
@@ -57,6 +69,14 @@ def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path):
      "launcher.rdzv_id"),
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_id=x"], "launcher.rdzv_endpoint"),
     (["launcher.rdzv_endpoint=garbage"], "launcher.rdzv_endpoint"),
+    (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_backend=static",
+      "launcher.rdzv_endpoint=localhost:29400"], "launcher.node_rank"),
+    (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_backend=static",
+      "launcher.node_rank=2", "launcher.rdzv_endpoint=localhost:29400"], "launcher.node_rank"),
+    (["launcher.node_rank=0"], "launcher.node_rank"),
+    (["launcher.rdzv_backend=etcd"], "launcher.rdzv_backend"),
+    (["launcher.cluster=slurm"], "launcher.cluster"),
+    (["launcher.cluster=submitit"], "launcher.cluster"),  # not inside a submitit job
 ])
 def test_world_shape_errors_fail_at_once(run_cli, overrides, key):
     """A world that cannot be laid out on the nodes fails before anything starts."""
@@ -82,3 +102,129 @@ def test_submitit_local_sweep_completes(run_cli, tmp_path):
         assert (sweep / job / "checkpoints" / "last.pt").exists()
     assert "completed" in (sweep / "summary.csv").read_text()
     assert run.returncode == 0
+
+
+@pytest.mark.slow
+def test_slurm_layout_runs_here_through_submitit_local(run_cli, tmp_path):
+    """launcher=slurm_local: every job is 2 submitit tasks standing for 2 nodes (one rank each,
+    static rendezvous); each trains the single-node world_size=2 model and task 0 alone owns
+    the job folder."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    common = ("world_size=2", "trainer.epochs=2", "print_config=false")
+    single = {b: run_cli(*common, f"data.batch_size={b}", job=f"single{b}").ok().metrics
+              for b in (32, 64)}
+    sweep = tmp_path / "sweep"
+    run_cli("-m", "launcher=slurm_local", "launcher.nnodes=2", *common,
+            "data.batch_size=32,64", f"hydra.sweep.dir={sweep}", run_dir=False, timeout=300).ok()
+    for job, batch in (("0", 32), ("1", 64)):
+        folder = sweep / job
+        metrics = json.loads((folder / "metrics.json").read_text())
+        for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
+            assert metrics[key] == pytest.approx(single[batch][key], rel=1e-6), (job, key)
+        assert len(list((folder / "tensorboard").glob("events.out.tfevents*"))) == 1
+        assert json.loads((folder / "status.json").read_text())["status"] == "completed"
+        log = (folder / "ddp_exp.log").read_text()
+        assert "node 0 of 2" in log and "node 1 of 2" in log
+        assert log.count("epoch 2/2") == 1 and log.count("Job completed successfully") == 1
+    assert (sweep / "summary.csv").read_text().count("completed") == 2
+
+
+def _fake_slurm_env(monkeypatch, **values):
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("_TEST_CLUSTER_", "slurm")  # submitit's switch for its job environment
+    for key, value in values.items():
+        monkeypatch.setenv(key, str(value))
+
+
+SLURM_TWO_NODES = dict(SLURM_JOB_ID=123456, SLURM_NTASKS=2, SLURM_JOB_NUM_NODES=2,
+                       SLURM_JOB_NODELIST="gpu[07-08]", SLURM_LOCALID=0)
+
+
+@pytest.mark.parametrize(("task", "node"), [(0, 0), (1, 1)])
+def test_slurm_task_reads_its_node_and_the_first_host(monkeypatch, task, node):
+    pytest.importorskip("submitit")
+    from ddp_exp.cluster import submitit_layout
+
+    _fake_slurm_env(monkeypatch, **SLURM_TWO_NODES, SLURM_PROCID=task, SLURM_NODEID=node)
+    layout = submitit_layout()
+    assert (layout.nnodes, layout.node_rank, layout.job_id) == (2, task, "123456")
+    assert layout.rdzv_endpoint == "gpu07:13456"  # 10000 + 123456 mod 20000, on node 0
+    assert submitit_layout(29400).rdzv_endpoint == "gpu07:29400"  # a configured port wins
+
+
+def test_slurm_array_task_gets_its_own_rendezvous(monkeypatch):
+    """Sweep jobs are array tasks: each has its own SLURM_JOB_ID, hence port and run id."""
+    pytest.importorskip("submitit")
+    from ddp_exp.cluster import submitit_layout
+
+    ports = set()
+    for job_id, array_task in ((2001, 0), (2002, 1)):
+        _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_JOB_ID": job_id},
+                        SLURM_PROCID=0, SLURM_NODEID=0, SLURM_ARRAY_JOB_ID=2000,
+                        SLURM_ARRAY_TASK_ID=array_task)
+        layout = submitit_layout()
+        assert layout.job_id == f"2000_{array_task}"
+        ports.add(layout.rdzv_endpoint)
+    assert ports == {"gpu07:12001", "gpu07:12002"}
+
+
+def test_slurm_tasks_must_be_one_per_node(monkeypatch):
+    pytest.importorskip("submitit")
+    from ddp_exp.cluster import submitit_layout
+
+    _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_NTASKS": 4}, SLURM_PROCID=0,
+                    SLURM_NODEID=0)
+    with pytest.raises(ConfigError, match="hydra.launcher.tasks_per_node"):
+        submitit_layout()
+
+
+def test_rendezvous_port_stays_in_its_range():
+    from ddp_exp.cluster import rendezvous_port
+
+    assert rendezvous_port("0") == 10000 and rendezvous_port("19999") == 29999
+    assert rendezvous_port("20000") == 10000
+    assert 10000 <= rendezvous_port("abc_1") < 30000
+
+
+def test_slurm_preset_maps_world_size_onto_nodes_and_gpus(monkeypatch, tmp_path):
+    """launcher=slurm world_size=16 launcher.nnodes=2: the sbatch script submitit would submit
+    asks for 2 nodes, 1 task per node and 8 GPUs per node."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import submitit
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    from ddp_exp.config import register_configs
+
+    register_configs()
+    with initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        cfg = compose("config", ["launcher=slurm", "world_size=16", "launcher.nnodes=2",
+                                 "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    assert cfg.launcher.cluster == "submitit" and cfg.launcher.rdzv_backend == "static"
+    params = instantiate(cfg.hydra.launcher).params  # resolved as Hydra's launcher sees them
+    assert (params["nodes"], params["tasks_per_node"], params["gpus_per_node"]) == (2, 1, 8)
+    # submitit's SLURM executor wants srun on PATH; a stand-in lets it write the script.
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
+                                  if k not in ("submitit_folder", "max_num_timeout")})
+    script = executor._executor._make_submission_file_text("python -m x", "%j")
+    for line in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu"):
+        assert f"#SBATCH {line}\n" in script, script
+
+
+def test_slurm_preset_rejects_a_world_that_does_not_divide(run_cli):
+    """world_size=3 on 2 SLURM nodes fails at submission, before any job is queued."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    run = run_cli("-m", "launcher=slurm", "world_size=3", "launcher.nnodes=2", run_dir=False)
+    assert run.returncode != 0 and run.seconds < 15
+    assert "world_size=3" in run.stderr and "launcher.nnodes=2" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr

@@ -20,6 +20,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
+from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.launch import LeaveFolderAlone, job_folder_lock, run_job, torchrun_overrides
 from ddp_exp.sweep import SweepFailed, raise_if_failed, write_status
@@ -46,7 +47,8 @@ def _task(cfg: DictConfig) -> float | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     hc = HydraConfig.get()
-    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun: rank 0 reports
+    # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
+    main_process = os.environ.get("RANK", "0") == "0" and owns_folder(cfg)
     t_start = time.time()
     error, code = None, 0
     job_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
@@ -106,6 +108,17 @@ def _one_line(exc: BaseException) -> str | None:
     return f"{cause.full_key}: {msg}"
 
 
+def _config_error_in(exc: BaseException) -> ConfigError | None:
+    """The ConfigError that caused ``exc`` (through ``__cause__`` / ``__context__``), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ConfigError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
     from hydra.errors import HydraException
@@ -133,6 +146,12 @@ def main() -> None:
         if exc.__cause__ is not None:
             print(str(exc.__cause__), file=sys.stderr)
         raise SystemExit(1) from None
+    except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
+        cause = _config_error_in(exc)
+        if cause is None or user_wants_traceback:
+            raise
+        print(f"error: {cause}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     finally:
         # The run is over: exempt torch's millions of objects from the garbage collections of
         # interpreter shutdown, which otherwise take 1-3 s after every job (measured here).

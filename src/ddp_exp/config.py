@@ -20,7 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, SI, DictConfig, OmegaConf
 
 BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("fork", "forkserver", "spawn")
+RDZV_BACKENDS = ("c10d", "static")
 TASKS = ("auto", "classification", "regression")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 PROGRESS_MODES = ("auto", "bar", "log", "off")
@@ -148,9 +150,11 @@ class LauncherConfig:
 
     nnodes: int = 1
     max_restarts: int = 0
-    rdzv_backend: str = "c10d"
+    rdzv_backend: str = "c10d"  # c10d (elastic, needs rdzv_id) | static (needs node_rank)
     rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
-    rdzv_id: str | None = None  # the same id on every node of a multi-node world
+    rdzv_id: str | None = None  # c10d: the same id on every node of a multi-node world
+    node_rank: int | None = None  # static: this node's index, 0..nnodes-1 (node 0 hosts it)
+    cluster: str | None = None  # null | submitit: nodes and rendezvous from the submitit job
     rdzv_timeout_s: int = 900
     start_method: str = "fork"
     monitor_interval_s: float = 0.05
@@ -178,6 +182,7 @@ class Config:
     loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
     metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks
+    device: str = "auto"  # auto | cpu | cuda (each rank on cuda:LOCAL_RANK)
     seed: int = 0
     print_config: bool = True
 
@@ -201,6 +206,20 @@ def register_configs() -> None:
         ("launcher", "local", LauncherConfig),
     ]:
         cs.store(group=f"schema/{group}", name=name, node=node)
+    OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
+
+
+def ranks_per_node(world_size: int, nnodes: int) -> int:
+    """``world_size / nnodes`` (resolver ``${ddp_exp.ranks_per_node:${world_size},N}``, used by
+    the SLURM presets for GPUs per node).
+
+    Raises:
+        ConfigError: ``world_size`` is not a multiple of ``nnodes``.
+    """
+    if nnodes < 1 or world_size % nnodes:
+        raise ConfigError(f"world_size={world_size}: must be a multiple of launcher.nnodes="
+                          f"{nnodes} (the same number of ranks on every node)")
+    return world_size // nnodes
 
 
 OPTIM_OWN_KEYS = ("lr_scaling", "reference_batch_size")  # not arguments of the optimizer
@@ -300,6 +319,7 @@ def validate(cfg: DictConfig) -> None:
     _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
            f"one of {', '.join(PRECISIONS)}")
 
+    _check(cfg.device in DEVICES, "device", cfg.device, f"one of {', '.join(DEVICES)}")
     dist = cfg.distributed
     _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")
     _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s,
@@ -312,7 +332,19 @@ def validate(cfg: DictConfig) -> None:
     host, _, port = la.rdzv_endpoint.rpartition(":")
     _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
            la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
-    if la.nnodes > 1:
+    _check(la.rdzv_backend in RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
+           "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
+    if la.rdzv_backend == "static":
+        _check(la.node_rank is not None and 0 <= la.node_rank < la.nnodes, "launcher.node_rank",
+               la.node_rank, f"this node's index, 0..{la.nnodes - 1}, with rdzv_backend=static")
+        _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
+               "HOST:PORT of node 0 with a fixed port every node can reach, with "
+               "rdzv_backend=static")
+    else:
+        _check(la.node_rank is None, "launcher.node_rank", la.node_rank,
+               "null with rdzv_backend=c10d (it numbers the nodes itself); add "
+               "launcher.rdzv_backend=static to fix each node's rank")
+    if la.nnodes > 1 and la.rdzv_backend == "c10d":
         _check(bool(la.rdzv_id), "launcher.rdzv_id", la.rdzv_id,
                "a job id shared by every node, required when launcher.nnodes > 1")
         _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
@@ -326,15 +358,20 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
 
 
-def check_precision(precision: str, backend: str) -> None:
-    """``16-mixed`` needs CUDA (GradScaler); bf16 autocast runs on CPU and GPU.
+def check_precision(precision: str, device: str) -> None:
+    """``16-mixed`` needs CUDA (fp16 autocast with loss scaling); bf16 autocast runs on CPU
+    and GPU.
+
+    Args:
+        precision: ``trainer.precision``.
+        device: the resolved device type, ``cpu`` or ``cuda``.
 
     Raises:
-        ConfigError: 16-mixed without the nccl (CUDA) backend.
+        ConfigError: 16-mixed on the CPU.
     """
-    if precision == "16-mixed" and backend != "nccl":
-        raise ConfigError("trainer.precision=16-mixed needs CUDA (backend nccl); use "
-                          "bf16-mixed or 32-true on the CPU")
+    if precision == "16-mixed" and device != "cuda":
+        raise ConfigError("trainer.precision=16-mixed needs device=cuda; use bf16-mixed or "
+                          "32-true on the CPU")
 
 
 def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:

@@ -275,13 +275,16 @@ class TrainLoader:
     """This rank's training batches ``(x [B, ...], y [B] or [B, k])``, one epoch per iteration.
 
     ``sampler`` is the rank's ``DistributedSampler``; call its ``set_epoch`` before iterating.
+    ``x`` and ``y`` are the whole training set; with workers they must stay on the host (see
+    :func:`placement`), and ``pin_memory`` makes the workers' batches page-locked.
     With ``num_workers == 0`` batches are cut from the in-memory tensors by index (one gather
     per batch, no per-sample ``__getitem__`` or collate); otherwise torch's DataLoader serves
     the same indices in the same order from persistent worker processes. The last batch of an
     epoch may be smaller.
     """
 
-    def __init__(self, x, y, sampler, batch_size: int, num_workers: int = 0):
+    def __init__(self, x, y, sampler, batch_size: int, num_workers: int = 0,
+                 pin_memory: bool = False):
         from torch.utils.data import DataLoader, TensorDataset
 
         self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
@@ -289,7 +292,7 @@ class TrainLoader:
         if num_workers > 0:
             self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, sampler=sampler,
                                      num_workers=num_workers, persistent_workers=True,
-                                     worker_init_fn=die_with_parent)
+                                     pin_memory=pin_memory, worker_init_fn=die_with_parent)
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -304,6 +307,25 @@ class TrainLoader:
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def placement(device, num_workers: int) -> tuple[bool, bool]:
+    """Where a rank keeps its training set: ``(move_batches, pin_memory)``.
+
+    * ``num_workers == 0``: the whole set is copied to ``device`` once, and batches are cut
+      there by index: no host-to-device copy per step. (The sets this tool loads are in
+      memory already; on a GPU they cost their size in device memory.)
+    * ``num_workers > 0``: the set stays on the host (workers cannot share CUDA tensors); each
+      batch is copied to the device in the step, from page-locked memory on CUDA
+      (``pin_memory``), so that ``non_blocking=True`` copies overlap with compute (PyTorch docs,
+      "pin_memory" in torch.utils.data).
+
+    Args:
+        device: the rank's ``torch.device``.
+        num_workers: ``data.num_workers``.
+    """
+    on_host = num_workers > 0
+    return on_host and device.type != "cpu", on_host and device.type == "cuda"
 
 
 def die_with_parent(worker_id: int = 0) -> None:

@@ -3,8 +3,9 @@ device, intra-op threads per rank, and the all-reduce of metric sums.
 
 Rules and where they come from:
 
-* ``backend=auto`` is nccl when every local rank can own a CUDA device, else gloo
-  (torch.distributed docs, "Which backend to use?").
+* ``device=auto`` is cuda when every local rank can own a GPU (``cuda:LOCAL_RANK``), and
+  ``backend=auto`` is nccl on cuda, gloo on the CPU (torch.distributed docs, "Which backend to
+  use?"); see :func:`resolve_placement`.
 * Threads per rank: the user's ``OMP_NUM_THREADS`` if set, else ``max(1, cores // local ranks)``.
   torchrun sets ``OMP_NUM_THREADS=1`` in its CLI only (pytorch #22260, PR #22501); the launcher
   API does not, so each rank sets its own: two ranks at torch's default of one thread per core
@@ -49,28 +50,63 @@ class World:
                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
 
-def resolve_backend(backend: str, local_world_size: int) -> str:
-    """Turn ``auto`` into ``nccl`` or ``gloo``; check that ``nccl`` can run here.
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process, counted through NVML
+    (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), which does not initialise CUDA here, so ranks forked
+    from this process can still use their GPU."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-    Counts devices through NVML (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), which does not
-    initialise CUDA in this process, so ranks forked from it can still use their GPU.
+
+def resolve_placement(device: str, backend: str, local_world_size: int,
+                      gpus: int | None = None) -> tuple[str, str]:
+    """Turn ``device`` and ``backend`` (each possibly ``auto``) into what the ranks use.
+
+    Rules (torch.distributed docs, "Which backend to use?": NCCL for CUDA tensors, gloo for CPU
+    tensors; gloo also reduces CUDA tensors, more slowly):
+
+    * ``device=auto`` is ``cuda`` when every local rank can own a GPU (rank ``r`` on
+      ``cuda:LOCAL_RANK``) and the backend is not an explicit ``gloo``; otherwise ``cpu``.
+    * ``backend=auto`` is ``nccl`` on ``cuda`` (when this torch has NCCL), ``gloo`` on ``cpu``.
+
+    Args:
+        device: ``auto``, ``cpu`` or ``cuda`` (the ``device`` key).
+        backend: ``auto``, ``gloo`` or ``nccl`` (the ``backend`` group).
+        local_world_size: ranks on this node (``world_size / launcher.nnodes``).
+        gpus: CUDA devices on this node; None counts them (:func:`cuda_device_count`).
+
+    Returns:
+        ``(device type, backend)``: ``("cpu" | "cuda", "gloo" | "nccl")``.
 
     Raises:
-        ConfigError: ``backend=nccl`` without one CUDA device per local rank.
+        ConfigError: ``device=cuda`` or ``backend=nccl`` without one CUDA device per local rank,
+            ``backend=nccl`` with ``device=cpu``, or ``nccl`` in a torch built without it.
     """
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = cuda_device_count() if gpus is None else gpus
+    enough = gpus >= local_world_size
+    if device == "auto":
+        device = "cuda" if enough and backend != "gloo" else "cpu"
+    if device == "cuda" and not enough:
+        raise ConfigError(f"device=cuda needs one CUDA device per local rank ({local_world_size} "
+                          f"here) and found {gpus}; use device=cpu or device=auto")
     if backend == "auto":
-        return "nccl" if gpus >= local_world_size and dist.is_nccl_available() else "gloo"
-    if backend == "nccl" and (gpus < local_world_size or not dist.is_nccl_available()):
-        raise ConfigError(f"backend=nccl needs one CUDA device per local rank ({local_world_size} "
-                          f"here) and found {gpus}; use backend=gloo or backend=auto")
-    return backend
+        backend = "nccl" if device == "cuda" and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        if device != "cuda" and not enough:
+            raise ConfigError(f"backend=nccl needs one CUDA device per local rank "
+                              f"({local_world_size} here) and found {gpus}; use backend=gloo or "
+                              "backend=auto")
+        if device != "cuda":
+            raise ConfigError("backend=nccl needs device=cuda (NCCL reduces CUDA tensors only); "
+                              "use device=auto or backend=gloo")
+        if not dist.is_nccl_available():
+            raise ConfigError("backend=nccl: this torch build has no NCCL; use backend=gloo")
+    return device, backend
 
 
-def device_for(backend: str, local_rank: int) -> torch.device:
-    """``cuda:<local_rank>`` for nccl, the CPU otherwise."""
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+def device_for(device_type: str, local_rank: int) -> torch.device:
+    """``cuda:<local_rank>`` for ``cuda``, the CPU otherwise."""
+    return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
 def threads_per_rank(local_world_size: int) -> int:
@@ -82,15 +118,20 @@ def threads_per_rank(local_world_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // local_world_size)
 
 
-def init_process_group(backend: str, world: World, timeout_s: float) -> None:
+def init_process_group(backend: str, world: World, timeout_s: float,
+                       device_type: str = "cpu") -> None:
     """Join the world's default process group (env:// rendezvous set up by the launcher).
 
     ``timeout_s`` bounds every collective, so a rank whose peer died fails instead of hanging.
+    On ``cuda`` the rank first makes ``cuda:LOCAL_RANK`` its current device (NCCL and
+    ``all_gather_object`` use the current device); with nccl the group is bound to it
+    (``device_id``: eager NCCL communicator creation).
     """
     kwargs = {}
-    if backend == "nccl":
+    if device_type == "cuda":
         torch.cuda.set_device(world.local_rank)
-        kwargs["device_id"] = torch.device("cuda", world.local_rank)
+        if backend == "nccl":
+            kwargs["device_id"] = torch.device("cuda", world.local_rank)
     dist.init_process_group(backend=backend, rank=world.rank, world_size=world.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
 

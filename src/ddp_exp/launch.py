@@ -30,7 +30,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint
+from ddp_exp import checkpoint, cluster
 from ddp_exp.config import (
     ConfigError,
     check_precision,
@@ -44,7 +44,7 @@ from ddp_exp.distributed import (
     World,
     destroy_process_group,
     init_process_group,
-    resolve_backend,
+    resolve_placement,
 )
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
@@ -56,6 +56,7 @@ log = logging.getLogger("ddp_exp")
 
 _DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not arguments of the loader
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class LeaveFolderAlone(ConfigError):
@@ -138,7 +139,8 @@ def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
     return hparams
 
 
-def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> RankInputs:
+def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend: str
+            ) -> RankInputs:
     """Validate-and-build step shared by both launch paths; raises ConfigError on bad input."""
     t_start = time.time()
     datasets = load_data(cfg)
@@ -164,12 +166,14 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, backend: str) -> Ran
                         "batch differ from the interrupted run", state["world_size"], world_size)
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["world_size"] = world_size
+    plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
     probe = slice(0, min(2, len(datasets.train)))
     objective.check(model, torch.from_numpy(datasets.train.features[probe]),
                     torch.from_numpy(datasets.train.targets[probe]))
     build_optimizer(plain, model.parameters())  # a bad optim node fails here, not in the ranks
-    return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), backend=backend,
+    return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), device=device,
+                      backend=backend,
                       datasets=datasets, model=model, objective=objective,
                       hparams=_hparams(plain), t_start=t_start)
 
@@ -184,18 +188,38 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     if under_torchrun():
         return run_under_torchrun(cfg)
     torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
+    layout = cluster.apply_layout(cfg)
+    if layout is not None:
+        _log_as_task(layout)
     validate(cfg)
     nproc = cfg.world_size // cfg.launcher.nnodes
-    backend = resolve_backend(cfg.distributed.backend, nproc)
-    check_precision(cfg.trainer.precision, backend)
+    env = {}
+    if layout is not None and layout.tasks_on_host > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
+        # over every rank on the machine).
+        cores = len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
+    device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
+    check_precision(cfg.trainer.precision, device)
     job_dir = HydraConfig.get().runtime.output_dir
-    inputs = prepare(cfg, job_dir, cfg.world_size, backend)
+    inputs = prepare(cfg, job_dir, cfg.world_size, device, backend)
     if cfg.launcher.start_method == "fork":
         _preload_for_ranks()
     if cfg.print_config:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
-    results = _elastic_launch(cfg, nproc, inputs)
+    with _environ(env):
+        results = _elastic_launch(cfg, nproc, inputs)
     return results.get(0)
+
+
+def _log_as_task(layout: cluster.ClusterLayout) -> None:
+    """Say where this task sits; then a task other than 0 logs only warnings and errors
+    (every task's handlers append to the one job log, which task 0 keeps)."""
+    log.info("submitit job %s: node %d of %d, static rendezvous at %s", layout.job_id,
+             layout.node_rank, layout.nnodes, layout.rdzv_endpoint)
+    if layout.node_rank > 0:
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)
 
 
 def _preload_for_ranks() -> None:
@@ -234,25 +258,36 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
     env = {}
     if la.max_restarts > 0:
         env[_FRESH_STORE_ENV] = "1"
-    single_node = la.nnodes == 1
-    if single_node and inputs.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+    # One node, or "nodes" meeting on this machine: every rank is reached over loopback.
+    on_loopback = la.nnodes == 1 or la.rdzv_endpoint.rpartition(":")[0] in LOOPBACK_HOSTS
+    if on_loopback and inputs.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         # Gloo would resolve this host's name to pick an interface; on one node it is loopback.
         env["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+    rdzv_configs: dict[str, Any] = {"timeout": la.rdzv_timeout_s}
+    if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
+        rdzv_configs["rank"] = la.node_rank
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir, _environ(env):
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
-            run_id=la.rdzv_id or uuid.uuid4().hex, role="ddp_exp",
+            run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
             rdzv_backend=la.rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
-            rdzv_configs={"timeout": la.rdzv_timeout_s},
+            rdzv_configs=rdzv_configs,
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
-            # One node: ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
-            local_addr="127.0.0.1" if single_node else None,
+            # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
+            local_addr="127.0.0.1" if on_loopback else None,
         )
         try:
             return elastic_launch(config, run_rank)(inputs)
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             checkpoint.remove_partial_files(inputs.job_dir)
+
+
+def _default_run_id(rdzv_backend: str) -> str:
+    """A fresh id for c10d (a world of its own on its free port); for the static rendezvous one
+    id that every node derives alike, as torchrun's default ``none`` (the store's keys are
+    prefixed with it, so nodes with different ids would never meet)."""
+    return "none" if rdzv_backend == "static" else uuid.uuid4().hex
 
 
 @contextlib.contextmanager
@@ -296,10 +331,11 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     cfg.world_size = world.world_size
     cfg.launcher.nnodes = world.world_size // world.local_world_size
     validate(cfg)
-    backend = resolve_backend(cfg.distributed.backend, world.local_world_size)
-    check_precision(cfg.trainer.precision, backend)
+    device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
+                                        world.local_world_size)
+    check_precision(cfg.trainer.precision, device)
     threads = set_threads(world)
-    init_process_group(backend, world, cfg.distributed.timeout_s)
+    init_process_group(backend, world, cfg.distributed.timeout_s, device)
     try:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
@@ -309,7 +345,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
-        inputs = prepare(cfg, job_dir, world.world_size, backend)
+        inputs = prepare(cfg, job_dir, world.world_size, device, backend)
         if world.is_main and cfg.print_config:
             log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
         return train_rank(inputs, world, threads)

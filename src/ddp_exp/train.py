@@ -36,7 +36,7 @@ from torch.utils.data import DistributedSampler
 
 from ddp_exp import checkpoint
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
-from ddp_exp.data import Datasets, TrainLoader, val_batches
+from ddp_exp.data import Datasets, TrainLoader, placement, val_batches
 from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.objective import Objective
@@ -74,13 +74,17 @@ def groups(batches: Iterable, size: int) -> Iterator[list]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, datasets: Datasets, objective: Objective, world: World,
-             device: torch.device, precision: str = "32-true") -> dict[str, Any]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
+             world: World, device: torch.device, precision: str = "32-true") -> dict[str, Any]:
     """Loss and metrics of ``model`` on the whole validation set, exact for any world size.
 
     Each rank evaluates samples ``rank, rank + world_size, ...`` (no padding; a shard may be
     empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics, count).
     Every rank must call it.
+
+    Args:
+        x: the validation features ``[N, ...]``, every sample (on ``device`` or the host).
+        y: the validation targets ``[N]`` (class indices) or ``[N, k]`` (regression).
 
     Returns:
         ``val/loss`` (mean per-sample loss), ``val/<metric>`` for each metric (e.g.
@@ -89,8 +93,6 @@ def evaluate(model: nn.Module, datasets: Datasets, objective: Objective, world: 
     """
     was_training = model.training
     model.eval()
-    x = torch.from_numpy(datasets.val.features)
-    y = torch.from_numpy(datasets.val.targets)
     names = tuple(objective.metrics)
     sums = Accumulator(("loss", *names, "num_samples"), device)
     for xb, yb in val_batches(x, y, world.rank, world.world_size, EVAL_BATCH_SIZE):
@@ -211,13 +213,21 @@ class Trainer:
         self.precision = trainer["precision"]
         self.accumulate = trainer["accumulate_grad_batches"]
         self.objective = objective
-        x = torch.from_numpy(datasets.train.features).to(device)
-        y = torch.from_numpy(datasets.train.targets).to(device)
+        # The data path (see ddp_exp.data.placement): in-memory batches are cut on the device
+        # from one copy of the set; DataLoader workers serve host batches, pinned on CUDA so
+        # that each step's copy is asynchronous (non_blocking=True in _step).
+        workers = data_cfg["num_workers"]
+        self.move_batches, pin = placement(device, workers)
+        x, y = (torch.from_numpy(a) for a in (datasets.train.features, datasets.train.targets))
+        if not self.move_batches:  # one synchronous copy; none per step
+            x, y = x.to(device), y.to(device)
+        self.val_x, self.val_y = (torch.from_numpy(a).to(device)
+                                  for a in (datasets.val.features, datasets.val.targets))
         self.sampler = DistributedSampler(range(len(x)), num_replicas=world.world_size,
                                           rank=world.rank, shuffle=data_cfg["shuffle"],
                                           seed=cfg["seed"], drop_last=False)
-        self.loader = TrainLoader(x, y, self.sampler, data_cfg["batch_size"],
-                                  data_cfg["num_workers"])
+        self.loader = TrainLoader(x, y, self.sampler, data_cfg["batch_size"], workers,
+                                  pin_memory=pin)
         self.model = model.to(device)
         self.ddp = DistributedDataParallel(
             self.model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -232,7 +242,6 @@ class Trainer:
         self.scaler = (torch.amp.GradScaler(device.type) if self.precision == "16-mixed"
                        else None)
         self.autocast = autocast(device, self.precision)
-        self.move_batches = device.type != "cpu"
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
@@ -281,9 +290,10 @@ class Trainer:
         ranks_rng = state.get("rng") or []
         if len(ranks_rng) == self.world.world_size:  # same world: continue every rank's stream
             mine = ranks_rng[self.world.rank]
-            torch.set_rng_state(mine["torch"])
+            # RNG states are CPU byte tensors, whatever map_location moved them to.
+            torch.set_rng_state(mine["torch"].cpu())
             if mine.get("cuda") is not None and self.device.type == "cuda":
-                torch.cuda.set_rng_state(mine["cuda"], self.device)
+                torch.cuda.set_rng_state(mine["cuda"].cpu(), self.device)
         log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
                  self.global_step)
 
@@ -311,7 +321,7 @@ class Trainer:
         step_samples = len(group[0][0]) if last == 0 else sum(len(xb) for xb, _ in group)
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
-            if self.move_batches:  # in-memory data already lives on the device
+            if self.move_batches:  # host batches (DataLoader workers) to the device
                 xb = xb.to(self.device, non_blocking=True)
                 yb = yb.to(self.device, non_blocking=True)
             with self.ddp.no_sync() if i < last else NO_CONTEXT:
@@ -375,8 +385,8 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        val = evaluate(self.model, self.datasets, self.objective, self.world, self.device,
-                       self.precision)
+        val = evaluate(self.model, self.val_x, self.val_y, self.objective, self.world,
+                       self.device, self.precision)
         self.writer.scalars(self.global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val

@@ -62,6 +62,8 @@ class RankInputs:
         cfg: the resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
         job_dir: absolute path of the job's output folder (rank 0 writes there).
         log_file: the job's log file to append to, or None.
+        device: the resolved device type, ``cpu`` or ``cuda`` (rank ``r`` on
+            ``cuda:LOCAL_RANK``).
         backend: the resolved process-group backend (``gloo`` or ``nccl``).
         datasets: the train/validation split.
         model: the seeded, unwrapped model.
@@ -73,6 +75,7 @@ class RankInputs:
     cfg: dict[str, Any]
     job_dir: str
     log_file: str | None
+    device: str
     backend: str
     datasets: Datasets
     model: nn.Module
@@ -114,7 +117,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks.
     """
     cfg = inputs.cfg
-    device = device_for(inputs.backend, world.local_rank)
+    device = device_for(inputs.device, world.local_rank)
     data = inputs.datasets
     global_batch = global_batch_size(cfg)
     n_train = len(data.train)
@@ -144,6 +147,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             "global_batch_size": global_batch,
             "threads_per_rank": threads,
             "backend": inputs.backend,
+            "device": inputs.device,
             "time/total_s": time.time() - inputs.t_start,
         })
         writer.finish(final, inputs.model)
@@ -172,7 +176,8 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
     # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
     inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
-    init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"])
+    init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"],
+                       inputs.device)
     try:
         return train_rank(inputs, world, threads)
     except Exception as exc:
