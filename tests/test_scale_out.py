@@ -228,3 +228,21 @@ def test_slurm_preset_rejects_a_world_that_does_not_divide(run_cli):
     assert run.returncode != 0 and run.seconds < 15
     assert "world_size=3" in run.stderr and "launcher.nnodes=2" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
+    """launcher=slurm without the slurm extra: Hydra cannot find hydra/launcher/submitit_slurm;
+    the entry adds the line that installs it."""
+    import importlib.util
+
+    from ddp_exp.__main__ import missing_plugin_hint
+
+    error = "In 'launcher/slurm': Could not find 'hydra/launcher/submitit_slurm'"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if "submitit" in name else real(name, *a))
+    assert missing_plugin_hint(error) == ("hint: this needs Hydra's submitit plugin: "
+                                          "pip install -e '.[slurm]'")
+    assert missing_plugin_hint("Could not find 'data/digitz'") is None
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert missing_plugin_hint(error) is None  # installed here: Hydra's own message is enough

@@ -22,13 +22,20 @@ from omegaconf import DictConfig
 
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
-from ddp_exp.launch import LeaveFolderAlone, job_folder_lock, run_job, torchrun_overrides
+from ddp_exp.launch import (
+    LeaveFolderAlone,
+    job_folder_lock,
+    run_job,
+    torchrun_overrides,
+    under_torchrun,
+)
 from ddp_exp.sweep import SweepFailed, raise_if_failed, write_status
 
 log = logging.getLogger("ddp_exp")
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
+TORCHRUN_REPORT_GRACE_S = 15.0
 
 register_configs()
 
@@ -108,6 +115,25 @@ def _one_line(exc: BaseException) -> str | None:
     return f"{cause.full_key}: {msg}"
 
 
+# Hydra plugins that presets use, and the extra that installs each.
+PLUGIN_EXTRAS = {
+    "submitit": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    "joblib": ("hydra_plugins.hydra_joblib_launcher", "sweeps"),
+    "optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweeps"),
+}
+
+
+def missing_plugin_hint(error_text: str) -> str | None:
+    """The install line for a Hydra plugin that ``error_text`` (Hydra's composition error)
+    looks for and that is not installed, e.g. ``launcher=slurm`` without the ``slurm`` extra."""
+    import importlib.util
+
+    for word, (module, extra) in PLUGIN_EXTRAS.items():
+        if word in error_text and importlib.util.find_spec(module) is None:
+            return f"hint: this needs Hydra's {word} plugin: pip install -e '.[{extra}]'"
+    return None
+
+
 def _config_error_in(exc: BaseException) -> ConfigError | None:
     """The ConfigError that caused ``exc`` (through ``__cause__`` / ``__context__``), if any."""
     seen: set[int] = set()
@@ -121,6 +147,18 @@ def _config_error_in(exc: BaseException) -> ConfigError | None:
 
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
+    try:
+        _main()
+    except SystemExit as exc:
+        if exc.code == EXIT_CONFIG_ERROR and under_torchrun() and os.environ["RANK"] != "0":
+            # Every torchrun rank hits the same config error and rank 0 alone reports it; a rank
+            # that left first made torchrun stop rank 0 before it printed (seen in 1 of 3 runs).
+            # Rank 0's exit ends this wait: torchrun then stops the other ranks.
+            time.sleep(TORCHRUN_REPORT_GRACE_S)
+        raise
+
+
+def _main() -> None:
     from hydra.errors import HydraException
 
     sys.argv += torchrun_overrides(sys.argv)
@@ -145,6 +183,9 @@ def main() -> None:
         print(str(exc), file=sys.stderr)
         if exc.__cause__ is not None:
             print(str(exc.__cause__), file=sys.stderr)
+        hint = missing_plugin_hint(f"{exc} {exc.__cause__}")
+        if hint:
+            print(hint, file=sys.stderr)
         raise SystemExit(1) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
         cause = _config_error_in(exc)

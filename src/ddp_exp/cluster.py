@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config import CLUSTERS, ConfigError
 
 log = logging.getLogger("ddp_exp")
 
-CLUSTERS = ("submitit",)
 PORT_BASE, PORT_SPAN = 10000, 20000
 
 

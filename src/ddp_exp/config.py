@@ -23,6 +23,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("fork", "forkserver", "spawn")
 RDZV_BACKENDS = ("c10d", "static")
+CLUSTERS = ("submitit",)  # launcher.cluster: where nodes and the rendezvous come from
 TASKS = ("auto", "classification", "regression")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 PROGRESS_MODES = ("auto", "bar", "log", "off")
@@ -334,7 +335,9 @@ def validate(cfg: DictConfig) -> None:
            la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
     _check(la.rdzv_backend in RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
            "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
-    if la.rdzv_backend == "static":
+    _check(la.cluster is None or la.cluster in CLUSTERS, "launcher.cluster", la.cluster,
+           f"null (nodes from the config) or one of {', '.join(CLUSTERS)}")
+    if la.rdzv_backend == "static" and la.cluster is None:  # a cluster fills them in per task
         _check(la.node_rank is not None and 0 <= la.node_rank < la.nnodes, "launcher.node_rank",
                la.node_rank, f"this node's index, 0..{la.nnodes - 1}, with rdzv_backend=static")
         _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
