@@ -246,3 +246,28 @@ def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
     assert missing_plugin_hint("Could not find 'data/digitz'") is None
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert missing_plugin_hint(error) is None  # installed here: Hydra's own message is enough
+
+
+@pytest.mark.parametrize("preset", ["slurm", "slurm_local"])
+def test_cluster_presets_validate_as_composed_and_as_filled_in(monkeypatch, preset):
+    """Regression: a filled-in static layout (node_rank set by the task) was rejected as if
+    node_rank were given to c10d, so every slurm_local job failed."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_module
+
+    from ddp_exp.cluster import apply_layout
+    from ddp_exp.config import register_configs, validate
+
+    register_configs()
+    with initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        cfg = compose("config", [f"launcher={preset}", "world_size=4", "launcher.nnodes=2"])
+    validate(cfg)  # as composed: node_rank is left to each task
+    _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_JOB_ID": 77}, SLURM_PROCID=1,
+                    SLURM_NODEID=1)
+    apply_layout(cfg)
+    assert (cfg.launcher.node_rank, cfg.launcher.rdzv_backend) == (1, "static")
+    assert (cfg.launcher.rdzv_endpoint, cfg.launcher.rdzv_id) == ("gpu07:10077", "77")
+    validate(cfg)  # as one task runs it
+    cfg.launcher.node_rank = 2
+    with pytest.raises(ConfigError, match="launcher.node_rank"):
+        validate(cfg)

@@ -337,13 +337,15 @@ def validate(cfg: DictConfig) -> None:
            "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
     _check(la.cluster is None or la.cluster in CLUSTERS, "launcher.cluster", la.cluster,
            f"null (nodes from the config) or one of {', '.join(CLUSTERS)}")
-    if la.rdzv_backend == "static" and la.cluster is None:  # a cluster fills them in per task
+    # As composed, a cluster preset leaves node_rank to each task of the job (ddp_exp.cluster).
+    filled_per_task = la.cluster is not None and la.node_rank is None
+    if la.rdzv_backend == "static" and not filled_per_task:
         _check(la.node_rank is not None and 0 <= la.node_rank < la.nnodes, "launcher.node_rank",
                la.node_rank, f"this node's index, 0..{la.nnodes - 1}, with rdzv_backend=static")
         _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
                "HOST:PORT of node 0 with a fixed port every node can reach, with "
                "rdzv_backend=static")
-    else:
+    elif la.rdzv_backend == "c10d":
         _check(la.node_rank is None, "launcher.node_rank", la.node_rank,
                "null with rdzv_backend=c10d (it numbers the nodes itself); add "
                "launcher.rdzv_backend=static to fix each node's rank")
