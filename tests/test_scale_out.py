@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,22 +23,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
-def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path, rendezvous):
-    """Two launcher processes (one rank each) meet on loopback, through c10d rendezvous (an id,
-    ranks numbered by the rendezvous) or the static one (fixed node ranks, torchrun's
-    --node-rank), and train one world of 2: the same metrics and weights as world_size=2 on one
-    node."""
-    single = run_cli("world_size=2", "trainer.epochs=2", "print_config=false", job="single").ok()
+def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
+                     ) -> tuple[list[int], list[str]]:
+    """Start two launcher processes ("nodes", one rank each) on loopback at once; returns
+    their exit codes and outputs. ``node_overrides[i]``: extra overrides for node i."""
     port, rdzv_id, tag = _free_port(), uuid.uuid4().hex, uuid.uuid4().hex
     procs = []
     for node in range(2):
         join = ([f"launcher.rdzv_id={rdzv_id}"] if rendezvous == "c10d" else
                 ["launcher.rdzv_backend=static", f"launcher.node_rank={node}"])
+        extra = node_overrides[node] if node < len(node_overrides) else []
         cmd = [sys.executable, "-m", "ddp_exp", "world_size=2", "launcher.nnodes=2",
                f"launcher.rdzv_endpoint=localhost:{port}", *join,
-               "trainer.epochs=2", "print_config=false", f"hydra.run.dir={tmp_path}/node{node}"]
+               "trainer.epochs=2", "print_config=false", f"hydra.run.dir={tmp_path}/node{node}",
+               *extra]
         # Each "node" believes it owns both cores: one thread each, as on separate machines.
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag, OMP_NUM_THREADS="1"),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -47,20 +46,48 @@ def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path, re
     finally:
         for p in procs:  # a hang fails the test, and leaves no process behind
             p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outputs
     assert_no_orphans(tag)
+    return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path, rendezvous):
+    """Two launcher processes (one rank each) meet on loopback, through c10d rendezvous (an id,
+    ranks numbered by the rendezvous) or the static one (fixed node ranks, torchrun's
+    --node-rank), and train one world of 2: the same metrics and weights as world_size=2 on one
+    node."""
+    single = run_cli("world_size=2", "trainer.epochs=2", "print_config=false", job="single").ok()
+    codes, outputs = _start_two_nodes(tmp_path, rendezvous)
+    assert codes == [0, 0], outputs
+    assert all("waiting for 2 node(s)" in out for out in outputs), outputs
     written = [d for d in (tmp_path / "node0", tmp_path / "node1") if (d / "metrics.json").exists()]
     assert len(written) == 1  # the node that got rank 0 writes; the other writes nothing
     if rendezvous == "static":
         assert written == [tmp_path / "node0"]  # ranks numbered node by node
     other = ({tmp_path / "node0", tmp_path / "node1"} - set(written)).pop()
     assert not (other / "tensorboard").exists() and not (other / "model.pt").exists()
+    assert "rank 0, on another node, wrote the outputs" in outputs[int(other.name[-1])]
     multi = json.loads((written[0] / "metrics.json").read_text())
     for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
         assert multi[key] == pytest.approx(single.metrics[key], rel=1e-6), key
     a = torch.load(written[0] / "model.pt", weights_only=True)
     b = torch.load(single.job_dir / "model.pt", weights_only=True)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("node1", "key"), [
+    (["optim.lr=0.5"], "optim.lr=0.5 (rank 0: 0.05)"),     # silently trained a wrong model
+    (["data.batch_size=64"], "data.batch_size=64"),        # aborted inside gloo
+    (["data.val_size=300"], "data.val_size=300"),          # different data splits
+])
+def test_nodes_started_with_different_settings_fail_clearly(tmp_path, node1, key):
+    """Each node composes its own config: the ranks compare theirs with rank 0's first."""
+    codes, outputs = _start_two_nodes(tmp_path, "static", [], node1)
+    assert codes[0] != 0 and codes[1] != 0, outputs
+    assert any(f"the nodes disagree: rank 1 has {key}" in out for out in outputs), outputs
+    assert not (tmp_path / "node0" / "tensorboard").exists()
 
 
 @pytest.mark.parametrize(("overrides", "key"), [
@@ -271,3 +298,33 @@ def test_cluster_presets_validate_as_composed_and_as_filled_in(monkeypatch, pres
     cfg.launcher.node_rank = 2
     with pytest.raises(ConfigError, match="launcher.node_rank"):
         validate(cfg)
+
+
+def test_non_owner_task_leaves_the_shared_folder_alone(monkeypatch, tmp_path):
+    """Regression (1 sweep in 11 crashed): task 1 of a submitit job cleaned temp files out of
+    task 0's folder while task 0 was writing status.json."""
+    import torch.distributed.launcher.api as launcher_api
+    from omegaconf import OmegaConf
+
+    from ddp_exp import launch
+    from ddp_exp.config import LauncherConfig
+
+    cfg = OmegaConf.create({"launcher": OmegaConf.structured(LauncherConfig)})
+    inputs = type("Inputs", (), {"backend": "gloo", "job_dir": str(tmp_path)})()
+    monkeypatch.setattr(launcher_api, "elastic_launch", lambda config, fn: lambda *a: {1: None})
+    partial = tmp_path / ".status.json.abc123.tmp"
+    partial.write_text("{")
+    assert launch._elastic_launch(cfg, 1, inputs, owns_folder=False) == {1: None}
+    assert partial.exists()  # another process's write in progress
+    launch._elastic_launch(cfg, 1, inputs, owns_folder=True)
+    assert not partial.exists()  # the owner cleans up after its ranks
+
+
+def test_slurm_preset_off_slurm_says_so_in_one_line(run_cli):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    if shutil.which("srun"):
+        pytest.skip("SLURM here: the preset would submit")
+    run = run_cli("-m", "launcher=slurm", "world_size=2", "launcher.nnodes=2", run_dir=False)
+    assert run.returncode == 2, run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "launcher=slurm_local" in lines[0], run.stderr

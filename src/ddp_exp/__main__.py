@@ -134,6 +134,15 @@ def missing_plugin_hint(error_text: str) -> str | None:
     return None
 
 
+def _no_slurm_here(exc: BaseException) -> str | None:
+    """One line for submitit's "no srun" error: ``launcher=slurm`` run off a SLURM cluster."""
+    if isinstance(exc, RuntimeError) and "srun" in str(exc):
+        return ("launcher=slurm submits to SLURM and this machine has none (no srun on PATH): "
+                "run it on the cluster's login node, or try the layout here with "
+                "launcher=slurm_local")
+    return None
+
+
 def _config_error_in(exc: BaseException) -> ConfigError | None:
     """The ConfigError that caused ``exc`` (through ``__cause__`` / ``__context__``), if any."""
     seen: set[int] = set()
@@ -188,10 +197,10 @@ def _main() -> None:
             print(hint, file=sys.stderr)
         raise SystemExit(1) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
-        cause = _config_error_in(exc)
-        if cause is None or user_wants_traceback:
+        line = _config_error_in(exc) or _no_slurm_here(exc)
+        if line is None or user_wants_traceback:
             raise
-        print(f"error: {cause}", file=sys.stderr, flush=True)
+        print(f"error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     finally:
         # The run is over: exempt torch's millions of objects from the garbage collections of

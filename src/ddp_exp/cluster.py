@@ -113,8 +113,10 @@ def apply_layout(cfg: DictConfig) -> ClusterLayout | None:
     layout = submitit_layout(int(port) if port.isdigit() else 0)
     if layout.nnodes != la.nnodes:
         raise ConfigError(f"launcher.nnodes={la.nnodes} but the job has {layout.nnodes} "
-                          "task(s), one per node: submit it with hydra.launcher.nodes="
-                          "${launcher.nnodes} (as launcher=slurm does)")
+                          "task(s), one per node: Hydra reads hydra.launcher (nodes, "
+                          "tasks_per_node) once per sweep, from the config without the sweep's "
+                          "values, so launcher.nnodes cannot be swept under launcher=slurm or "
+                          "slurm_local; run one sweep per node count")
     la.node_rank = layout.node_rank
     la.rdzv_endpoint = layout.rdzv_endpoint
     la.rdzv_id = layout.job_id

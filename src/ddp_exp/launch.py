@@ -207,8 +207,16 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         _preload_for_ranks()
     if cfg.print_config:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
+    owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
+    la = cfg.launcher
+    if la.nnodes > 1:
+        log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
+                 "%d s)", la.nnodes, la.rdzv_endpoint, la.rdzv_backend, la.rdzv_timeout_s)
     with _environ(env):
-        results = _elastic_launch(cfg, nproc, inputs)
+        results = _elastic_launch(cfg, nproc, inputs, owner)
+    if 0 not in results:
+        log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
+                 sorted(results))
     return results.get(0)
 
 
@@ -236,7 +244,11 @@ def _drop_duplicate_failure(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("failed (exitcode")
 
 
-def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int, Any]:
+def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True
+                    ) -> dict[int, Any]:
+    """Start this node's ``nproc`` ranks and wait for the world; returns this node's ranks'
+    results by global rank. ``owns_folder``: this launcher may clean the job folder afterwards
+    (False for a task sharing another task's folder, which may still be writing there)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -280,7 +292,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs) -> dict[int
         try:
             return elastic_launch(config, run_rank)(inputs)
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
-            checkpoint.remove_partial_files(inputs.job_dir)
+            if owns_folder:
+                checkpoint.remove_partial_files(inputs.job_dir)
 
 
 def _default_run_id(rdzv_backend: str) -> str:

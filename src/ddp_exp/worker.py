@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_exp import checkpoint
-from ddp_exp.config import global_batch_size
+from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
     World,
@@ -31,7 +31,7 @@ from ddp_exp.distributed import (
     init_process_group,
     threads_per_rank,
 )
-from ddp_exp.metrics import MetricsWriter
+from ddp_exp.metrics import MetricsWriter, flatten_hparams
 from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
 
@@ -159,6 +159,38 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     return None
 
 
+NODE_OWN_KEYS = ("launcher.node_rank",)  # the only settings that differ between nodes
+
+
+def check_nodes_agree(inputs: RankInputs, world: World) -> None:
+    """Every node of a multi-node world composed its own config and built its own data: check,
+    with one ``all_gather_object``, that all ranks hold what rank 0 holds (the resolved config
+    but ``launcher.node_rank``, and the data's sizes and CRC-32). Nodes started with different
+    overrides would otherwise train different models under one DDP world, or abort in gloo.
+
+    Raises:
+        ConfigError: on every rank, naming the first keys that differ from rank 0.
+    """
+    import torch.distributed as dist
+
+    mine = {k: v for k, v in flatten_hparams(inputs.cfg).items() if k not in NODE_OWN_KEYS}
+    data = inputs.datasets.fingerprint()
+    mine.update(data)
+    everyone: list[Any] = [None] * world.world_size
+    dist.all_gather_object(everyone, mine)
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone):
+        differ = sorted((k for k in reference.keys() | theirs.keys()
+                         if reference.get(k) != theirs.get(k)),
+                        key=lambda k: (k in data, k))  # the config's keys first: the cause
+        if differ:
+            shown = ", ".join(f"{k}={theirs.get(k)!r} (rank 0: {reference.get(k)!r})"
+                              for k in differ[:3])
+            more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+            raise ConfigError(f"the nodes disagree: rank {rank} has {shown}{more}; start every "
+                              "node with the same overrides and data")
+
+
 @record
 def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     """Entry point of one rank started by the elastic launcher (env ``RANK``, ``WORLD_SIZE``...).
@@ -179,6 +211,8 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"],
                        inputs.device)
     try:
+        if inputs.cfg["launcher"]["nnodes"] > 1:
+            check_nodes_agree(inputs, world)
         return train_rank(inputs, world, threads)
     except Exception as exc:
         if is_peer_failure(exc):
