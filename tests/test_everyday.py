@@ -83,6 +83,20 @@ def test_no_output_left_outside_the_job_folder(run_cli, tmp_path):
     assert os.path.isdir(tmp_path / "run" / "tensorboard")
 
 
+def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli):
+    """Regression: a bare function as a metric or loss (no options, no _partial_) was called
+    with no arguments at build time and failed; a function is now bound, a class built."""
+    common = ("trainer.epochs=1", "print_config=false")
+    default = run_cli(*common, job="default").ok().metrics
+    bare = run_cli(*common, "+loss._target_=ddp_exp.objective.cross_entropy",
+                   "+metrics.acc2._target_=ddp_exp.objective.accuracy", job="bare").ok().metrics
+    assert bare["val/acc2"] == bare["val/accuracy"] == default["val/accuracy"]
+    assert bare["val/loss"] == pytest.approx(default["val/loss"], rel=1e-6)
+    cls = run_cli(*common, "+loss._target_=torch.nn.CrossEntropyLoss", "+loss.reduction=none",
+                  job="class").ok().metrics
+    assert cls["val/loss"] == pytest.approx(default["val/loss"], rel=1e-6)
+
+
 def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli):
     """Regression: a torch loss with its default reduction='mean' returns one number per batch;
     taken as per-sample values it made val/loss wrong (0.0099 instead of 1.4732). It must fail

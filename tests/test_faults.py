@@ -451,13 +451,33 @@ def test_resuming_a_finished_run_changes_nothing(run_cli):
     (train/loss null) and status.json, and added a duplicate TensorBoard point."""
     first = run_cli("trainer.epochs=1", "print_config=false").ok()
     before = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
+    record = {p.name: p.read_bytes() for p in (first.job_dir / ".hydra").iterdir()}
     events = sorted((first.job_dir / "tensorboard").iterdir())
-    again = run_cli("trainer.epochs=1", "trainer.resume=auto", "print_config=false")
+    again = run_cli("trainer.epochs=1", "trainer.resume=auto", "optim.lr=0.5",
+                    "print_config=false")
     assert again.returncode == 2 and "nothing left to train" in again.stderr
     after = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
     for name in ("metrics.json", "status.json", "model.pt"):
         assert after[name] == before[name], name
+    # Hydra rewrote .hydra/ before the refusal; the record of what trained here is back.
+    assert {p.name: p.read_bytes() for p in (first.job_dir / ".hydra").iterdir()} == record
     assert sorted((first.job_dir / "tensorboard").iterdir()) == events
+
+
+def test_a_fresh_run_into_a_finished_folder_is_refused(run_cli):
+    """Regression: the same hydra.run.dir without trainer.resume retrained from scratch,
+    overwrote the run's files and left two event streams plotting the same steps twice."""
+    first = run_cli("trainer.epochs=1", "print_config=false").ok()
+    before = {p.relative_to(first.job_dir): p.read_bytes()
+              for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    again = run_cli("trainer.epochs=1", "optim.lr=0.5", "print_config=false")
+    assert again.returncode == 2 and again.seconds < 10
+    lines = [ln for ln in again.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "trainer.resume=auto" in lines[0], again.stderr
+    assert "metrics.json" in lines[0] and "tensorboard/" in lines[0]
+    after = {p.relative_to(first.job_dir): p.read_bytes()
+             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    assert after == before  # every file, .hydra/ included, as the first run left it
 
 
 def test_a_second_run_into_a_busy_job_folder_is_refused(run_cli, tmp_path):
@@ -473,10 +493,13 @@ def test_a_second_run_into_a_busy_job_folder_is_refused(run_cli, tmp_path):
         deadline = time.monotonic() + 60
         while not (job / "tensorboard").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
+        record = {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()}
         second = run_cli("trainer.epochs=1", "model=cnn")
         assert second.returncode == 2
         assert "in use by another running job" in second.stderr
         assert len(list((job / "tensorboard").iterdir())) == 1
+        # The refused run's Hydra rewrote .hydra/ (trainer.epochs=1, model=cnn); put back.
+        assert {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()} == record
     finally:
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(timeout=30)

@@ -60,7 +60,9 @@ def _task(cfg: DictConfig) -> float | None:
     error, code = None, 0
     job_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     try:
-        with job_folder_lock(job_dir) if main_process else contextlib.nullcontext():
+        hydra_dir = (os.path.join(job_dir, hc.output_subdir) if hc.output_subdir is not None
+                     else None)
+        with job_folder_lock(job_dir, hydra_dir) if main_process else contextlib.nullcontext():
             final = run_job(cfg)
     except LeaveFolderAlone as exc:  # finished already, or another run's: write nothing there
         if main_process:

@@ -247,8 +247,11 @@ def global_batch_size(cfg: Mapping[str, Any]) -> int:
 
 # ------------------------------------------------------------------------------ validation
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
+    """Raise ``ConfigError("<key>=<value> is invalid: <valid>")`` unless ``ok``; the value is
+    written as on the command line (``null``, not Python's ``None``)."""
     if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: {valid}")
+        shown = "null" if value is None else repr(value)
+        raise ConfigError(f"{key}={shown} is invalid: {valid}")
 
 
 def validate(cfg: DictConfig) -> None:

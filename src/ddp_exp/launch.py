@@ -46,6 +46,7 @@ from ddp_exp.distributed import (
     init_process_group,
     resolve_placement,
 )
+from ddp_exp.files import atomic_write
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
@@ -71,27 +72,94 @@ class JobFolderBusy(LeaveFolderAlone):
     """Another running job holds the job folder."""
 
 
+class FolderHoldsRun(LeaveFolderAlone):
+    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
+
+
+def earlier_outputs(job_dir: str) -> list[str]:
+    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files."""
+    found = [name for name in ("metrics.json", "model.pt")
+             if os.path.isfile(os.path.join(job_dir, name))]
+    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
+        folder = os.path.join(job_dir, sub)
+        if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
+            found.append(f"{sub}/")
+    return found
+
+
 @contextlib.contextmanager
-def job_folder_lock(job_dir: str):
+def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     """Hold an exclusive lock on the job folder while a world uses it.
 
+    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
+    the lock file also keeps a copy of the record of the run that last held it: a run refused
+    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
+    describing what was trained in it.
+
     Raises:
-        ConfigError: another run holds it (two runs given the same ``hydra.run.dir`` would
+        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
             mix their event streams, checkpoints and metrics).
     """
     import fcntl
 
     os.makedirs(job_dir, exist_ok=True)
-    with open(os.path.join(job_dir, ".ddp_exp.lock"), "w") as fh:
+    with open(os.path.join(job_dir, ".ddp_exp.lock"), "a+") as fh:  # a+: keep the record
+        fh.seek(0)
+        previous = _parse_record(fh.read())
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            _restore_record(hydra_dir, previous)
             raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
                                 "give this run its own folder") from None
         try:
+            _write_record(fh, _read_record(hydra_dir))
             yield
+        except LeaveFolderAlone:  # refused after all: the folder's record stays the old one
+            _restore_record(hydra_dir, previous)
+            _write_record(fh, previous)
+            raise
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _read_record(hydra_dir: str | None) -> dict[str, str]:
+    if not hydra_dir or not os.path.isdir(hydra_dir):
+        return {}
+    record = {}
+    for name in sorted(os.listdir(hydra_dir)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(hydra_dir, name)) as f:
+                record[name] = f.read()
+    return record
+
+
+def _parse_record(text: str) -> dict[str, str]:
+    import json
+
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(fh, record: dict[str, str]) -> None:
+    import json
+
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps(record))
+    fh.flush()
+
+
+def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
+    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
+    if not hydra_dir or not record:
+        return
+    for name, text in record.items():
+        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
+                     lambda f, text=text: f.write(text.encode()))
 
 
 def under_torchrun() -> bool:
@@ -143,6 +211,11 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             ) -> RankInputs:
     """Validate-and-build step shared by both launch paths; raises ConfigError on bad input."""
     t_start = time.time()
+    earlier = earlier_outputs(job_dir) if cfg.trainer.resume is None else []
+    if earlier:  # training afresh here would mix two runs' event streams and files
+        raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
+                             f"({', '.join(earlier)}): continue it with trainer.resume=auto, "
+                             "or give this run its own folder")
     datasets = load_data(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),

@@ -7,7 +7,8 @@ over the whole validation set divided by its size, reduced across ranks as (sum,
 
 Defaults: cross-entropy for class labels, mean squared error for regression targets, and
 ``val/accuracy`` for classification. Plug in your own with ``_target_`` (a function, or a class
-instance, taking ``(output, target)`` and returning per-sample values):
+instance, taking ``(output, target)`` and returning per-sample values; a function's options
+are bound to it, ``_partial_: true`` being implied):
 
     loss:
       _target_: my_project.losses.focal_loss
@@ -50,6 +51,29 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.argmax(dim=1) == target).float()
 
 
+def build_function(node: Mapping[str, Any], key: str) -> PerSample:
+    """Build a loss/metric node: a function ``_target_`` is taken as it is, with the node's
+    options bound (``_partial_: true`` implied, so a bare function needs no flag); a class is
+    instantiated with them (e.g. ``torch.nn.CrossEntropyLoss`` with ``reduction: none``).
+
+    Raises:
+        ConfigError: the target cannot be imported or rejects its options.
+    """
+    import inspect
+
+    from hydra.utils import get_object
+
+    node = dict(node)
+    if "_partial_" not in node:
+        try:
+            target = get_object(str(node.get("_target_")))
+        except Exception:  # instantiate_node reports it, naming the key
+            target = None
+        if target is not None and not inspect.isclass(target):
+            node["_partial_"] = True
+    return instantiate_node(node, key)
+
+
 def _per_sample(fn: PerSample, key: str) -> PerSample:
     """Wrap a user function so that a result that is not one value per sample fails loudly:
     a batch-mean loss (PyTorch's default ``reduction='mean'``) would silently make every
@@ -86,14 +110,14 @@ class Objective:
         self.num_classes = num_classes
         self.custom_loss = loss is not None
         self.per_sample_loss: PerSample = (
-            _per_sample(instantiate_node(loss, "loss"), "loss") if loss is not None
+            _per_sample(build_function(loss, "loss"), "loss") if loss is not None
             else cross_entropy if num_classes else squared_error)
         self.metrics: dict[str, PerSample] = {"accuracy": accuracy} if num_classes else {}
         for name, node in (metrics or {}).items():
             if not isinstance(node, Mapping) or "_target_" not in node:
                 raise ConfigError(f"metrics.{name} needs a _target_ (a function of "
                                   "(output, target) returning per-sample values)")
-            self.metrics[name] = _per_sample(instantiate_node(node, f"metrics.{name}"),
+            self.metrics[name] = _per_sample(build_function(node, f"metrics.{name}"),
                                              f"metrics.{name}")
 
     def batch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
