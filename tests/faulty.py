@@ -113,3 +113,14 @@ class EnvProbeMLP(MLP):
             path.write_text(json.dumps(env))
             self.written = True
         return super().forward(x)
+
+
+def slow_digits(**_options):
+    """``data._target_`` that takes ``DDP_EXP_TEST_LOAD_S`` seconds to load the digits: a window
+    in which the launcher is busy before any rank exists."""
+    import time
+
+    from ddp_exp.data import load_digits
+
+    time.sleep(float(os.environ.get("DDP_EXP_TEST_LOAD_S", "0")))
+    return load_digits()

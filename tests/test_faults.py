@@ -246,12 +246,42 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
     cause = root_cause(text)
     assert f"rank      : {rank}" in cause, cause
     assert f"rank      : {1 - rank}" not in cause, cause
+    kept = run.job_dir / "errors" / f"rank{rank}.json"
     if fault == "raise":
         assert text.count("injected failure at step 5") == 1, text
         assert "RuntimeError: injected failure at step 5" in cause
+        # The table points at a file that outlives the launch (the agent's folder does not).
+        assert f"error_file: {kept}" in cause, cause
+        assert "injected failure at step 5" in json.loads(kept.read_text())["message"]["message"]
     else:
         assert "SIGKILL" in cause, cause
+        assert "error_file: <none" in cause and not kept.exists(), cause
     assert not (run.job_dir / "metrics.json").exists()
+
+
+def test_ctrl_c_before_the_ranks_start_is_one_line(tmp_path):
+    """Regression: Ctrl-C while the launcher loaded the data printed a KeyboardInterrupt
+    traceback and left no status.json."""
+    tag, job = uuid.uuid4().hex, tmp_path / "early"
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", "data._target_=faulty.slow_digits",
+                             f"hydra.run.dir={job}"], cwd=tmp_path,
+                            env=cli_env(tag, **faulty_env(), DDP_EXP_TEST_LOAD_S="30"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (job / "ddp_exp.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the 30 s load
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        "interrupted (SIGINT) before training started"], err
+    assert json.loads((job / "status.json").read_text())["status"] == "interrupted"
+    assert_no_orphans(tag)
 
 
 # ------------------------------------------------------------------------ 4. signals (C12)

@@ -14,6 +14,7 @@ import gc
 import logging
 import math
 import os
+import signal
 import sys
 import time
 
@@ -80,6 +81,11 @@ def _task(cfg: DictConfig) -> float | None:
         write_status(job_dir, "interrupted", overrides, time.time() - t_start,
                      f"stopped by {exc.sigval.name}")
         raise SystemExit(128 + int(exc.sigval)) from None
+    except KeyboardInterrupt:  # Ctrl-C before the ranks started (loading data, building)
+        if main_process:
+            write_status(job_dir, "interrupted", overrides, time.time() - t_start,
+                         "stopped by SIGINT before training started")
+        raise
     if main_process:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error)
@@ -183,6 +189,11 @@ def _main() -> None:
     except SweepFailed as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_RANK_FAILED) from None
+    except KeyboardInterrupt:
+        if user_wants_traceback:
+            raise
+        print("interrupted (SIGINT) before training started", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     except HydraException as exc:
         if user_wants_traceback:
             raise

@@ -323,6 +323,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     results by global rank. ``owns_folder``: this launcher may clean the job folder afterwards
     (False for a task sharing another task's folder, which may still be writing there)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
@@ -364,9 +365,28 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         )
         try:
             return elastic_launch(config, run_rank)(inputs)
+        except ChildFailedError as exc:
+            _keep_error_files(exc, inputs.job_dir)
+            raise
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             if owns_folder:
                 checkpoint.remove_partial_files(inputs.job_dir)
+
+
+def _keep_error_files(exc, job_dir: str) -> None:
+    """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
+    from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
+    failure table at the copy: the temporary folder is gone once the launch returns."""
+    import shutil
+
+    for rank, failure in exc.failures.items():
+        if os.path.isfile(failure.error_file):
+            kept = os.path.join(job_dir, "errors", f"rank{rank}.json")
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            shutil.copyfile(failure.error_file, kept)
+            failure.error_file = kept
+        else:  # killed by a signal, or exited without raising: nothing was written
+            failure.error_file = "<none: the rank wrote no error file>"
 
 
 def _default_run_id(rdzv_backend: str) -> str:
