@@ -208,7 +208,9 @@ def _main() -> None:
         hint = missing_plugin_hint(f"{exc} {exc.__cause__}")
         if hint:
             print(hint, file=sys.stderr)
-        raise SystemExit(1) from None
+        # Hydra's own composition errors (an unknown option, a comma list without -m) are the
+        # user's input too: the same exit status as ours.
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
         line = _config_error_in(exc) or _no_slurm_here(exc)
         if line is None or user_wants_traceback:
