@@ -159,21 +159,27 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     return None
 
 
-NODE_OWN_KEYS = ("launcher.node_rank",)  # the only settings that differ between nodes
+# Settings each node may set its own way: how it joins (launcher.*: the rendezvous checks what
+# must agree, and a host may be named differently from each node), how it reports, how many
+# loader workers it runs, and where its copy of the data lives (its content is compared).
+NODE_LOCAL_KEYS = ("launcher.", "print_config", "trainer.progress", "data.num_workers",
+                   "data.path")
 
 
 def check_nodes_agree(inputs: RankInputs, world: World) -> None:
     """Every node of a multi-node world composed its own config and built its own data: check,
     with one ``all_gather_object``, that all ranks hold what rank 0 holds (the resolved config
-    but ``launcher.node_rank``, and the data's sizes and CRC-32). Nodes started with different
-    overrides would otherwise train different models under one DDP world, or abort in gloo.
+    but the node-local keys of ``NODE_LOCAL_KEYS``, and the data's sizes and CRC-32). Nodes
+    started with different overrides would otherwise train different models under one DDP
+    world, or abort in gloo.
 
     Raises:
         ConfigError: on every rank, naming the first keys that differ from rank 0.
     """
     import torch.distributed as dist
 
-    mine = {k: v for k, v in flatten_hparams(inputs.cfg).items() if k not in NODE_OWN_KEYS}
+    mine = {k: v for k, v in flatten_hparams(inputs.cfg).items()
+            if not k.startswith(NODE_LOCAL_KEYS)}
     data = inputs.datasets.fingerprint()
     mine.update(data)
     everyone: list[Any] = [None] * world.world_size
