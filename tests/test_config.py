@@ -218,6 +218,7 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["device=cuda"], "device=cuda", id="cuda without GPU", marks=NO_GPU),
     pytest.param(["device=cpu", "backend=nccl"], "backend=nccl", id="nccl on the CPU"),
     pytest.param(["device=gpu"], "device", id="device=gpu"),
+    pytest.param(["optim=adamw", "optim.betas=[0.9]"], "optim", id="betas too short"),
 ]
 
 

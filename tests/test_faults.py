@@ -558,3 +558,35 @@ def test_single_node_ranks_never_resolve_host_names(run_cli, tmp_path):
     for env in envs:
         assert ipaddress.ip_address(env["MASTER_ADDR"]).is_loopback, env
         assert env["GLOO_SOCKET_IFNAME"], env
+
+
+def test_config_error_in_a_used_folder_keeps_its_record(run_cli):
+    """Regression: a typo rerun into a finished folder rewrote its status.json ("failed",
+    with the typo) and .hydra/, next to the first run's weights and metrics."""
+    first = run_cli("trainer.epochs=1", "print_config=false").ok()
+    kept = {p.relative_to(first.job_dir): p.read_bytes()
+            for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    typo = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim.lr=-1")
+    assert typo.returncode == 2 and "optim.lr" in typo.stderr
+    after = {p.relative_to(first.job_dir): p.read_bytes()
+             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    assert after == kept
+
+
+def test_resume_auto_without_a_checkpoint_in_a_used_folder_is_refused(run_cli):
+    """Regression: resume=auto found no last.pt and silently trained from step 0 beside the
+    earlier run's event stream."""
+    run_cli("trainer.epochs=1", "trainer.save_last=false", "print_config=false").ok()
+    again = run_cli("trainer.epochs=2", "trainer.resume=auto", "print_config=false")
+    assert again.returncode == 2
+    assert "finds no checkpoints/last.pt" in again.stderr, again.stderr
+    assert len(list((again.job_dir / "tensorboard").iterdir())) == 1
+
+
+def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli):
+    """Regression: errors/rankN.json of a failed attempt stayed beside a completed resume."""
+    first = run_cli("trainer.epochs=1", "print_config=false").ok()
+    (first.job_dir / "errors").mkdir()
+    (first.job_dir / "errors" / "rank1.json").write_text("{}")
+    run_cli("trainer.epochs=2", "trainer.resume=auto", "print_config=false").ok()
+    assert not (first.job_dir / "errors").exists()

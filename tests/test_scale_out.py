@@ -333,3 +333,33 @@ def test_slurm_preset_off_slurm_says_so_in_one_line(run_cli):
     assert run.returncode == 2, run.stderr
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "launcher=slurm_local" in lines[0], run.stderr
+
+
+def test_a_node_that_never_comes_ends_in_rdzv_timeout(run_cli):
+    """Regression: c10d ignored launcher.rdzv_timeout_s (torch reads join_timeout, 600 s):
+    a lone node hung silently. Now it ends after the timeout with one line and status.json."""
+    run = run_cli("world_size=2", "launcher.nnodes=2", f"launcher.rdzv_endpoint=127.0.0.1:"
+                  f"{_free_port()}", "launcher.rdzv_id=lonely", "launcher.rdzv_timeout_s=5",
+                  timeout=90)
+    assert run.returncode == 1 and run.seconds < 40, run.stderr
+    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "rendezvous" in errors[0] and "Traceback" not in run.stderr
+    assert json.loads((run.job_dir / "status.json").read_text())["status"] == "failed"
+
+
+def test_slurm_job_with_fewer_gpus_than_ranks_fails_clearly(monkeypatch):
+    """A world_size sweep under launcher=slurm asks every job for the base config's GPUs; a job
+    whose ranks outnumber its GPUs says so instead of falling back to the CPU."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_module
+
+    from ddp_exp.cluster import apply_layout
+    from ddp_exp.config import register_configs
+
+    register_configs()
+    with initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        cfg = compose("config", ["launcher=slurm", "world_size=16", "launcher.nnodes=2"])
+    _fake_slurm_env(monkeypatch, **SLURM_TWO_NODES, SLURM_PROCID=0, SLURM_NODEID=0,
+                    SLURM_GPUS_ON_NODE=4)
+    with pytest.raises(ConfigError, match="8 rank.s. per node but SLURM gave this node 4 GPU"):
+        apply_layout(cfg)

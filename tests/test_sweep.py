@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -429,3 +430,19 @@ def test_two_sweeps_at_once_do_not_collide(tmp_path):
     for bs in a:
         for key in METRIC_COLUMNS:
             assert rel_close(a[bs][key], b[bs][key], 1e-9), (bs, key)
+
+
+def test_a_sweep_run_again_with_resume_skips_finished_jobs(run_cli, tmp_path):
+    """Regression: rerunning an interrupted sweep with trainer.resume=auto stopped at the first
+    finished job ("nothing left to train"); finished jobs are skipped, the others run."""
+    sweep = tmp_path / "sweep"
+    args = ("-m", "trainer.epochs=1", "print_config=false", "data.batch_size=32,64",
+            f"hydra.sweep.dir={sweep}")
+    run_cli(*args, run_dir=False, timeout=300).ok()
+    done = (sweep / "0" / "metrics.json").read_bytes()
+    shutil.rmtree(sweep / "1")  # as if the sweep had been stopped before job 1
+    again = run_cli(*args, "trainer.resume=auto", run_dir=False, timeout=300).ok()
+    assert "job 0 already trained all its epochs: skipped" in again.stdout + again.stderr
+    assert (sweep / "0" / "metrics.json").read_bytes() == done
+    assert json.loads((sweep / "1" / "metrics.json").read_text())["batch_size"] == 64
+    assert (sweep / "summary.csv").read_text().count("completed") == 2

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.launch import (
+    AlreadyComplete,
     LeaveFolderAlone,
     job_folder_lock,
     run_job,
@@ -51,8 +52,10 @@ def _task(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     hc = HydraConfig.get()
     # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
@@ -66,6 +69,10 @@ def _task(cfg: DictConfig) -> float | None:
         with job_folder_lock(job_dir, hydra_dir) if main_process else contextlib.nullcontext():
             final = run_job(cfg)
     except LeaveFolderAlone as exc:  # finished already, or another run's: write nothing there
+        if isinstance(exc, AlreadyComplete) and hc.mode == RunMode.MULTIRUN:
+            # A sweep run again with trainer.resume=auto skips its finished jobs and goes on.
+            log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
+            return _recorded_val_loss(job_dir)
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
@@ -73,6 +80,13 @@ def _task(cfg: DictConfig) -> float | None:
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         error, code = str(exc), EXIT_CONFIG_ERROR
+        # Refused in a folder that holds an earlier run: its status.json stays that run's.
+        main_process = main_process and not getattr(exc, "folder_kept", False)
+    except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
+        line = _rendezvous_line(exc, cfg)
+        if main_process:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
         log.error("training failed\n%s", exc.format_msg())
         error, code = _failure_line(exc), EXIT_RANK_FAILED
@@ -86,6 +100,7 @@ def _task(cfg: DictConfig) -> float | None:
             write_status(job_dir, "interrupted", overrides, time.time() - t_start,
                          "stopped by SIGINT before training started")
         raise
+
     if main_process:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error)
@@ -94,6 +109,30 @@ def _task(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:
         return math.nan
     raise SystemExit(code)
+
+
+def _recorded_val_loss(job_dir: str) -> float:
+    """``val/loss`` from a finished job's ``metrics.json`` (NaN when it has none)."""
+    import json
+
+    try:
+        with open(os.path.join(job_dir, "metrics.json")) as fh:
+            value = json.load(fh).get("val/loss")
+    except (OSError, ValueError):
+        value = None
+    return math.nan if value is None else float(value)
+
+
+def _rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
+    """One line for a rendezvous that failed in this launcher (a node that never came, a port
+    taken, two nodes with one node_rank)."""
+    la = cfg.launcher
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return (f"the {la.rdzv_backend} rendezvous at {la.rdzv_endpoint} failed "
+            f"({type(exc).__name__}: {first}); every one of the launcher.nnodes={la.nnodes} "
+            "nodes must start within launcher.rdzv_timeout_s with the same endpoint"
+            + (" and its own launcher.node_rank" if la.rdzv_backend == "static" else "")
+            + " and its own hydra.run.dir")
 
 
 def _failure_line(exc) -> str:
@@ -192,7 +231,7 @@ def _main() -> None:
     except KeyboardInterrupt:
         if user_wants_traceback:
             raise
-        print("interrupted (SIGINT) before training started", file=sys.stderr, flush=True)
+        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except HydraException as exc:
         if user_wants_traceback:

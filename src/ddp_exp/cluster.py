@@ -21,6 +21,7 @@ node list included), and torch's launcher does the rest.
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -117,6 +118,13 @@ def apply_layout(cfg: DictConfig) -> ClusterLayout | None:
                           "tasks_per_node) once per sweep, from the config without the sweep's "
                           "values, so launcher.nnodes cannot be swept under launcher=slurm or "
                           "slurm_local; run one sweep per node count")
+    gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    ranks_here = cfg.world_size // la.nnodes
+    if gpus.isdigit() and 0 < int(gpus) < ranks_here and cfg.device != "cpu":
+        raise ConfigError(f"world_size={cfg.world_size}: {ranks_here} rank(s) per node but SLURM "
+                          f"gave this node {gpus} GPU(s); hydra.launcher.gpus_per_node is read "
+                          "once per sweep, from the config without the sweep's values: run one "
+                          "sweep per world_size")
     la.node_rank = layout.node_rank
     la.rdzv_endpoint = layout.rdzv_endpoint
     la.rdzv_id = layout.job_id

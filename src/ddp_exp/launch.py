@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -115,9 +116,11 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
         try:
             _write_record(fh, _read_record(hydra_dir))
             yield
-        except LeaveFolderAlone:  # refused after all: the folder's record stays the old one
-            _restore_record(hydra_dir, previous)
-            _write_record(fh, previous)
+        except ConfigError as exc:  # refused before training: the folder's record stays
+            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
+                _restore_record(hydra_dir, previous)
+                _write_record(fh, previous)
+                exc.folder_kept = True  # __main__ then writes no status.json either
             raise
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -211,11 +214,15 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             ) -> RankInputs:
     """Validate-and-build step shared by both launch paths; raises ConfigError on bad input."""
     t_start = time.time()
-    earlier = earlier_outputs(job_dir) if cfg.trainer.resume is None else []
+    resume = cfg.trainer.resume
+    no_checkpoint = resume == "auto" and not os.path.isfile(
+        os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
+    earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
     if earlier:  # training afresh here would mix two runs' event streams and files
+        how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
+               if no_checkpoint else "continue it with trainer.resume=auto")
         raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
-                             f"({', '.join(earlier)}): continue it with trainer.resume=auto, "
-                             "or give this run its own folder")
+                             f"({', '.join(earlier)}): {how}; or give this run its own folder")
     datasets = load_data(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
@@ -281,6 +288,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     if cfg.print_config:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
     owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
+    if owner:  # an earlier attempt's errors/ would contradict this run's status
+        shutil.rmtree(os.path.join(inputs.job_dir, "errors"), ignore_errors=True)
     la = cfg.launcher
     if la.nnodes > 1:
         log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
@@ -349,7 +358,9 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     if on_loopback and inputs.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         # Gloo would resolve this host's name to pick an interface; on one node it is loopback.
         env["GLOO_SOCKET_IFNAME"] = _loopback_interface()
-    rdzv_configs: dict[str, Any] = {"timeout": la.rdzv_timeout_s}
+    # static reads "timeout"; c10d reads "join_timeout" (default 600 s) and ignores "timeout".
+    rdzv_configs: dict[str, Any] = {"timeout": la.rdzv_timeout_s,
+                                    "join_timeout": la.rdzv_timeout_s}
     if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
         rdzv_configs["rank"] = la.node_rank
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir, _environ(env):
@@ -377,8 +388,6 @@ def _keep_error_files(exc, job_dir: str) -> None:
     """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
     from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
     failure table at the copy: the temporary folder is gone once the launch returns."""
-    import shutil
-
     for rank, failure in exc.failures.items():
         if os.path.isfile(failure.error_file):
             kept = os.path.join(job_dir, "errors", f"rank{rank}.json")

@@ -126,8 +126,11 @@ def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]
     factory = instantiate_node(args, "optim")
     try:
         return factory(params)
-    except (TypeError, ValueError) as exc:  # an unknown keyword, a value out of range
-        raise ConfigError(f"optim ({args['_target_']}): {exc}") from None
+    except Exception as exc:  # an unknown keyword, a value out of range, a list too short
+        options = {k: v for k, v in args.items() if not k.startswith("_") and k != "lr"}
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"optim ({args['_target_']}) rejects its options {options}: "
+                          f"{first}") from None
 
 
 class LossWindow:
