@@ -590,3 +590,16 @@ def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli):
     (first.job_dir / "errors" / "rank1.json").write_text("{}")
     run_cli("trainer.epochs=2", "trainer.resume=auto", "print_config=false").ok()
     assert not (first.job_dir / "errors").exists()
+
+
+def test_resume_with_another_optimizer_fails_before_the_ranks(run_cli):
+    """Regression: optim=adamw on an SGD checkpoint started the ranks, which failed with the
+    whole failure table; it is one line from the launcher now, the folder untouched."""
+    first = run_cli("trainer.epochs=1", "print_config=false").ok()
+    status = (first.job_dir / "status.json").read_bytes()
+    run = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim=adamw")
+    assert run.returncode == 2 and run.seconds < 10
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "optimizer state does not fit optim" in lines[0], run.stderr
+    assert "torch.optim.AdamW" in lines[0] and "Root Cause" not in run.stdout + run.stderr
+    assert (first.job_dir / "status.json").read_bytes() == status

@@ -251,7 +251,15 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     probe = slice(0, min(2, len(datasets.train)))
     objective.check(model, torch.from_numpy(datasets.train.features[probe]),
                     torch.from_numpy(datasets.train.targets[probe]))
-    build_optimizer(plain, model.parameters())  # a bad optim node fails here, not in the ranks
+    optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
+    if source is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's "
+                              f"optimizer state does not fit optim ({plain['optim']['_target_']}"
+                              f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+                              ) from None
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
