@@ -31,7 +31,7 @@ from ddp_exp.launch import (
     torchrun_overrides,
     under_torchrun,
 )
-from ddp_exp.sweep import SweepFailed, raise_if_failed, write_status
+from ddp_exp.sweep import SweepFailed, raise_if_failed, recorded_val_loss, write_status
 
 log = logging.getLogger("ddp_exp")
 
@@ -72,7 +72,7 @@ def _task(cfg: DictConfig) -> float | None:
         if isinstance(exc, AlreadyComplete) and hc.mode == RunMode.MULTIRUN:
             # A sweep run again with trainer.resume=auto skips its finished jobs and goes on.
             log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
-            return _recorded_val_loss(job_dir)
+            return recorded_val_loss(job_dir)
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
@@ -109,18 +109,6 @@ def _task(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:
         return math.nan
     raise SystemExit(code)
-
-
-def _recorded_val_loss(job_dir: str) -> float:
-    """``val/loss`` from a finished job's ``metrics.json`` (NaN when it has none)."""
-    import json
-
-    try:
-        with open(os.path.join(job_dir, "metrics.json")) as fh:
-            value = json.load(fh).get("val/loss")
-    except (OSError, ValueError):
-        value = None
-    return math.nan if value is None else float(value)
 
 
 def _rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:

@@ -18,6 +18,7 @@ process pins itself to one intra-op thread before any torch compute (../shared/D
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -138,8 +139,6 @@ def _read_record(hydra_dir: str | None) -> dict[str, str]:
 
 
 def _parse_record(text: str) -> dict[str, str]:
-    import json
-
     try:
         record = json.loads(text) if text.strip() else {}
     except ValueError:
@@ -148,8 +147,6 @@ def _parse_record(text: str) -> dict[str, str]:
 
 
 def _write_record(fh, record: dict[str, str]) -> None:
-    import json
-
     fh.seek(0)
     fh.truncate()
     fh.write(json.dumps(record))

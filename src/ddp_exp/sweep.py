@@ -68,6 +68,13 @@ def _read_json(path: str) -> dict[str, Any] | None:
         return None
 
 
+def recorded_val_loss(job_dir: str) -> float:
+    """``val/loss`` from a finished job's ``metrics.json``: what a skipped job returns to the
+    sweeper (NaN when it has none)."""
+    value = (_read_json(os.path.join(job_dir, "metrics.json")) or {}).get("val/loss")
+    return math.nan if value is None else float(value)
+
+
 def collect(sweep_dir: str) -> list[dict[str, Any]]:
     """One row per job folder under ``sweep_dir`` (those holding ``.hydra/``), in job order.
 
