@@ -69,8 +69,24 @@ def small_csv(tmp_path) -> Path:
     return path
 
 
+FOLDER_IMAGES = 60  # digits written as PNG files for data=image_folder
+
+
+@pytest.fixture
+def small_csv_and_folder(small_csv) -> Path:
+    """``small_csv``, and beside it ``images/<digit>/<i>.png``: the first FOLDER_IMAGES digits."""
+    from lazy_data import write_digits_folder
+
+    write_digits_folder(small_csv.parent / "images", limit=FOLDER_IMAGES)
+    return small_csv
+
+
 def _file_overrides(group: str, option: str, csv: Path) -> list[str]:
-    return [f"data.path={csv}"] if (group, option) == ("data", "file") else []
+    """The required keys of the options that have some (composition only: nothing is read)."""
+    return {("data", "file"): [f"data.path={csv}"],
+            ("data", "image_folder"): [f"data.path={csv.parent / 'images'}"],
+            ("data", "dataset"): ["data._target_=lazy_data.DigitsDataset", "data.val_size=297"],
+            }.get((group, option), [])
 
 
 # ------------------------------------------------------------------------ (a) composition
@@ -106,12 +122,12 @@ def test_data_file_without_path_fails_validation(compose):
 
 
 @pytest.mark.parametrize("option", OPTIONS["data"])
-def test_data_option_instantiates(compose, small_csv, option):
-    cfg = compose(f"data={option}", *_file_overrides("data", option, small_csv))
+def test_data_option_instantiates(compose, small_csv_and_folder, option):
+    cfg = compose(f"data={option}", *_file_overrides("data", option, small_csv_and_folder))
     datasets = load_data(cfg)
-    total = {"digits": 1797, "synthetic": cfg.data.get("num_samples"), "file": 20}.get(option)
-    if total is not None:
-        assert len(datasets.train) + len(datasets.val) == total
+    total = {"digits": 1797, "synthetic": cfg.data.get("num_samples"), "file": 20,
+             "image_folder": FOLDER_IMAGES, "dataset": 1797}[option]
+    assert len(datasets.train) + len(datasets.val) == total
     assert len(datasets.val) == cfg.data.val_size
     assert len(datasets.train) >= cfg.world_size
 

@@ -13,13 +13,12 @@ from torch.utils.data import DistributedSampler
 from ddp_exp.config import ConfigError
 from ddp_exp.data import (
     ArrayDataset,
-    TrainLoader,
     build_datasets,
     load_digits,
     load_file,
     make_synthetic,
-    val_batches,
 )
+from ddp_exp.loaders import BatchKeys, KeyedLoader, TrainLoader, val_batches
 
 
 # --------------------------------------------------------------------------------- digits
@@ -332,7 +331,13 @@ def test_train_loader_batched_equals_dataloader(n, world_size, batch_size):
         for workers in (0, 1):
             sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank,
                                          shuffle=True, seed=11, drop_last=False)
-            loader = TrainLoader(x, y, sampler, batch_size, num_workers=workers)
+            if workers == 0:
+                loader = TrainLoader(x, y, sampler, batch_size)
+            else:  # torch's DataLoader with a worker process, one key per batch
+                arrays = ArrayDataset(x.numpy(), y.numpy(), num_classes=n)
+                loader = KeyedLoader(arrays, BatchKeys(sampler, batch_size),
+                                     {"num_workers": workers, "persistent_workers": True},
+                                     seed=11, rank=rank)
             runs.append(_epochs(loader, sampler, epochs))
             assert len(loader) == len(runs[-1][0])
             del loader

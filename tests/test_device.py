@@ -13,8 +13,8 @@ import yaml
 
 from ddp_exp import distributed
 from ddp_exp.config import ConfigError, check_precision
-from ddp_exp.data import placement
 from ddp_exp.distributed import resolve_placement
+from ddp_exp.loaders import loader_options, placement
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -69,15 +69,19 @@ def test_fp16_needs_cuda_bf16_does_not():
     check_precision("bf16-mixed", "cpu")
 
 
-@pytest.mark.parametrize(("device", "workers", "expected"), [
-    (CPU, 0, (False, False)),    # in memory, on the CPU: nothing to move
-    (CPU, 2, (False, False)),    # workers on the CPU: no pinning (it needs CUDA)
-    (CUDA0, 0, (False, False)),  # the whole set copied to the GPU once: no copy per step
-    (CUDA0, 2, (True, True)),    # workers: pinned host batches, non-blocking copy per step
+@pytest.mark.parametrize(("device", "workers", "in_memory", "expected", "pinned"), [
+    (CPU, 0, True, (False, True), False),     # in memory, on the CPU: nothing to move
+    (CPU, 2, True, (False, False), False),    # workers on the CPU: no pinning (it needs CUDA)
+    (CUDA0, 0, True, (False, True), False),   # the set copied to the GPU once: no copy per step
+    (CUDA0, 2, True, (True, False), True),    # workers: pinned host batches, non-blocking copy
+    (CUDA0, 0, False, (True, False), False),  # lazy data is read on the host, even without workers
+    (CPU, 0, False, (False, False), False),
 ])
-def test_data_path_placement(device, workers, expected):
-    """(move each batch to the device, pin the workers' batches)"""
-    assert placement(device, workers) == expected
+def test_data_path_placement(device, workers, in_memory, expected, pinned):
+    """(move each batch to the device, keep the set on the device), and data.pin_memory=auto"""
+    assert placement(device, workers, in_memory) == expected
+    options = loader_options({"num_workers": workers, "pin_memory": "auto"}, device)
+    assert options["pin_memory"] is pinned
 
 
 def test_resolved_device_is_recorded(run_cli):

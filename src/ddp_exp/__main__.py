@@ -147,6 +147,8 @@ def _one_line(exc: BaseException) -> str | None:
     if unknown_key and dataclasses.is_dataclass(schema):
         keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
         msg += f"; valid keys: {', '.join(keys)}"
+    elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
+        msg += f"; to add it, write +{cause.full_key}=..."
     return f"{cause.full_key}: {msg}"
 
 

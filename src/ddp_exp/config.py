@@ -36,13 +36,17 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    """Keys every dataset has; ``_target_`` returns an :class:`ddp_exp.data.ArrayDataset`."""
+    """Keys every dataset has; ``_target_`` returns an :class:`ddp_exp.data.ArrayDataset`, a
+    map-style dataset or a ``(train, val)`` pair of them (see :mod:`ddp_exp.data`)."""
 
     _target_: str = MISSING
     batch_size: int = 32  # per rank; the global batch is batch_size * world_size
     val_size: int = 297  # held-out validation samples, chosen by the top-level seed
     shuffle: bool = True
     num_workers: int = 0  # > 0 serves batches through torch's DataLoader with worker processes
+    persistent_workers: bool | None = None  # null: true when num_workers > 0
+    prefetch_factor: int | None = None  # batches each worker loads ahead (null: torch's 2)
+    pin_memory: Any = "auto"  # auto (on CUDA only) | true | false
 
 
 @dataclass
@@ -65,6 +69,34 @@ class SyntheticDataConfig(DataConfig):
 class FileDataConfig(DataConfig):
     _target_: str = "ddp_exp.data.load_file"
     path: str = MISSING
+    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
+    val_size: int = 0
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    """``data=image_folder``: ``data.path/<class>/<image>`` (or its train/ and val/)."""
+
+    _target_: str = "ddp_exp.images.load_image_folder"
+    path: str = MISSING
+    image_size: int | None = None  # side after resize + centre crop (null: the files' size)
+    channels: int = 3  # 1 (grey) or 3 (RGB, as torchvision's loader)
+    augment: bool = False  # training only: random resized crop + horizontal flip (Kornia)
+    mean: list[float] | None = None  # per-channel normalisation (null: none)
+    std: list[float] | None = None
+    transform: Any = None  # a _target_ node: the user's transform of each training sample
+    val_size: int = 0
+
+
+@dataclass
+class TorchDatasetConfig(DataConfig):
+    """``data=dataset``: ``data._target_`` returns any map-style Dataset or a (train, val)
+    pair; other keys given with ``+data.<key>=...`` are its arguments."""
+
+    _target_: str = MISSING
+    input_key: str | None = None  # items that are mappings: the input's key
+    target_key: str | None = None  # ... and the target's key
+    num_classes: int | None = None  # null: the dataset's `classes`, if it has them
     task: str = "auto"  # auto: integer targets are class labels, anything else is regression
     val_size: int = 0
 
@@ -196,6 +228,8 @@ def register_configs() -> None:
         ("data", "digits", DigitsDataConfig),
         ("data", "synthetic", SyntheticDataConfig),
         ("data", "file", FileDataConfig),
+        ("data", "image_folder", ImageFolderDataConfig),
+        ("data", "dataset", TorchDatasetConfig),
         ("data", "base", DataConfig),
         ("model", "mlp", MLPConfig),
         ("model", "cnn", CNNConfig),
@@ -263,7 +297,11 @@ def validate(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         key = missing[0]
-        hint = {"data.path": "a .pt, .npz or .csv file of features and targets"}.get(key, "a value")
+        folder = "image" in str(cfg.data.get("_target_", ""))
+        hint = {"data.path": "a folder <class>/<image> of images" if folder
+                else "a .pt, .npz or .csv file of features and targets",
+                "data._target_": "a function or class returning a map-style Dataset"
+                }.get(key, "a value")
         raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
 
     known = {f.name for f in dataclasses.fields(Config)}
@@ -289,9 +327,20 @@ def validate(cfg: DictConfig) -> None:
         _check(d.num_samples >= 2, "data.num_samples", d.num_samples, "an integer >= 2")
     if "num_features" in d:
         _check(d.num_features >= 1, "data.num_features", d.num_features, "a positive integer")
-    if "num_classes" in d:
+    if d.get("num_classes") is not None:
         _check(d.num_classes != 1 and d.num_classes >= 0, "data.num_classes", d.num_classes,
                "0 (regression) or an integer >= 2")
+    if d.get("prefetch_factor") is not None:
+        _check(d.prefetch_factor >= 1, "data.prefetch_factor", d.prefetch_factor,
+               "null (torch's default, 2) or a positive number of batches per worker")
+    if "pin_memory" in d:
+        _check(d.pin_memory in ("auto", True, False), "data.pin_memory", d.pin_memory,
+               "auto (on CUDA only), true or false")
+    if "channels" in d:
+        _check(d.channels in (1, 3), "data.channels", d.channels, "1 (grey) or 3 (RGB)")
+    if d.get("image_size") is not None:
+        _check(d.image_size >= 1, "data.image_size", d.image_size,
+               "null (the files' size) or a positive side in pixels")
 
     _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp")
     if "hidden_sizes" in cfg.model:

@@ -1,31 +1,32 @@
-"""Datasets and the per-rank data path.
+"""Datasets, from the config to the training/validation split every rank receives.
 
-Two halves, split by where they run:
+Runs in the launching process, once (no torch compute beyond reading one item; see
+:mod:`ddp_exp.launch`). ``data._target_`` returns one of:
 
-* In the launching process (no torch compute there, see :mod:`ddp_exp.launch`): the loaders
-  named by ``data._target_`` read or generate the data **once** as NumPy arrays, and
-  :func:`build_datasets` holds out the validation samples chosen by the seed alone.
-* In each rank: :class:`TrainLoader` serves the rank's shard of the training set, chosen by
-  ``torch.utils.data.DistributedSampler`` (strided shards of one seeded permutation per epoch),
-  by batched tensor indexing (or torch's DataLoader when ``data.num_workers > 0``), and
-  :func:`val_batches` serves an unpadded strided shard of the validation set.
+* an :class:`ArrayDataset` (digits, synthetic data, a user's .pt/.npz/.csv file): held whole in
+  memory, the fast path for small data;
+* a map-style dataset (``data=image_folder``, or ``data=dataset`` with any
+  ``torch.utils.data.Dataset``): read item by item when indexed (:mod:`ddp_exp.lazy`);
+* a ``(train, val)`` pair of map-style datasets.
 
-Training policy for a training set not divisible by ``world_size``: DistributedSampler's padding,
-i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are seen twice,
-so every rank runs the same number of steps and DDP's all-reduces line up. Validation is never
-padded: each sample is evaluated exactly once across the world.
+:func:`load` turns it into :class:`Datasets`: with one dataset, ``data.val_size`` samples are
+held out by the seed alone (never by ``world_size``). Both kinds of split offer the same
+interface (``len``, ``input_shape``, ``num_classes``, ``num_outputs``, ``batch(positions)``,
+``subset``), which the rank side (:mod:`ddp_exp.loaders`) serves to the loop.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import math
 import os
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,28 +66,45 @@ class ArrayDataset:
         """Width of the model's output: classes, or regression targets."""
         return self.num_classes if self.num_classes else int(self.targets.shape[1])
 
+    random = False  # batches never depend on random draws
+
     def subset(self, indices: np.ndarray) -> ArrayDataset:
         return ArrayDataset(self.features[indices], self.targets[indices], self.num_classes)
+
+    def batch(self, positions: Sequence[int]):
+        """Samples at ``positions`` as tensors ``(x [B, ...] float32, y [B] or [B, k])``."""
+        import torch
+
+        idx = np.asarray(positions, dtype=np.int64)
+        return torch.from_numpy(self.features[idx]), torch.from_numpy(self.targets[idx])
+
+    def fingerprint(self) -> int:
+        """CRC-32 of both arrays (zlib, ~1 GB/s)."""
+        crc = zlib.crc32(np.ascontiguousarray(self.features))
+        return zlib.crc32(np.ascontiguousarray(self.targets), crc)
 
 
 @dataclass
 class Datasets:
-    """The training and validation split handed to every rank."""
+    """The training and validation split handed to every rank: two :class:`ArrayDataset`, or
+    two :class:`ddp_exp.lazy.TorchSplit` (the training one carrying the augmentation)."""
 
-    train: ArrayDataset
-    val: ArrayDataset
+    train: Any
+    val: Any
 
     @property
     def num_classes(self) -> int:
         return self.train.num_classes
 
+    @property
+    def in_memory(self) -> bool:
+        """True for arrays held whole in memory (the fast path of :mod:`ddp_exp.loaders`)."""
+        return isinstance(self.train, ArrayDataset)
+
     def fingerprint(self) -> dict[str, int]:
-        """Sizes and a CRC-32 of every array (zlib, ~1 GB/s): what the nodes of a multi-node
-        world compare, since each builds the data from its own copy."""
-        crc = 0
-        for part in (self.train, self.val):
-            for array in (part.features, part.targets):
-                crc = zlib.crc32(np.ascontiguousarray(array), crc)
+        """Sizes and a CRC-32 of the data (arrays: their bytes; lazy data: indices and the file
+        list): what the nodes of a multi-node world compare, since each builds its own copy."""
+        crc = zlib.crc32(str((self.train.fingerprint(), self.val.fingerprint())).encode())
         return {"data.train_samples": len(self.train), "data.val_samples": len(self.val),
                 "data.crc32": crc}
 
@@ -260,10 +278,12 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
 
 
 # ---------------------------------------------------------------------------------- split
-def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: int) -> Datasets:
+def build_datasets(dataset, val_size: int, seed: int, world_size: int) -> Datasets:
     """Hold out ``val_size`` samples chosen by ``seed`` alone (never by ``world_size``).
 
-    Both parts keep the file's order (sorted indices); shuffling happens per epoch in the sampler.
+    ``dataset``: an :class:`ArrayDataset` or a :class:`ddp_exp.lazy.TorchSplit` of all samples.
+    Both parts keep the dataset's order (sorted indices); shuffling happens per epoch in the
+    sampler.
 
     Raises:
         ConfigError: ``val_size`` leaves fewer training samples than ranks.
@@ -281,84 +301,127 @@ def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: 
     return Datasets(train=dataset.subset(train_idx), val=dataset.subset(val_idx))
 
 
-# ---------------------------------------------------------------------------- rank side
-class TrainLoader:
-    """This rank's training batches ``(x [B, ...], y [B] or [B, k])``, one epoch per iteration.
 
-    ``sampler`` is the rank's ``DistributedSampler``; call its ``set_epoch`` before iterating.
-    ``x`` and ``y`` are the whole training set; with workers they must stay on the host (see
-    :func:`placement`), and ``pin_memory`` makes the workers' batches page-locked.
-    With ``num_workers == 0`` batches are cut from the in-memory tensors by index (one gather
-    per batch, no per-sample ``__getitem__`` or collate); otherwise torch's DataLoader serves
-    the same indices in the same order from persistent worker processes. The last batch of an
-    epoch may be smaller.
+
+# ------------------------------------------------------------------------- from the config
+# Keys of the data path, never passed to ``data._target_`` (see conf/data/*.yaml).
+PATH_KEYS = ("batch_size", "val_size", "shuffle", "num_workers", "persistent_workers",
+             "prefetch_factor", "pin_memory", "augment", "mean", "std", "transform",
+             "input_key", "target_key")
+# Keys a built-in loader takes as arguments, but that describe a user's Dataset otherwise.
+DESCRIBING_KEYS = ("num_classes", "task")
+
+
+def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
+    """``cfg.data`` (resolved, plain) -> the training and validation split.
+
+    Calls ``data._target_`` with the keys that are not the data path's own (:data:`PATH_KEYS`;
+    ``num_classes`` and ``task`` only if the target's signature names them and they are set),
+    then splits what it returned (see the module docstring).
+
+    Raises:
+        ConfigError: the target fails or returns something else than a dataset or a pair of
+            datasets; a held-out ``data.val_size`` with given splits; any bad content.
     """
+    from ddp_exp.config import instantiate_node
 
-    def __init__(self, x, y, sampler, batch_size: int, num_workers: int = 0,
-                 pin_memory: bool = False):
-        from torch.utils.data import DataLoader, TensorDataset
-
-        self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
-        self.loader = None
-        if num_workers > 0:
-            self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, sampler=sampler,
-                                     num_workers=num_workers, persistent_workers=True,
-                                     pin_memory=pin_memory, worker_init_fn=die_with_parent)
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.sampler) / self.batch_size)
-
-    def __iter__(self) -> Iterator:
-        import torch
-
-        if self.loader is not None:
-            yield from self.loader
-            return
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+    target = data_cfg["_target_"]
+    args = {k: v for k, v in data_cfg.items() if k not in PATH_KEYS}
+    accepted = _accepted_keywords(target)
+    if accepted is not None:  # a describing key left null is not an argument either
+        args = {k: v for k, v in args.items()
+                if k not in DESCRIBING_KEYS or (k in accepted and v is not None)}
+    made = instantiate_node(args, "data")
+    if isinstance(made, ArrayDataset):
+        return build_datasets(made, data_cfg["val_size"], seed, world_size)
+    return _lazy_datasets(made, data_cfg, seed, world_size)
 
 
-def placement(device, num_workers: int) -> tuple[bool, bool]:
-    """Where a rank keeps its training set: ``(move_batches, pin_memory)``.
+def _accepted_keywords(target: str) -> set[str] | None:
+    """The keyword names ``target`` accepts; None if it cannot be inspected (then all keys
+    other than the path's go to it). ``**kwargs`` accepts no *describing* key by name."""
+    from hydra.utils import get_object
 
-    * ``num_workers == 0``: the whole set is copied to ``device`` once, and batches are cut
-      there by index: no host-to-device copy per step. (The sets this tool loads are in
-      memory already; on a GPU they cost their size in device memory.)
-    * ``num_workers > 0``: the set stays on the host (workers cannot share CUDA tensors); each
-      batch is copied to the device in the step, from page-locked memory on CUDA
-      (``pin_memory``), so that ``non_blocking=True`` copies overlap with compute (PyTorch docs,
-      "pin_memory" in torch.utils.data).
-
-    Args:
-        device: the rank's ``torch.device``.
-        num_workers: ``data.num_workers``.
-    """
-    on_host = num_workers > 0
-    return on_host and device.type != "cpu", on_host and device.type == "cuda"
-
-
-def die_with_parent(worker_id: int = 0) -> None:
-    """DataLoader ``worker_init_fn``: the worker gets SIGKILL when its rank dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``). Otherwise a killed rank's workers live on until their next
-    liveness check (5 s), holding the rank's exit pipe, so the launcher waits for them."""
-    del worker_id
     try:
-        import ctypes
-        import signal
+        obj = get_object(target)
+        params = inspect.signature(obj).parameters.values()
+    except Exception:  # instantiate reports an unknown target with its own one-line error
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: keep torch's own liveness check
-        pass
+
+def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
+                   world_size: int) -> Datasets:
+    from ddp_exp import images, lazy
+
+    target = data_cfg["_target_"]
+    pair = isinstance(made, (tuple, list))
+    parts = list(made) if pair else [made]
+    if pair and len(parts) != 2 or not all(lazy.is_map_style(p) for p in parts):
+        got = (f"a {type(made).__name__} of {len(parts)}: "
+               f"{', '.join(type(p).__name__ for p in parts)}" if pair else type(made).__name__)
+        hint = (" (an IterableDataset cannot be sharded exactly: give a map-style one)"
+                if any(isinstance(p, _iterable_dataset()) for p in parts) else "")
+        raise ConfigError(f"data._target_={target!r} returned {got}, not a map-style dataset "
+                          f"(an object with __len__ and __getitem__, e.g. a torch.utils.data."
+                          f"Dataset) or a (train, val) pair of them{hint}")
+    if pair and data_cfg["val_size"]:
+        raise ConfigError(f"data.val_size={data_cfg['val_size']} is invalid here: the data "
+                          "comes as separate training and validation splits (a val/ folder or a "
+                          "(train, val) pair), so nothing is held out; set data.val_size=0")
+    reader = lazy.ItemReader(data_cfg.get("input_key"), data_cfg.get("target_key"))
+    is_folder = isinstance(parts[0], images.ImageFolder)
+    train_tf = val_tf = None
+    if is_folder:
+        mean, std = data_cfg.get("mean"), data_cfg.get("std")
+        _check_normalisation(mean, std, parts[0].channels)
+        user = data_cfg.get("transform")
+        transform = None
+        if user is not None:
+            from ddp_exp.config import instantiate_node
+
+            transform = instantiate_node(user, "data.transform")
+            if not callable(transform):
+                raise ConfigError(f"data.transform._target_={user.get('_target_')!r} built a "
+                                  f"{type(transform).__name__}, which is not callable")
+        train_tf = images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform)
+        val_tf = images.ImageBatch(mean, std)
+    task = "classification" if is_folder else data_cfg.get("task", "auto")
+    shape, num_classes, width = lazy.describe(parts[0], reader, task,
+                                              data_cfg.get("num_classes"), train_tf,
+                                              "training" if pair else "data._target_'s")
+    splits = [lazy.TorchSplit(p, np.arange(len(p), dtype=np.int64), reader, shape, num_classes,
+                              width) for p in parts]
+    if pair:
+        vshape, _, vwidth = lazy.describe(parts[1], reader, task, num_classes, val_tf,
+                                          "validation")
+        if (vshape, vwidth) != (shape, width):
+            raise ConfigError(f"data._target_={target!r}: validation items have input shape "
+                              f"{list(vshape)} but training items {list(shape)}")
+        datasets = Datasets(train=splits[0], val=splits[1])
+        if world_size > len(datasets.train):
+            raise ConfigError(f"world_size={world_size} is invalid: the training split has "
+                              f"only {len(datasets.train)} samples and every rank needs one")
+    else:
+        datasets = build_datasets(splits[0], data_cfg["val_size"], seed, world_size)
+    import dataclasses
+
+    return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
+                    val=dataclasses.replace(datasets.val, transform=val_tf))
 
 
-def val_batches(x, y, rank: int, world_size: int, batch_size: int) -> Iterator:
-    """Yield this rank's validation batches: samples ``rank, rank + world_size, ...``, unpadded.
+def _iterable_dataset():
+    from torch.utils.data import IterableDataset
 
-    A rank may get no sample at all (``val_size < world_size``); it then yields nothing.
-    """
-    shard = slice(rank, None, world_size)
-    xs, ys = x[shard], y[shard]
-    for start in range(0, len(xs), batch_size):
-        yield xs[start:start + batch_size], ys[start:start + batch_size]
+    return IterableDataset
+
+
+def _check_normalisation(mean, std, channels: int) -> None:
+    for key, value in (("data.mean", mean), ("data.std", std)):
+        if (value is None) != (mean is None and std is None) or value is not None and (
+                len(value) != channels):
+            raise ConfigError(f"{key}={value!r} is invalid: null for no normalisation, or "
+                              f"{channels} per-channel value(s) (data.channels={channels}), "
+                              "with data.mean and data.std set together")
+    if std is not None and any(s <= 0 for s in std):
+        raise ConfigError(f"data.std={list(std)!r} is invalid: positive values")

@@ -150,3 +150,21 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
+
+
+def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of ``values`` over all ranks, in place; returns it. A no-op outside a
+    process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MiB (``getrusage``'s ``ru_maxrss``: KiB on
+    Linux, bytes on macOS). DataLoader workers are other processes and are not counted."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)

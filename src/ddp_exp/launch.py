@@ -33,15 +33,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import checkpoint, cluster
+from ddp_exp import data as data_module
 from ddp_exp.config import (
     ConfigError,
     check_precision,
     effective_lr,
     global_batch_size,
-    instantiate_node,
     validate,
 )
-from ddp_exp.data import Datasets, build_datasets
+from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
     World,
     destroy_process_group,
@@ -49,6 +49,7 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
+from ddp_exp.loaders import seeded
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
@@ -57,7 +58,6 @@ from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads,
 
 log = logging.getLogger("ddp_exp")
 
-_DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not arguments of the loader
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -177,15 +177,14 @@ def torchrun_overrides(argv: list[str]) -> list[str]:
 
 
 def load_data(cfg: DictConfig) -> Datasets:
-    """Instantiate ``cfg.data`` (NumPy only: no torch compute) and hold out validation samples.
+    """Build ``cfg.data``'s training and validation split (:func:`ddp_exp.data.load`): arrays
+    read once, or lazy datasets of which one item is read.
 
     Raises:
         ConfigError: unreadable data, or ``data.val_size`` too large.
     """
-    loader_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
-                  if k not in _DATA_KEYS}
-    dataset = instantiate_node(loader_cfg, "data")
-    return build_datasets(dataset, cfg.data.val_size, cfg.seed, cfg.world_size)
+    return data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
+                            cfg.world_size)
 
 
 def _job_log_file() -> str | None:
@@ -245,9 +244,16 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     plain["world_size"] = world_size
     plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
-    probe = slice(0, min(2, len(datasets.train)))
-    objective.check(model, torch.from_numpy(datasets.train.features[probe]),
-                    torch.from_numpy(datasets.train.targets[probe]))
+    try:
+        with seeded(cfg.seed):  # an augmented probe draws nothing from this process's RNG
+            probe_x, probe_y = datasets.train.batch(range(min(2, len(datasets.train))))
+    except ConfigError:
+        raise
+    except Exception as exc:  # an unreadable file, an item of another shape, a transform's bug
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise ConfigError(f"data: reading the first training samples failed: "
+                          f"{type(exc).__name__}: {first}") from None
+    objective.check(model, probe_x, probe_y)
     optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
     if source is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         try:

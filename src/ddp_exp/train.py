@@ -32,19 +32,18 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
 
 from ddp_exp import checkpoint
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
-from ddp_exp.data import Datasets, TrainLoader, placement, val_batches
+from ddp_exp.data import Datasets
 from ddp_exp.distributed import World, all_reduce_sum
+from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.objective import Objective
 from ddp_exp.progress import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
 
-EVAL_BATCH_SIZE = 512  # evaluation only: larger batches, same per-sample losses
 AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
 
@@ -74,17 +73,17 @@ def groups(batches: Iterable, size: int) -> Iterator[list]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective,
-             world: World, device: torch.device, precision: str = "32-true") -> dict[str, Any]:
+def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: World,
+             device: torch.device, precision: str = "32-true") -> dict[str, Any]:
     """Loss and metrics of ``model`` on the whole validation set, exact for any world size.
 
-    Each rank evaluates samples ``rank, rank + world_size, ...`` (no padding; a shard may be
-    empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics, count).
-    Every rank must call it.
+    Each rank evaluates its shard, samples ``rank, rank + world_size, ...`` (no padding; a shard
+    may be empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics,
+    count). Every rank must call it.
 
     Args:
-        x: the validation features ``[N, ...]``, every sample (on ``device`` or the host).
-        y: the validation targets ``[N]`` (class indices) or ``[N, k]`` (regression).
+        batches: this rank's shard as ``(x [B, ...], y [B] or [B, k])`` batches, on ``device``
+            or the host (:meth:`ddp_exp.loaders.RankData.val_batches`).
 
     Returns:
         ``val/loss`` (mean per-sample loss), ``val/<metric>`` for each metric (e.g.
@@ -95,7 +94,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Obje
     model.eval()
     names = tuple(objective.metrics)
     sums = Accumulator(("loss", *names, "num_samples"), device)
-    for xb, yb in val_batches(x, y, world.rank, world.world_size, EVAL_BATCH_SIZE):
+    for xb, yb in batches:
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         with autocast(device, precision):
             out = model(xb)
@@ -216,21 +215,13 @@ class Trainer:
         self.precision = trainer["precision"]
         self.accumulate = trainer["accumulate_grad_batches"]
         self.objective = objective
-        # The data path (see ddp_exp.data.placement): in-memory batches are cut on the device
-        # from one copy of the set; DataLoader workers serve host batches, pinned on CUDA so
-        # that each step's copy is asynchronous (non_blocking=True in _step).
-        workers = data_cfg["num_workers"]
-        self.move_batches, pin = placement(device, workers)
-        x, y = (torch.from_numpy(a) for a in (datasets.train.features, datasets.train.targets))
-        if not self.move_batches:  # one synchronous copy; none per step
-            x, y = x.to(device), y.to(device)
-        self.val_x, self.val_y = (torch.from_numpy(a).to(device)
-                                  for a in (datasets.val.features, datasets.val.targets))
-        self.sampler = DistributedSampler(range(len(x)), num_replicas=world.world_size,
-                                          rank=world.rank, shuffle=data_cfg["shuffle"],
-                                          seed=cfg["seed"], drop_last=False)
-        self.loader = TrainLoader(x, y, self.sampler, data_cfg["batch_size"], workers,
-                                  pin_memory=pin)
+        # The data path (ddp_exp.loaders): in-memory batches are cut on the device from one copy
+        # of the set; DataLoader workers and lazy datasets serve host batches, pinned on CUDA
+        # so that each step's copy is asynchronous (non_blocking=True in _step).
+        self.data = RankData(datasets, data_cfg, cfg["seed"], world.rank, world.world_size,
+                             device)
+        self.sampler, self.loader = self.data.sampler, self.data.train
+        self.move_batches = self.data.move_batches
         self.model = model.to(device)
         self.ddp = DistributedDataParallel(
             self.model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -345,7 +336,7 @@ class Trainer:
         samples, seconds in the loop)."""
         trainer = self.cfg["trainer"]
         max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
-        self.sampler.set_epoch(self.epoch)
+        self.loader.set_epoch(self.epoch)
         self.ddp.train()
         window = LossWindow(self.device)
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
@@ -388,7 +379,7 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        val = evaluate(self.model, self.val_x, self.val_y, self.objective, self.world,
+        val = evaluate(self.model, self.data.val_batches(), self.objective, self.world,
                        self.device, self.precision)
         self.writer.scalars(self.global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})

@@ -26,9 +26,11 @@ from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
     World,
+    all_reduce_max,
     destroy_process_group,
     device_for,
     init_process_group,
+    peak_rss_mb,
     threads_per_rank,
 )
 from ddp_exp.metrics import MetricsWriter, flatten_hparams
@@ -141,7 +143,10 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         if state is not None:
             trainer.load_state_dict(state, source)
         final = trainer.fit()
+        peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
+                                           device=device))
         final.update({
+            "perf/max_rss_mb": float(peak.item()),  # the largest peak over the ranks
             "world_size": world.world_size,
             "batch_size": cfg["data"]["batch_size"],
             "global_batch_size": global_batch,

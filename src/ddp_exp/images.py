@@ -1,0 +1,255 @@
+"""Image folders: torchvision's ``ImageFolder`` layout, decoded lazily with Pillow, and the batch
+transform (scale, augmentation through Kornia, normalisation) that turns decoded images into
+model inputs.
+
+Layout (the one torchvision, timm and most papers' code use): ``root/<class>/<image>``, classes
+sorted by name and numbered from 0, images sorted by path within a class. If ``root`` holds
+``train/`` and ``val/`` sub-folders, they are the two splits and must use the same class names
+(the training folder's list numbers them: a class missing from ``val/`` is fine, an extra one is
+an error, since torchvision would silently renumber it).
+
+Only a file list is built in the launching process; pixels are read when an item is indexed,
+in the rank or in its DataLoader workers. Items are ``(uint8 tensor [C, H, W], class index)``:
+uint8 keeps the workers' shared-memory batches four times smaller than float32, and
+:class:`ImageBatch` converts once per batch.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ddp_exp.config import ConfigError
+
+# The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+SPLIT_FOLDERS = ("train", "val")
+CHANNEL_MODES = {1: "L", 3: "RGB"}
+
+
+class ImageFolder:
+    """A map-style dataset over ``root/<class>/<image>`` files.
+
+    Args:
+        root: the folder holding one sub-folder per class.
+        image_size: side in pixels after resizing the shorter side to it (bilinear, antialiased)
+            and cropping the centre, as torchvision's ``Resize(s)`` + ``CenterCrop(s)``; None
+            keeps the files' size (they must then agree: checked by :func:`load_image_folder`).
+        channels: 1 (Pillow mode ``L``) or 3 (``RGB``, what torchvision's default loader gives).
+        classes: the class names to number by (default: ``root``'s sub-folders, sorted).
+
+    Item ``i`` is ``(image, label)``: ``image`` a uint8 tensor ``[channels, H, W]``, ``label``
+    an int in ``0..len(classes)-1``.
+
+    Raises:
+        ConfigError: no class folder, one class only, no image, or a class not in ``classes``.
+    """
+
+    def __init__(self, root: str, image_size: int | None = None, channels: int = 3,
+                 classes: Sequence[str] | None = None):
+        self.root = root
+        self.image_size = image_size
+        self.channels = channels
+        found = sorted(e.name for e in os.scandir(root) if e.is_dir()
+                       and not e.name.startswith("."))
+        if classes is None:
+            if not found:
+                raise ConfigError(f"data.path={root!r} holds no class folder: expected "
+                                  "<data.path>/<class>/<image> (or train/ and val/ holding them)")
+            if len(found) == 1:
+                raise ConfigError(f"data.path={root!r} holds one class folder ({found[0]!r}); "
+                                  "classification needs at least 2, one per class")
+            classes = found
+        else:
+            extra = sorted(set(found) - set(classes))
+            if extra:
+                raise ConfigError(f"data.path={root!r} has class folder(s) {extra} that the "
+                                  f"training split has not (its classes: {list(classes)})")
+        self.classes = list(classes)
+        index = {name: i for i, name in enumerate(self.classes)}
+        self.samples: list[tuple[str, int]] = []
+        for name in found:
+            folder = os.path.join(root, name)
+            for dirpath, _, files in sorted(os.walk(folder, followlinks=True)):
+                for fname in sorted(files):
+                    if fname.lower().endswith(IMG_EXTENSIONS):
+                        self.samples.append((os.path.join(dirpath, fname), index[name]))
+        if not self.samples:
+            raise ConfigError(f"data.path={root!r}: no image files in its class folders "
+                              f"(looked for {', '.join(IMG_EXTENSIONS)})")
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        path, label = self.samples[i]
+        return torch.from_numpy(decode(path, self.image_size, self.channels)), label
+
+    def sizes(self) -> dict[tuple[int, int], str]:
+        """``(width, height)`` -> the first file of that size (headers only, no decoding)."""
+        from PIL import Image
+
+        seen: dict[tuple[int, int], str] = {}
+        for path, _ in self.samples:
+            try:
+                with Image.open(path) as img:
+                    seen.setdefault(img.size, path)
+            except OSError as exc:
+                raise ConfigError(f"data.path: cannot read image {path!r} ({exc})") from None
+            if len(seen) > 1:
+                break
+        return seen
+
+    def fingerprint(self) -> int:
+        """CRC-32 of the file list (relative paths, labels, byte sizes): what the nodes of a
+        multi-node world compare instead of reading every image."""
+        crc = 0
+        for path, label in self.samples:
+            rel = os.path.relpath(path, self.root)
+            crc = zlib.crc32(f"{rel}\0{label}\0{os.path.getsize(path)}\n".encode(), crc)
+        return crc
+
+
+def decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
+    """Read one image with Pillow: uint8 ``[channels, H, W]``, resized and centre-cropped to
+    ``image_size`` if given (torchvision ``Resize(s)`` then ``CenterCrop(s)`` semantics).
+
+    Raises:
+        OSError: the file is not an image Pillow can read.
+    """
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert(CHANNEL_MODES[channels])
+        if image_size is not None:
+            w, h = img.size
+            scale = image_size / min(w, h)
+            size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
+            if size != (w, h):
+                img = img.resize(size, Image.BILINEAR)
+            left = (size[0] - image_size) // 2
+            top = (size[1] - image_size) // 2
+            img = img.crop((left, top, left + image_size, top + image_size))
+        array = np.array(img, dtype=np.uint8)  # a writable copy: torch shares its memory
+    return array[None] if array.ndim == 2 else np.ascontiguousarray(array.transpose(2, 0, 1))
+
+
+def load_image_folder(path: str, image_size: int | None = None, channels: int = 3):
+    """``data=image_folder``: the folder under ``path``, or its ``train/`` and ``val/`` splits.
+
+    Returns:
+        One :class:`ImageFolder` (validation held out later by ``data.val_size``), or a
+        ``(train, val)`` pair when ``path`` holds ``train/`` and ``val/``.
+
+    Raises:
+        ConfigError: a missing folder, no class or one class, no image, class folders of ``val/``
+            unknown to ``train/``, or (``image_size`` null) images of different sizes.
+    """
+    root = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(root):
+        what = "is a file" if os.path.exists(root) else "does not exist"
+        raise ConfigError(f"data.path={path!r} {what}: data=image_folder needs a folder "
+                          "<data.path>/<class>/<image> (or train/ and val/ holding them)")
+    if channels not in CHANNEL_MODES:
+        raise ConfigError(f"data.channels={channels!r} is invalid: 1 (grey) or 3 (RGB)")
+    if image_size is not None and image_size < 1:
+        raise ConfigError(f"data.image_size={image_size!r} is invalid: null (the files' size) "
+                          "or a positive side in pixels")
+    if all(os.path.isdir(os.path.join(root, s)) for s in SPLIT_FOLDERS):
+        train = ImageFolder(os.path.join(root, "train"), image_size, channels)
+        val = ImageFolder(os.path.join(root, "val"), image_size, channels, train.classes)
+        parts: tuple[ImageFolder, ...] = (train, val)
+    else:
+        parts = (ImageFolder(root, image_size, channels),)
+    if image_size is None:
+        sizes: dict[tuple[int, int], str] = {}
+        for part in parts:
+            for size, file in part.sizes().items():
+                sizes.setdefault(size, file)
+        if len(sizes) > 1:
+            (s1, f1), (s2, f2) = list(sizes.items())[:2]
+            raise ConfigError(f"data.image_size=null needs images of one size, but {f1!r} is "
+                              f"{s1[0]}x{s1[1]} and {f2!r} is {s2[0]}x{s2[1]}: set "
+                              "data.image_size=<side> to resize and centre-crop them")
+    return parts[0] if len(parts) == 1 else parts
+
+
+class ImageBatch:
+    """Decoded uint8 images ``[B, C, H, W]`` -> float32 model inputs ``[B, C, H', W']``.
+
+    In order: scale to [0, 1]; on the training split only, the user's transform
+    (``data.transform``, called per sample on ``[C, H, W]``) and the built-in augmentation
+    (``data.augment``: Kornia's ``RandomResizedCrop`` to the same size, torchvision's default
+    scale (0.08, 1) and ratio (3/4, 4/3), then ``RandomHorizontalFlip``); then per-channel
+    ``(x - mean) / std`` if ``mean``/``std`` are given. Random draws come from the global torch
+    RNG, which the loader seeds per batch (:mod:`ddp_exp.loaders`).
+
+    Args:
+        mean, std: per-channel lists of ``channels`` floats, or None.
+        augment: apply the built-in augmentation.
+        transform: a callable ``[C, H, W] -> [C, H, W]`` (a Kornia or torchvision transform),
+            or None.
+    """
+
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 augment: bool = False, transform: Callable[[Any], Any] | None = None):
+        self.mean = None if mean is None else [float(m) for m in mean]
+        self.std = None if std is None else [float(s) for s in std]
+        self.augment = augment
+        self.transform = transform
+        self._augmentation = None  # built in the process that uses it (Kornia imports there)
+
+    @property
+    def random(self) -> bool:
+        """True when the output depends on random draws (augmentation, a user transform)."""
+        return self.augment or self.transform is not None
+
+    def __call__(self, images):
+        import torch
+
+        x = images.to(torch.float32).div_(255.0) if images.dtype == torch.uint8 \
+            else images.to(torch.float32)
+        if self.transform is not None:
+            x = torch.stack([_as_chw(self.transform(sample)) for sample in x])
+        if self.augment:
+            if self._augmentation is None:
+                self._augmentation = build_augmentation(tuple(x.shape[-2:]))
+            x = self._augmentation(x)
+        if self.mean is not None:
+            c = x.shape[1]
+            mean = torch.tensor(self.mean, dtype=x.dtype).view(1, c, 1, 1)
+            std = torch.tensor(self.std, dtype=x.dtype).view(1, c, 1, 1)
+            x = (x - mean) / std
+        return x
+
+    def __getstate__(self):  # the Kornia modules are rebuilt where they are used
+        state = dict(self.__dict__)
+        state["_augmentation"] = None
+        return state
+
+
+def build_augmentation(size: tuple[int, int]):
+    """Kornia's random resized crop (to ``size``) and horizontal flip, as one module taking and
+    returning ``[B, C, H, W]`` float tensors."""
+    import kornia.augmentation as K
+    from torch import nn
+
+    return nn.Sequential(K.RandomResizedCrop(size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)),
+                         K.RandomHorizontalFlip(p=0.5))
+
+
+def _as_chw(sample):
+    """A user transform's output as a ``[C, H, W]`` float tensor (Kornia returns ``[1, C, H,
+    W]`` for one image)."""
+    import torch
+
+    out = torch.as_tensor(sample)
+    if out.ndim == 4 and out.shape[0] == 1:
+        out = out[0]
+    return out.to(torch.float32)

@@ -1,0 +1,210 @@
+"""Lazy map-style datasets: any ``torch.utils.data.Dataset`` (or object with ``__len__`` and
+``__getitem__``: a Hugging Face dataset, an :class:`ddp_exp.images.ImageFolder`), split by index
+and read item by item when a batch is asked for.
+
+A :class:`TorchSplit` is one split of such a dataset: the dataset, the indices of its samples,
+how to read an item as ``(input, target)`` (:class:`ItemReader`) and the batch transform
+(:class:`ddp_exp.images.ImageBatch` for image folders). Nothing is materialised: the launching
+process reads one item to learn the input shape and the task, and ranks read the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ddp_exp.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemReader:
+    """Reads one item of a dataset as ``(input, target)`` tensors.
+
+    An item is a pair ``(input, target)`` or a mapping read through ``input_key`` /
+    ``target_key`` (``data.input_key`` / ``data.target_key``: a Hugging Face dataset with
+    ``.with_format("torch")`` gives ``{"image": ..., "label": ...}``).
+    """
+
+    input_key: str | None = None
+    target_key: str | None = None
+
+    def __call__(self, item: Any, where: str = "an item") -> tuple[Any, Any]:
+        import torch
+
+        if isinstance(item, Mapping):
+            if self.input_key is None or self.target_key is None:
+                key = "data.input_key" if self.input_key is None else "data.target_key"
+                raise ConfigError(f"{key} is required: the dataset's items are mappings with keys "
+                                  f"{sorted(map(str, item))}; set data.input_key=<key> "
+                                  "data.target_key=<key>")
+            for key, name in ((self.input_key, "data.input_key"),
+                              (self.target_key, "data.target_key")):
+                if key not in item:
+                    raise ConfigError(f"{name}={key!r} is not a key of the dataset's items "
+                                      f"(keys: {sorted(map(str, item))})")
+            x, y = item[self.input_key], item[self.target_key]
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            x, y = item
+        else:
+            raise ConfigError(f"{where} is a {type(item).__name__}, not an (input, target) pair; "
+                              "return pairs, or mappings with data.input_key and "
+                              "data.target_key set")
+        try:
+            return torch.as_tensor(x), torch.as_tensor(y)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{where}: input and target must be tensors, arrays or numbers "
+                              f"(got {type(x).__name__}, {type(y).__name__}: {exc}); convert "
+                              "them in the dataset, e.g. with a transform") from None
+
+
+@dataclasses.dataclass
+class TorchSplit:
+    """One split of a lazy dataset; the interface :class:`ddp_exp.data.ArrayDataset` has too.
+
+    Attributes:
+        dataset: the map-style dataset (all splits share it).
+        indices: int64 indices into ``dataset`` of this split's samples ``[N]``.
+        reader: reads an item as ``(input, target)``.
+        input_shape: one sample's shape after the batch transform, e.g. ``(3, 32, 32)``.
+        num_classes: classes, or 0 for regression.
+        target_width: regression targets per sample (1 for classification).
+        transform: ``[B, ...] -> [B, ...]`` applied to each batch of inputs, or None (inputs
+            are then cast to float32).
+    """
+
+    dataset: Any
+    indices: np.ndarray
+    reader: ItemReader
+    input_shape: tuple[int, ...]
+    num_classes: int
+    target_width: int = 1
+    transform: Callable[[Any], Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def num_outputs(self) -> int:
+        """Width of the model's output: classes, or regression targets."""
+        return self.num_classes if self.num_classes else self.target_width
+
+    @property
+    def random(self) -> bool:
+        """True when batches depend on random draws (augmentation): the loader seeds them."""
+        return bool(getattr(self.transform, "random", False))
+
+    def subset(self, positions: np.ndarray) -> TorchSplit:
+        """The samples at ``positions`` of this split (positions, not dataset indices)."""
+        return dataclasses.replace(self, indices=self.indices[np.asarray(positions,
+                                                                         dtype=np.int64)])
+
+    def batch(self, positions: Sequence[int]):
+        """Read and collate the samples at ``positions``: inputs ``[B, *input_shape]`` float32,
+        targets ``[B]`` int64 (classification) or ``[B, k]`` float32 (regression).
+
+        Raises:
+            ValueError: an item of another shape, or a class label outside ``0..C-1``.
+        """
+        import torch
+
+        xs, ys = [], []
+        for p in positions:
+            x, y = self.reader(self.dataset[int(self.indices[p])])
+            xs.append(x)
+            ys.append(y)
+        try:
+            x = torch.stack(xs)
+        except RuntimeError as exc:
+            raise ValueError(f"dataset items have different input shapes ({exc}); resize them "
+                             "in the dataset (data.image_size for image folders)") from None
+        x = self.transform(x) if self.transform is not None else x.to(torch.float32)
+        y = torch.stack(ys)
+        if self.num_classes:
+            y = y.reshape(len(y)).to(torch.int64)
+            low, high = int(y.min()), int(y.max())
+            if low < 0 or high >= self.num_classes:
+                raise ValueError(f"class label {low if low < 0 else high} is outside 0.."
+                                 f"{self.num_classes - 1} (data.num_classes={self.num_classes})")
+        else:
+            y = y.reshape(len(y), -1).to(torch.float32)
+        return x, y
+
+    def fingerprint(self) -> int:
+        """What the nodes of a multi-node world compare: the split's indices and, for an image
+        folder, its file list."""
+        import zlib
+
+        crc = zlib.crc32(np.ascontiguousarray(self.indices))
+        extra = getattr(self.dataset, "fingerprint", None)
+        return zlib.crc32(str(extra() if callable(extra) else len(self.dataset)).encode(), crc)
+
+
+def is_map_style(obj: Any) -> bool:
+    """True for an object a DataLoader can index: ``__len__`` and ``__getitem__``, not an
+    ``IterableDataset``."""
+    from torch.utils.data import IterableDataset
+
+    return (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
+            and not isinstance(obj, IterableDataset) and not isinstance(obj, (str, bytes)))
+
+
+def class_count(dataset: Any, target_key: str | None) -> int | None:
+    """The dataset's number of classes if it says: ``classes`` (torchvision, ImageFolder) or a
+    Hugging Face ``ClassLabel`` feature named ``target_key``."""
+    classes = getattr(dataset, "classes", None)
+    if classes is not None:
+        try:
+            return len(classes)
+        except TypeError:
+            return None
+    features = getattr(dataset, "features", None)
+    if isinstance(features, Mapping) and target_key in features:
+        return getattr(features[target_key], "num_classes", None)
+    return None
+
+
+def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | None,
+             transform: Callable[[Any], Any] | None, name: str) -> tuple[tuple[int, ...], int,
+                                                                         int]:
+    """Read item 0 of ``dataset`` to learn ``(input_shape, num_classes, target_width)``.
+
+    ``task=auto``: an integer target is a class label, a floating one is regression.
+
+    Raises:
+        ConfigError: an empty dataset, an item that cannot be read, a classification dataset
+            whose number of classes is unknown (``data.num_classes``) or below 2.
+    """
+    import torch
+
+    if len(dataset) == 0:
+        raise ConfigError(f"the {name} dataset is empty (length 0)")
+    try:
+        item = dataset[0]
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"reading item 0 of the {name} dataset failed: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    x, y = reader(item, f"item 0 of the {name} dataset")
+    if transform is not None:
+        x = transform(x[None])[0]
+    integral = not (torch.is_floating_point(y) or torch.is_complex(y))
+    if task == "auto":
+        task = "classification" if integral and y.numel() == 1 else "regression"
+    if task == "regression":
+        return tuple(x.shape), 0, max(1, y.numel())
+    if not integral or y.numel() != 1:
+        raise ConfigError(f"data.task=classification needs one integer class label per item; "
+                          f"item 0's target is {y.dtype} of shape {list(y.shape)} (set "
+                          "data.task=regression for real-valued targets)")
+    classes = num_classes or class_count(dataset, reader.target_key)
+    if not classes:
+        raise ConfigError(f"data.num_classes is required: the {name} dataset has integer targets "
+                          "but says nothing of its classes (no `classes` attribute); set "
+                          "data.num_classes=<C> or data.task=regression")
+    if classes < 2:
+        raise ConfigError(f"data.num_classes={classes} is invalid: classification needs >= 2")
+    return tuple(x.shape), int(classes), 1

@@ -1,0 +1,283 @@
+"""The rank side of the data path: this rank's training and validation batches.
+
+Training: ``torch.utils.data.DistributedSampler`` over the training split's positions (strided
+shards of one seeded permutation per epoch, ``set_epoch`` before each), cut into batches of
+``data.batch_size``. Two ways to serve them:
+
+* arrays in memory with ``data.num_workers == 0`` (:class:`TrainLoader`): batches are cut from
+  tensors already on the rank's device by one ``index_select``: no per-sample ``__getitem__``,
+  no collate, no host-to-device copy per step.
+* everything else (:func:`train_loader`): torch's ``DataLoader`` whose "sampler" yields one key
+  per batch, ``(seed, positions)``, and whose dataset (:class:`BatchFetch`) reads and collates
+  the whole batch in a worker: one message per batch between rank and worker, not one per sample.
+
+Randomness (augmentation, a user's transform) is seeded per batch: ``seed`` derives from
+(``seed``, rank, epoch, batch number) through NumPy's ``SeedSequence``, and the worker runs the
+batch with torch's, Python's and NumPy's global RNGs set from it (and put back after). So the
+draws differ between ranks, batches (hence workers) and epochs, are the same in every rerun,
+whatever ``num_workers``, ``prefetch_factor`` or worker scheduling, and resume exactly at an
+epoch boundary. torch's own worker seeding (a base seed from the loader's generator, continued
+by persistent workers across epochs, the same on every rank that seeds torch alike) is not used
+for this, and each loader has a generator of its own so that it never draws from the rank's RNG.
+
+Validation (:func:`val_loader`): samples ``rank, rank + world_size, ...`` of the validation split,
+unpadded (a rank's shard may be empty), in order, through the same kind of loader.
+
+Training policy for a training set not divisible by ``world_size``: DistributedSampler's padding,
+i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are seen twice,
+so every rank runs the same number of steps and DDP's all-reduces line up. Validation is never
+padded: each sample is evaluated exactly once across the world.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+EVAL_BATCH_SIZE = 512  # in-memory validation: larger batches, same per-sample losses
+LOADER_STREAM = 2**32 - 1  # batch_seed's "batch" for the loader's own generator
+
+
+class TrainLoader:
+    """This rank's training batches ``(x [B, ...], y [B] or [B, k])`` from tensors in memory,
+    one epoch per iteration.
+
+    ``sampler`` is the rank's ``DistributedSampler``; call its ``set_epoch`` before iterating.
+    ``x`` and ``y`` are the whole training set, on the rank's device. The last batch of an
+    epoch may be smaller.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler, batch_size: int):
+        self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator:
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def batch_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
+    """The seed of one training batch's random draws, from NumPy's ``SeedSequence`` (which
+    mixes its entropy so that neighbouring tuples give unrelated streams). 63 bits."""
+    state = np.random.SeedSequence([seed, rank, epoch, batch]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Run a block with torch's (CPU), Python's and NumPy's global RNGs seeded from ``seed``;
+    their previous states are restored afterwards."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+class BatchKeys(Sampler):
+    """Groups a sampler's positions into batches, yielding one key ``(seed, positions)`` per
+    batch; ``seed`` is None unless the split draws random numbers (then :func:`batch_seed`).
+
+    Args:
+        sampler: positions in the split (a ``DistributedSampler`` or a list).
+        batch_size: samples per batch; the last batch may be smaller.
+        seed, rank: the run's seed and this rank, for the batch seeds.
+        random: whether the batches need a seed.
+    """
+
+    def __init__(self, sampler, batch_size: int, seed: int = 0, rank: int = 0,
+                 random: bool = False):
+        self.sampler, self.batch_size = sampler, batch_size
+        self.seed, self.rank, self.random = seed, rank, random
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[int | None, list[int]]]:
+        positions = list(self.sampler)
+        for n, start in enumerate(range(0, len(positions), self.batch_size)):
+            seed = batch_seed(self.seed, self.rank, self.epoch, n) if self.random else None
+            yield seed, positions[start:start + self.batch_size]
+
+
+class BatchFetch(torch.utils.data.Dataset):
+    """What the DataLoader indexes: key ``(seed, positions)`` -> the collated batch
+    ``split.batch(positions)``, under :func:`seeded` when ``seed`` is not None."""
+
+    def __init__(self, split):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, key: tuple[int | None, Sequence[int]]):
+        seed, positions = key
+        if seed is None:
+            return self.split.batch(positions)
+        with seeded(seed):
+            return self.split.batch(positions)
+
+
+class KeyedLoader:
+    """Batches of a split served by :class:`BatchFetch`: in this process (``num_workers=0``)
+    or by torch's DataLoader with worker processes. Iterating runs one epoch."""
+
+    def __init__(self, split, keys: BatchKeys, workers: dict[str, Any], seed: int, rank: int):
+        self.keys = keys
+        self.fetch = BatchFetch(split)
+        self.loader = None
+        self.generator = torch.Generator()
+        self.base = (seed, rank)
+        if workers["num_workers"] > 0:
+            self.loader = DataLoader(self.fetch, batch_size=None, sampler=keys,
+                                     generator=self.generator, worker_init_fn=die_with_parent,
+                                     **workers)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.keys.set_epoch(epoch)
+        # The loader draws its workers' base seed from this generator, never the rank's RNG.
+        self.generator.manual_seed(batch_seed(*self.base, epoch, LOADER_STREAM))
+
+    def __iter__(self) -> Iterator:
+        if self.loader is not None:
+            yield from self.loader
+            return
+        for key in self.keys:
+            yield self.fetch[key]
+
+
+def loader_options(data_cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """DataLoader keyword arguments from ``data.num_workers``, ``data.persistent_workers``
+    (null: true with workers), ``data.prefetch_factor`` (null: torch's default, 2) and
+    ``data.pin_memory`` (``auto``: on CUDA only; page-locked batches make the step's
+    ``non_blocking=True`` copies asynchronous)."""
+    workers = data_cfg["num_workers"]
+    options: dict[str, Any] = {"num_workers": workers}
+    pin = data_cfg.get("pin_memory", "auto")
+    # Pinning is the workers' job (their batches are copied into page-locked memory by the
+    # loader's pin thread); without workers batches are made in the step's own thread.
+    options["pin_memory"] = workers > 0 and device.type == "cuda" and pin in ("auto", True)
+    if workers > 0:
+        persistent = data_cfg.get("persistent_workers")
+        options["persistent_workers"] = True if persistent is None else bool(persistent)
+        if data_cfg.get("prefetch_factor") is not None:
+            options["prefetch_factor"] = data_cfg["prefetch_factor"]
+    return options
+
+
+def placement(device: torch.device, num_workers: int, in_memory: bool = True
+              ) -> tuple[bool, bool]:
+    """Where a rank keeps its training set: ``(move_batches, on_device)``.
+
+    * arrays in memory with ``num_workers == 0``: the whole set is copied to ``device`` once,
+      and batches are cut there by index: no host-to-device copy per step (on a GPU the set
+      costs its size in device memory).
+    * otherwise batches are made on the host (workers cannot share CUDA tensors; lazy data is
+      read there) and the step copies each to the device (``non_blocking=True``).
+    """
+    on_device = in_memory and num_workers == 0
+    return not on_device and device.type != "cpu", on_device
+
+
+def die_with_parent(worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: the worker gets SIGKILL when its rank dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``). Otherwise a killed rank's workers live on until their next
+    liveness check (5 s), holding the rank's exit pipe, so the launcher waits for them."""
+    del worker_id
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: keep torch's own liveness check
+        pass
+
+
+def val_batches(x, y, rank: int, world_size: int, batch_size: int) -> Iterator:
+    """Yield this rank's validation batches of in-memory tensors: samples ``rank, rank +
+    world_size, ...``, unpadded. A rank may get no sample at all (``val_size < world_size``)."""
+    shard = slice(rank, None, world_size)
+    xs, ys = x[shard], y[shard]
+    for start in range(0, len(xs), batch_size):
+        yield xs[start:start + batch_size], ys[start:start + batch_size]
+
+
+class RankData:
+    """This rank's view of the data: the training sampler and loader, and its validation batches.
+
+    Args:
+        datasets: the training/validation split (:class:`ddp_exp.data.Datasets`).
+        data_cfg: ``cfg.data`` as plain data.
+        seed: the run's seed (sampler permutations, batch seeds).
+        rank, world_size: this rank's place.
+        device: the rank's device.
+
+    Attributes:
+        sampler: the training ``DistributedSampler``.
+        train: iterable over one epoch's batches, with ``len`` and ``set_epoch``.
+        move_batches: True when the step must copy batches to ``device``.
+    """
+
+    def __init__(self, datasets, data_cfg: dict[str, Any], seed: int, rank: int,
+                 world_size: int, device: torch.device):
+        from torch.utils.data import DistributedSampler
+
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.batch_size = data_cfg["batch_size"]
+        train = datasets.train
+        self.sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
+                                          shuffle=data_cfg["shuffle"], seed=seed,
+                                          drop_last=False)
+        self.move_batches, on_device = placement(device, data_cfg["num_workers"],
+                                                 datasets.in_memory)
+        self.val_loader = None
+        if on_device:  # one synchronous copy of each split; none per step
+            x, y = (torch.from_numpy(a).to(device) for a in (train.features, train.targets))
+            self.train: Any = TrainLoader(x, y, self.sampler, self.batch_size)
+        else:
+            keys = BatchKeys(self.sampler, self.batch_size, seed, rank, train.random)
+            self.train = KeyedLoader(train, keys, loader_options(data_cfg, device), seed, rank)
+        val = datasets.val
+        if datasets.in_memory:
+            self.val_x, self.val_y = (torch.from_numpy(a).to(device)
+                                      for a in (val.features, val.targets))
+        else:
+            shard = list(range(rank, len(val), world_size))
+            keys = BatchKeys(shard, self.batch_size)
+            self.val_loader = KeyedLoader(val, keys, loader_options(data_cfg, device), seed, rank)
+
+    def val_batches(self) -> Iterator:
+        """This rank's validation batches (unpadded strided shard), on the host or the device."""
+        if self.val_loader is None:
+            return val_batches(self.val_x, self.val_y, self.rank, self.world_size,
+                               EVAL_BATCH_SIZE)
+        self.val_loader.set_epoch(0)
+        return iter(self.val_loader)
