@@ -322,3 +322,46 @@ def test_killed_augmented_run_with_workers_resumes_exactly(run_cli, tmp_path, di
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
     ref = json.loads((reference.job_dir / "metrics.json").read_text())
     assert resumed.metrics["val/loss"] == pytest.approx(ref["val/loss"], rel=1e-6)
+
+
+# ------------------------------------------------------------------- data.standardize
+def _scaled_csv(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """60 rows of 3 features on very different scales, and a class label."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((60, 3)) * [1000.0, 1.0, 0.001] + [5e4, -3.0, 0.0]
+    y = (x[:, 1] > -3.0).astype(int)
+    path = tmp_path / "wide.csv"
+    np.savetxt(path, np.column_stack([x, y]), delimiter=",", fmt="%.9g")
+    return path, x, y
+
+
+def test_standardize_uses_training_statistics_only(tmp_path):
+    from ddp_exp.data import build_datasets, load, load_file
+
+    path, _, _ = _scaled_csv(tmp_path)
+    cfg = {"_target_": "ddp_exp.data.load_file", "path": str(path), "task": "auto",
+           "val_size": 20, "batch_size": 8, "shuffle": True, "num_workers": 0,
+           "standardize": True}
+    scaled = load(cfg, seed=0, world_size=2)
+    raw = build_datasets(load_file(str(path)), 20, 0, 2)  # the same split, unscaled
+    train = raw.train.features.astype(np.float64)
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    np.testing.assert_allclose(scaled.standardization["mean"], mean, rtol=1e-12)
+    np.testing.assert_allclose(scaled.standardization["std"], std, rtol=1e-12)
+    np.testing.assert_allclose(scaled.train.features.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(scaled.train.features.std(axis=0), 1, rtol=1e-4)
+    np.testing.assert_allclose(scaled.val.features, (raw.val.features - mean) / std,
+                               rtol=1e-5, atol=1e-5)  # validation: the training statistics
+    assert np.array_equal(scaled.val.targets, raw.val.targets)
+    unscaled = load({**cfg, "standardize": False}, seed=0, world_size=2)
+    assert unscaled.standardization is None
+    assert np.array_equal(unscaled.train.features, raw.train.features)
+
+
+def test_standardize_writes_its_statistics(run_cli, tmp_path):
+    path, _, _ = _scaled_csv(tmp_path)
+    run = run_cli("data=file", f"data.path={path}", "data.val_size=20", "data.standardize=true",
+                  "world_size=1", "trainer.epochs=1", QUIET).ok()
+    stats = json.loads((run.job_dir / "standardization.json").read_text())
+    assert len(stats["mean"]) == len(stats["std"]) == 3
+    assert stats["mean"][0] == pytest.approx(5e4, rel=0.01)  # the first feature's scale

@@ -71,6 +71,7 @@ class FileDataConfig(DataConfig):
     path: str = MISSING
     task: str = "auto"  # auto: integer targets are class labels, anything else is regression
     val_size: int = 0
+    standardize: bool = False  # (x - mean) / std per feature, statistics of the training split
 
 
 @dataclass

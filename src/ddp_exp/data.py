@@ -91,6 +91,7 @@ class Datasets:
 
     train: Any
     val: Any
+    standardization: dict[str, Any] | None = None  # data.standardize's statistics, if used
 
     @property
     def num_classes(self) -> int:
@@ -307,7 +308,7 @@ def build_datasets(dataset, val_size: int, seed: int, world_size: int) -> Datase
 # Keys of the data path, never passed to ``data._target_`` (see conf/data/*.yaml).
 PATH_KEYS = ("batch_size", "val_size", "shuffle", "num_workers", "persistent_workers",
              "prefetch_factor", "pin_memory", "augment", "mean", "std", "transform",
-             "input_key", "target_key")
+             "input_key", "target_key", "standardize")
 # Keys a built-in loader takes as arguments, but that describe a user's Dataset otherwise.
 DESCRIBING_KEYS = ("num_classes", "task")
 
@@ -333,8 +334,32 @@ def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
                 if k not in DESCRIBING_KEYS or (k in accepted and v is not None)}
     made = instantiate_node(args, "data")
     if isinstance(made, ArrayDataset):
-        return build_datasets(made, data_cfg["val_size"], seed, world_size)
+        datasets = build_datasets(made, data_cfg["val_size"], seed, world_size)
+        return standardize(datasets) if data_cfg.get("standardize") else datasets
     return _lazy_datasets(made, data_cfg, seed, world_size)
+
+
+def standardize(datasets: Datasets) -> Datasets:
+    """``data.standardize=true``: every feature minus its mean, over its standard deviation,
+    both computed on the training split alone (validation samples must not leak into training)
+    in float64 and applied to both splits. A constant feature is only centred (std taken as 1).
+
+    Returns:
+        New datasets whose ``standardization`` holds ``mean`` and ``std`` (nested lists of the
+        input shape), which rank 0 writes to ``standardization.json`` in the job folder.
+    """
+    features = datasets.train.features.astype(np.float64)
+    mean = features.mean(axis=0)
+    std = features.std(axis=0)
+    std[std == 0] = 1.0
+
+    def scaled(part: ArrayDataset) -> ArrayDataset:
+        x = ((part.features.astype(np.float64) - mean) / std).astype(np.float32)
+        return ArrayDataset(x, part.targets, part.num_classes)
+
+    stats = {"mean": mean.tolist(), "std": std.tolist(),
+             "rule": "x_scaled = (x - mean) / std, statistics of the training split"}
+    return Datasets(scaled(datasets.train), scaled(datasets.val), stats)
 
 
 def _accepted_keywords(target: str) -> set[str] | None:

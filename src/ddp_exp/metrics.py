@@ -121,6 +121,11 @@ class MetricsWriter:
             if value is not None:
                 self.writer.add_scalar(tag, value, step)
 
+    def write_json(self, name: str, payload: Mapping[str, Any]) -> None:
+        """Write ``<job_dir>/<name>`` atomically (rank 0 only)."""
+        if self.writer is not None:
+            write_json_atomic(os.path.join(self.job_dir, name), payload)
+
     def finish(self, final: Mapping[str, Any], model: torch.nn.Module) -> None:
         """Flush TensorBoard, write ``metrics.json`` and the trained weights ``model.pt``
         (the unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""

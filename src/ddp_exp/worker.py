@@ -139,6 +139,8 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
                            purge_step=state["global_step"] + 1 if state else None)
     try:
+        if data.standardization is not None:  # what a user must apply to new inputs
+            writer.write_json("standardization.json", data.standardization)
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:
             trainer.load_state_dict(state, source)
@@ -168,6 +170,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
 # must agree, and a host may be named differently from each node), how it reports, how many
 # loader workers it runs, and where its copy of the data lives (its content is compared).
 NODE_LOCAL_KEYS = ("launcher.", "print_config", "trainer.progress", "data.num_workers",
+                   "data.persistent_workers", "data.prefetch_factor", "data.pin_memory",
                    "data.path")
 
 
