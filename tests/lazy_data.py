@@ -6,7 +6,6 @@ Every item is computed or read when indexed; none of these classes holds its sam
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -87,25 +86,19 @@ def not_a_dataset():
 
 def write_digits_folder(root: Path, split: bool = False, size_of: dict | None = None,
                         limit: int | None = None) -> Path:
-    """The bundled digits as 8x8 grey PNG files ``root/<digit>/<index>.png`` (with ``split``:
-    ``root/train/...`` for the first 1500 and ``root/val/...`` for the rest). ``size_of``:
-    index -> (w, h) to write some images at another size. Returns ``root``."""
+    """:func:`ddp_exp.images.write_digits`, then ``size_of``: index -> (w, h) rewrites those
+    images at another size. Returns ``root``."""
     from PIL import Image
 
-    from ddp_exp.data import load_digits
+    from ddp_exp.images import write_digits
 
-    data = load_digits()
-    n = len(data) if limit is None else limit
-    for i in range(n):
-        pixels = np.round(data.features[i, 0] * 255).astype(np.uint8)
-        image = Image.fromarray(pixels, mode="L")
-        if size_of and i in size_of:
-            image = image.resize(size_of[i])
-        part = ("train" if i < 1500 else "val") if split else ""
-        folder = root / part / str(int(data.targets[i]))
-        os.makedirs(folder, exist_ok=True)
-        image.save(folder / f"{i:04d}.png")
-    return root
+    write_digits(str(root), split, limit)
+    for i, size in (size_of or {}).items():
+        for path in Path(root).rglob(f"{i:04d}.png"):
+            with Image.open(path) as image:
+                resized = image.resize(size)
+            resized.save(path)
+    return Path(root)
 
 
 def computed_pair(num_train: int = 600, num_val: int = 101, num_features: int = 16,
@@ -134,8 +127,6 @@ class DrawProbe:
     """A batch transform that replaces each input ``[B, 3]`` by three draws per sample: torch's
     ``rand``, NumPy's ``random.rand`` and Python's ``random.random``, from the global RNGs the
     loader seeds per batch."""
-
-    random = True
 
     def __call__(self, x):
         import random

@@ -205,11 +205,6 @@ class ImageBatch:
         self.transform = transform
         self._augmentation = None  # built in the process that uses it (Kornia imports there)
 
-    @property
-    def random(self) -> bool:
-        """True when the output depends on random draws (augmentation, a user transform)."""
-        return self.augment or self.transform is not None
-
     def __call__(self, images):
         import torch
 
@@ -253,3 +248,34 @@ def _as_chw(sample):
     if out.ndim == 4 and out.shape[0] == 1:
         out = out[0]
     return out.to(torch.float32)
+
+
+def write_digits(root: str, split: bool = False, limit: int | None = None) -> str:
+    """Write scikit-learn's bundled digits as 8x8 grey PNG files, ``root/<digit>/<i>.png``, a
+    demo image folder made without a download (with ``split``: the first 1500 under
+    ``root/train/``, the other 297 under ``root/val/``). Pixel values: ``round(255 * p / 16)``.
+
+    ``python -m ddp_exp.images ROOT [--split]`` does the same. Returns ``root``.
+    """
+    from PIL import Image
+
+    from ddp_exp.data import load_digits
+
+    data = load_digits()
+    for i in range(len(data) if limit is None else limit):
+        pixels = np.round(data.features[i, 0] * 255).astype(np.uint8)
+        part = ("train" if i < 1500 else "val") if split else ""
+        folder = os.path.join(root, part, str(int(data.targets[i])))
+        os.makedirs(folder, exist_ok=True)
+        Image.fromarray(pixels, mode="L").save(os.path.join(folder, f"{i:04d}.png"))
+    return root
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the bundled digits as an image folder.")
+    parser.add_argument("root", help="the folder to write, e.g. outputs/digits_png")
+    parser.add_argument("--split", action="store_true", help="train/ and val/ sub-folders")
+    args = parser.parse_args()
+    print(write_digits(args.root, args.split))

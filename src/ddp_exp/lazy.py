@@ -91,10 +91,7 @@ class TorchSplit:
         """Width of the model's output: classes, or regression targets."""
         return self.num_classes if self.num_classes else self.target_width
 
-    @property
-    def random(self) -> bool:
-        """True when batches depend on random draws (augmentation): the loader seeds them."""
-        return bool(getattr(self.transform, "random", False))
+    random = True  # a user's __getitem__ or transform may draw: the loader seeds every batch
 
     def subset(self, positions: np.ndarray) -> TorchSplit:
         """The samples at ``positions`` of this split (positions, not dataset indices)."""

@@ -11,7 +11,8 @@ shards of one seeded permutation per epoch, ``set_epoch`` before each), cut into
   per batch, ``(seed, positions)``, and whose dataset (:class:`BatchFetch`) reads and collates
   the whole batch in a worker: one message per batch between rank and worker, not one per sample.
 
-Randomness (augmentation, a user's transform) is seeded per batch: ``seed`` derives from
+Randomness (augmentation, a user's transform, draws in a user's ``__getitem__``) is seeded per
+batch of lazy data: ``seed`` derives from
 (``seed``, rank, epoch, batch number) through NumPy's ``SeedSequence``, and the worker runs the
 batch with torch's, Python's and NumPy's global RNGs set from it (and put back after). So the
 draws differ between ranks, batches (hence workers) and epochs, are the same in every rerun,
@@ -271,7 +272,7 @@ class RankData:
                                       for a in (val.features, val.targets))
         else:
             shard = list(range(rank, len(val), world_size))
-            keys = BatchKeys(shard, self.batch_size)
+            keys = BatchKeys(shard, self.batch_size, seed, rank, val.random)
             self.val_loader = KeyedLoader(val, keys, loader_options(data_cfg, device), seed, rank)
 
     def val_batches(self) -> Iterator:
