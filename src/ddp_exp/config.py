@@ -137,6 +137,7 @@ class TrainerConfig:
     checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
     resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
+    resume_allow_changes: bool = False  # resume even with another seed / data split
 
 
 @dataclass
