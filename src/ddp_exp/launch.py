@@ -327,8 +327,11 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return run_under_torchrun(cfg)
     torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
     layout = cluster.apply_layout(cfg)
+    if layout is not None and layout.ranks is not None:  # srun started one task per rank
+        os.environ.update(layout.ranks)
+        return run_under_torchrun(cfg)
     if layout is not None:
-        _log_as_task(layout)
+        _log_as_task(cfg.launcher.cluster, layout)
     validate(cfg)
     nproc = cfg.world_size // cfg.launcher.nnodes
     env = {}
@@ -363,10 +366,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     return results.get(0)
 
 
-def _log_as_task(layout: cluster.ClusterLayout) -> None:
+def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
     """Say where this task sits; then a task other than 0 logs only warnings and errors
     (every task's handlers append to the one job log, which task 0 keeps)."""
-    log.info("submitit job %s: node %d of %d, static rendezvous at %s", layout.job_id,
+    log.info("%s job %s: node %d of %d, static rendezvous at %s", scheduler, layout.job_id,
              layout.node_rank, layout.nnodes, layout.rdzv_endpoint)
     if layout.node_rank > 0:
         for handler in logging.getLogger().handlers:
@@ -533,7 +536,12 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="
                           f"{world.world_size}; drop world_size= or make them equal")
     cfg.world_size = world.world_size
-    cfg.launcher.nnodes = world.world_size // world.local_world_size
+    # The world torchrun (or srun) made: its nodes, this node's index, rank 0's store.
+    la = cfg.launcher
+    la.nnodes = world.world_size // world.local_world_size
+    la.rdzv_backend, la.node_rank, la.rdzv_id = "static", world.rank // world.local_world_size, None
+    la.rdzv_endpoint = ":".join(os.environ.get(k, d) for k, d in (("MASTER_ADDR", "127.0.0.1"),
+                                                                   ("MASTER_PORT", "0")))
     validate(cfg)
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
                                         world.local_world_size)
