@@ -631,7 +631,7 @@ def test_resume_with_another_split_is_refused_unless_forced(run_cli, change):
             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
     key, value = change.split("=")
     run = run_cli("trainer.epochs=2", "trainer.resume=auto", change, QUIET)
-    assert run.returncode == 2 and run.seconds < 10, run.stderr
+    assert run.returncode == 2, run.stderr
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     before = {"seed": 0, "data.val_size": 297}[key]
     assert lines == [f"error: {key}={value} differs from the checkpoint's {key}={before} "
