@@ -94,7 +94,8 @@ def write_model_yaml(config_dir: Path, name: str = "faulty", fault: str = "none"
 
 class EnvProbeMLP(MLP):
     """:class:`ddp_exp.models.MLP` that, at its first training forward in each rank, writes the
-    rank's distributed environment to ``<probe_dir>/rank<RANK>.json``."""
+    rank's distributed environment and ``torch.get_num_threads()`` (``threads``) to
+    ``<probe_dir>/rank<RANK>.json``."""
 
     KEYS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "WORLD_SIZE")
 
@@ -109,6 +110,7 @@ class EnvProbeMLP(MLP):
             import json
 
             env = {k: os.environ.get(k) for k in self.KEYS}
+            env["threads"] = torch.get_num_threads()  # this rank's intra-op threads
             path = Path(self.probe_dir) / f"rank{os.environ['RANK']}.json"
             path.write_text(json.dumps(env))
             self.written = True

@@ -7,6 +7,7 @@ Composition runs in-process with Hydra's compose API; the command-line behaviour
 from __future__ import annotations
 
 import importlib.resources
+import json
 import sys
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def test_data_file_without_path_fails_validation(compose):
 def test_data_option_instantiates(compose, small_csv_and_folder, option):
     cfg = compose(f"data={option}", *_file_overrides("data", option, small_csv_and_folder))
     datasets = load_data(cfg)
-    total = {"digits": 1797, "synthetic": cfg.data.get("num_samples"), "file": 20,
+    # Every shipped option has its size here: a new option fails until it is added.
+    total = {"digits": 1797, "synthetic": 4096, "file": 20,  # small_csv: 20 rows
              "image_folder": FOLDER_IMAGES, "dataset": 1797}[option]
     assert len(datasets.train) + len(datasets.val) == total
     assert len(datasets.val) == cfg.data.val_size
@@ -284,6 +286,30 @@ def test_comma_list_without_multirun_suggests_it(run_cli, tmp_path):
     _no_rank_started(run)
     assert not (tmp_path / "outputs").exists()  # no sweep started either
     assert list(tmp_path.rglob("metrics.json")) == []
+
+
+def test_a_refused_single_run_leaves_no_folder(run_cli, tmp_path):
+    """U04: world_size=0 exits 2 and leaves neither its job folder nor the folders Hydra made
+    on the way to it (the default outputs/runs/<date>/<time>/ too)."""
+    run = run_cli("world_size=0", job="u04/new", timeout=60)
+    assert run.returncode == 2 and "world_size" in _one_line(run.stderr)
+    assert not (tmp_path / "u04").exists()
+    run = run_cli("world_size=0", run_dir=False, timeout=60)
+    assert run.returncode == 2 and "world_size" in _one_line(run.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_refused_sweep_job_keeps_its_folder_with_the_error(run_cli, tmp_path):
+    """U04, in a sweep: each refused job's folder stays, the error in its log and status.json."""
+    sweep = tmp_path / "sweep"
+    run = run_cli("-m", "world_size=0,-1", f"hydra.sweep.dir={sweep}", run_dir=False,
+                  timeout=60)
+    assert run.returncode == 1, run.stderr
+    for job, value in (("0", 0), ("1", -1)):
+        expected = f"world_size={value} is invalid"
+        status = json.loads((sweep / job / "status.json").read_text())
+        assert status["status"] == "failed" and expected in status["error"], status
+        assert expected in (sweep / job / "ddp_exp.log").read_text()
 
 
 # -------------------------------------------------------------------- (c) --cfg and --help

@@ -16,6 +16,8 @@ from conftest import assert_no_orphans, cli_env
 
 from ddp_exp.config import ConfigError
 
+QUIET = "print_config=false"
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -363,3 +365,90 @@ def test_slurm_job_with_fewer_gpus_than_ranks_fails_clearly(monkeypatch):
                     SLURM_GPUS_ON_NODE=4)
     with pytest.raises(ConfigError, match="8 rank.s. per node but SLURM gave this node 4 GPU"):
         apply_layout(cfg)
+
+
+def _free_slurm_job_id() -> int:
+    """A job id whose derived rendezvous port (10000 + id mod 20000) is free here now."""
+    import random
+
+    from ddp_exp.cluster import rendezvous_port
+
+    while True:
+        job_id = random.randrange(100_000, 10_000_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", rendezvous_port(str(job_id))))
+            except OSError:
+                continue
+        return job_id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [2, 1], ids=["task-per-node", "task-per-rank"])
+def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
+        run_cli, tmp_path, nodes):
+    """U03: two srun tasks of ``launcher.cluster=slurm`` faked on loopback: one task per node
+    (2 "nodes" on localhost, each its node's agent) or one task per rank (2 tasks on 1 node,
+    joining as under torchrun). Both derive one job folder from SLURM_JOB_ID, write one event
+    stream, and train the single-node world_size=2 model."""
+    single = run_cli("world_size=2", "trainer.epochs=2", QUIET, job="single").ok()
+    job_id, tag = _free_slurm_job_id(), uuid.uuid4().hex
+    work = tmp_path / "work"
+    work.mkdir()
+    procs = []
+    for task in range(2):
+        slurm = dict(SLURM_JOB_ID=str(job_id), SLURM_NTASKS="2", SLURM_PROCID=str(task),
+                     SLURM_JOB_NUM_NODES=str(nodes), SLURM_NODEID=str(task if nodes == 2 else 0),
+                     SLURM_LOCALID=str(0 if nodes == 2 else task),
+                     SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1")
+        env = {k: v for k, v in cli_env(tag, **slurm).items()
+               if not k.startswith("SLURM_") or k in slurm}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ddp_exp", "launcher.cluster=slurm", "trainer.epochs=2", QUIET],
+            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdin=subprocess.DEVNULL))
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert_no_orphans(tag)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    job = work / "outputs" / "runs" / f"slurm-{job_id}"
+    assert [p for p in work.rglob("*") if p.is_dir() and (p / ".hydra").is_dir()] == [job]
+    assert len(list(work.rglob("events.out.tfevents*"))) == 1
+    assert len(list((job / "tensorboard").glob("events.out.tfevents*"))) == 1
+    assert sorted(work.rglob("metrics.json")) == [job / "metrics.json"]
+    assert json.loads((job / "status.json").read_text())["status"] == "completed"
+    multi = json.loads((job / "metrics.json").read_text())
+    for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
+        assert multi[key] == pytest.approx(single.metrics[key], rel=1e-6), key
+    a = torch.load(job / "model.pt", weights_only=True)
+    b = torch.load(single.job_dir / "model.pt", weights_only=True)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_plain_srun_layouts_from_the_slurm_environment(monkeypatch, tmp_path):
+    """launcher.cluster=slurm without submitit: one task per node is node SLURM_PROCID's agent
+    at the first host; several tasks per node are ranks with torchrun's variables."""
+    from ddp_exp.cluster import slurm_hostnames, slurm_layout
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the compressed list is parsed
+    # submitit's parser (the test extras install it)
+    assert slurm_hostnames("gpu[07-08,10],cpu3") == ["gpu07", "gpu08", "gpu10", "cpu3"]
+    assert slurm_hostnames("a1,b2") == ["a1", "b2"]
+    base = dict(SLURM_JOB_ID=123456, SLURM_JOB_NODELIST="a1,b2", SLURM_JOB_NUM_NODES=2)
+    _fake_slurm_env(monkeypatch, **base, SLURM_NTASKS=2, SLURM_PROCID=1, SLURM_LOCALID=0)
+    agent = slurm_layout()
+    assert (agent.nnodes, agent.node_rank, agent.rdzv_endpoint, agent.ranks) == (
+        2, 1, "a1:13456", None)
+    _fake_slurm_env(monkeypatch, **base, SLURM_NTASKS=8, SLURM_PROCID=5, SLURM_LOCALID=1)
+    rank = slurm_layout(29400)
+    assert rank.ranks == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                          "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "a1", "MASTER_PORT": "29400"}
+    _fake_slurm_env(monkeypatch, **base, SLURM_NTASKS=3, SLURM_PROCID=0)
+    with pytest.raises(ConfigError, match="3 tasks on 2 nodes"):
+        slurm_layout()
+    _fake_slurm_env(monkeypatch)
+    with pytest.raises(ConfigError, match="launcher.cluster=slurm: this process is not a SLURM"):
+        slurm_layout()

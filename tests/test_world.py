@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -200,15 +201,21 @@ def test_one_event_stream_one_metrics_json_with_hparams_for_world_size_3(run_cli
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     run = run_cli("world_size=3", "trainer.epochs=2", QUIET).ok()
+    torchrun_3 = [*TORCHRUN_2[:-3], "--nproc_per_node=3", "-m", "ddp_exp"]
+    under_torchrun = run_cli("trainer.epochs=2", QUIET, job="torchrun", launcher=torchrun_3).ok()
+    assert under_torchrun.metrics["world_size"] == 3
     files = event_files(run.job_dir)
     assert len(files) == 1, files
-    assert event_files(tmp_path) == files  # none anywhere else
-    assert sorted(tmp_path.rglob("metrics.json")) == [run.job_dir / "metrics.json"]
+    assert len(event_files(under_torchrun.job_dir)) == 1
+    assert event_files(tmp_path) == sorted(files + event_files(under_torchrun.job_dir))
+    assert sorted(tmp_path.rglob("metrics.json")) == sorted(
+        [run.job_dir / "metrics.json", under_torchrun.job_dir / "metrics.json"])
 
-    val = scalars(run.job_dir, "val/loss")
     steps_per_epoch = math.ceil(1500 / 3 / 32)
-    assert [s for s, _ in val] == [steps_per_epoch, 2 * steps_per_epoch]
-    assert run.metrics["val/loss"] == pytest.approx(val[-1][1], rel=1e-6)
+    for job in (run, under_torchrun):
+        val = scalars(job.job_dir, "val/loss")
+        assert [s for s, _ in val] == [steps_per_epoch, 2 * steps_per_epoch]
+        assert job.metrics["val/loss"] == pytest.approx(val[-1][1], rel=1e-6)
 
     plugin = {}
     for event in EventFileLoader(str(files[0])).Load():
@@ -269,6 +276,26 @@ def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_
     for name in p_own:
         torch.testing.assert_close(p_tr[name], p_own[name], rtol=1e-6, atol=1e-6, msg=name)
 
+    # Resume each job in its ${now:} folder, under the launcher that made it: every rank loads
+    # rank 0's checkpoint (weights, optimizer, RNG), so both end as an uninterrupted 2-epoch run.
+    more = ("world_size=2", "trainer.epochs=2", "trainer.resume=auto", QUIET)
+    own2 = run_cli(*more, f"hydra.run.dir={own}", run_dir=False).ok()
+    tr2 = run_cli(*more, f"hydra.run.dir={tr}", run_dir=False, launcher=TORCHRUN_2).ok()
+    ref = run_cli("world_size=2", "trainer.epochs=2", QUIET, job="ref").ok()
+    for job, run in ((own, own2), (tr, tr2)):
+        assert f"resumed from {job / 'checkpoints' / 'last.pt'}: epoch 1 done" in run.stdout
+        assert "epoch 2/2" in run.stdout and "epoch 1/2" not in run.stdout
+        assert _single_job_dir(job.parent) == job
+        got = json.loads((job / "metrics.json").read_text())
+        assert got["epoch"] == 2 and got["global_step"] == ref.metrics["global_step"]
+        for key in ("train/loss", "val/loss"):
+            assert rel_close(got[key], ref.metrics[key], 1e-6), (job, key)
+        assert got["val/accuracy"] == ref.metrics["val/accuracy"]
+        weights = torch.load(job / "model.pt", weights_only=True)
+        expected = torch.load(ref.job_dir / "model.pt", weights_only=True)
+        for name in expected:
+            torch.testing.assert_close(weights[name], expected[name], rtol=1e-6, atol=1e-6)
+
 
 # --------------------------------------------------------------------- 7. logging (C02)
 @pytest.mark.slow
@@ -295,9 +322,14 @@ def test_epoch_summary_and_config_logged_once_with_3_ranks(run_cli):
 def test_multirun_batch_sweep_makes_two_jobs_and_no_nested_sweep(run_cli, tmp_path):
     """C03: -m data.batch_size=16,32 at world_size=2 gives jobs 0/ and 1/, 47 and 24 steps."""
     sweep = tmp_path / "sweep"
-    run_cli("-m", "world_size=2", "data.val_size=297", "data.batch_size=16,32",
-            "trainer.epochs=1", f"hydra.sweep.dir={sweep}", QUIET, run_dir=False,
-            timeout=300).ok()
+    one = run_cli("world_size=2", "data.val_size=297", "data.batch_size=16", "trainer.epochs=1",
+                  QUIET, job="one").ok()
+    both = run_cli("-m", "world_size=2", "data.val_size=297", "data.batch_size=16,32",
+                   "trainer.epochs=1", f"hydra.sweep.dir={sweep}", QUIET, run_dir=False,
+                   timeout=300).ok()
+    # The case's bound, a ratio of two runs timed here (a nested sweep would take 4+ jobs).
+    assert both.seconds < 3 * one.seconds, (both.seconds, one.seconds)
+    shutil.rmtree(one.job_dir)
     assert [p.name for p in job_dirs_under(sweep)] == ["0", "1"]
     assert list(tmp_path.rglob("multirun")) == []
     assert list(tmp_path.rglob("multirun.yaml")) == [sweep / "multirun.yaml"]
@@ -346,16 +378,30 @@ def test_rank_with_empty_val_shard_gives_exact_val_loss(run_cli):
 
 # ------------------------------------------------------------------------ 10. threads (C17)
 @pytest.mark.slow
-def test_threads_per_rank_default_and_user_value(run_cli, monkeypatch):
-    """C17: threads_per_rank = max(1, cores // world_size) unless OMP_NUM_THREADS is set."""
+def test_threads_per_rank_default_and_user_value(run_cli, tmp_path, monkeypatch):
+    """C17: every rank runs torch.get_num_threads() = max(1, cores // world_size) threads
+    (read on each rank by a probe model), world_size=4 through the command line included,
+    unless OMP_NUM_THREADS is set; more ranks than cores gets one warning line."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores = len(os.sched_getaffinity(0))
-    for ws in (1, 2):
-        m = run_cli(f"world_size={ws}", "trainer.epochs=1", QUIET, job=f"ws{ws}").ok().metrics
-        assert m["threads_per_rank"] == max(1, cores // ws), (ws, cores)
-    m = run_cli("world_size=2", "trainer.epochs=1", QUIET, job="omp2",
-                env={"OMP_NUM_THREADS": "2"}).ok().metrics
-    assert m["threads_per_rank"] == 2
+    for ws, omp in ((1, None), (2, None), (4, None), (2, "2")):
+        probe = tmp_path / f"probe-{ws}-{omp}"
+        (probe / "model").mkdir(parents=True)
+        (probe / "model" / "probe.yaml").write_text(yaml.safe_dump(
+            {"_target_": "faulty.EnvProbeMLP", "probe_dir": str(probe)}))
+        env = {"PYTHONPATH": str(Path(__file__).parent), **({"OMP_NUM_THREADS": omp} if omp
+                                                            else {})}
+        run = run_cli("--config-dir", str(probe), "model=probe", f"world_size={ws}",
+                      "trainer.epochs=1", "trainer.max_steps=2", QUIET, job=probe.name,
+                      env=env).ok()
+        expected = int(omp) if omp else max(1, cores // ws)
+        threads = [json.loads((probe / f"rank{r}.json").read_text())["threads"]
+                   for r in range(ws)]
+        assert threads == [expected] * ws, (ws, omp, cores, threads)
+        assert run.metrics["threads_per_rank"] == expected
+        warnings = [ln for ln in run.stdout.splitlines()
+                    if f"{ws} ranks on this machine's {cores} CPU core(s)" in ln]
+        assert len(warnings) == (1 if ws > cores else 0), run.stdout
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ from ddp_exp.launch import (
     AlreadyComplete,
     LeaveFolderAlone,
     job_folder_lock,
+    job_log_file,
+    remove_refused_folder,
     run_job,
     torchrun_overrides,
     under_torchrun,
@@ -82,6 +84,12 @@ def _task(cfg: DictConfig) -> float | None:
         error, code = str(exc), EXIT_CONFIG_ERROR
         # Refused in a folder that holds an earlier run: its status.json stays that run's.
         main_process = main_process and not getattr(exc, "folder_kept", False)
+        if main_process and hc.mode == RunMode.MULTIRUN:  # the job's folder stays: say why
+            log.error("error: %s", exc)
+        elif (main_process and cfg.launcher.get("cluster") is None
+              and remove_refused_folder(job_dir, hc.output_subdir, job_log_file(),
+                                        hc.runtime.cwd)):
+            raise SystemExit(code) from None  # a single run that never started leaves nothing
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = _rendezvous_line(exc, cfg)
         if main_process:

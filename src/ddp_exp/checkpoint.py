@@ -101,3 +101,46 @@ def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None
     if (resume == "auto" or restarted) and os.path.isfile(last):
         return last
     return None
+
+
+# Keys that choose which samples train and which validate (the split is drawn from the seed):
+# resuming with another value would move training samples into validation.
+SPLIT_KEYS = ("seed", "data.val_size", "data.test_size")
+
+
+def check_same_split(saved_cfg: dict[str, Any] | None, cfg: dict[str, Any], resume: str,
+                     allow_changes: bool) -> None:
+    """Refuse to resume with another data split than the checkpoint's.
+
+    Args:
+        saved_cfg: the resolved config stored in the checkpoint (``state["config"]``).
+        cfg: this run's resolved config.
+        resume: ``trainer.resume`` as given (named in the message).
+        allow_changes: ``trainer.resume_allow_changes``: the user accepts the change.
+
+    Raises:
+        ConfigError: naming the first key of :data:`SPLIT_KEYS` whose value differs (a key
+            absent from either config, e.g. from a checkpoint older than the key, is skipped).
+    """
+    if allow_changes or not saved_cfg:
+        return
+    for key in SPLIT_KEYS:
+        before, now = _lookup(saved_cfg, key), _lookup(cfg, key)
+        if _ABSENT not in (before, now) and before != now:
+            raise ConfigError(f"{key}={now} differs from the checkpoint's {key}={before} "
+                              f"(trainer.resume={resume}): another split would move training "
+                              f"samples into validation; resume with {key}={before}, or add "
+                              "trainer.resume_allow_changes=true to accept it")
+
+
+_ABSENT = object()
+
+
+def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; :data:`_ABSENT` when a part is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node

@@ -10,6 +10,8 @@ bad value and what is valid.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +25,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 START_METHODS = ("fork", "forkserver", "spawn")
 RDZV_BACKENDS = ("c10d", "static")
-CLUSTERS = ("submitit",)  # launcher.cluster: where nodes and the rendezvous come from
+CLUSTERS = ("submitit", "slurm")  # launcher.cluster: where nodes and the rendezvous come from
 TASKS = ("auto", "classification", "regression")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 PROGRESS_MODES = ("auto", "bar", "log", "off")
@@ -170,6 +172,7 @@ class TrainerConfig:
     checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
     resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
+    resume_allow_changes: bool = False  # resume even with another seed / data split
 
 
 @dataclass
@@ -188,7 +191,7 @@ class LauncherConfig:
     rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
     rdzv_id: str | None = None  # c10d: the same id on every node of a multi-node world
     node_rank: int | None = None  # static: this node's index, 0..nnodes-1 (node 0 hosts it)
-    cluster: str | None = None  # null | submitit: nodes and rendezvous from the submitit job
+    cluster: str | None = None  # null | submitit | slurm: nodes and rendezvous from the job
     rdzv_timeout_s: int = 900
     start_method: str = "fork"
     monitor_interval_s: float = 0.05
@@ -243,6 +246,20 @@ def register_configs() -> None:
     ]:
         cs.store(group=f"schema/{group}", name=name, node=node)
     OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
+    OmegaConf.register_new_resolver("ddp_exp.run_stamp", run_stamp, use_cache=True,
+                                    replace=True)
+
+
+def run_stamp(cluster: str | None) -> str:
+    """The single-run folder's name under ``outputs/runs/`` (resolver
+    ``${ddp_exp.run_stamp:${launcher.cluster}}`` in ``hydra.run.dir``): ``slurm-<SLURM_JOB_ID>``
+    for ``launcher.cluster=slurm`` inside a SLURM job, so that every task of the job derives
+    the same folder (and a requeued job finds it again); otherwise ``<date>/<time with
+    microseconds>``, as Hydra's ``${now:...}`` (cached: one value per process)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if cluster == "slurm" and job_id:
+        return f"slurm-{job_id}"
+    return datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 
 def ranks_per_node(world_size: int, nnodes: int) -> int:

@@ -118,6 +118,21 @@ def threads_per_rank(local_world_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // local_world_size)
 
 
+def oversubscription_warning(ranks_on_host: int) -> str | None:
+    """One line when this machine runs more ranks than it has usable CPU cores, else None.
+
+    Each rank then gets one thread and the ranks take turns on the cores; every step waits
+    for the rank that is off its core, so a step runs slower than with one rank per core (the
+    results are the same); ``make bench`` measures it (world_size=4 on 2 cores).
+    """
+    cores = len(os.sched_getaffinity(0))
+    if ranks_on_host <= cores:
+        return None
+    return (f"{ranks_on_host} ranks on this machine's {cores} CPU core(s): the ranks take "
+            f"turns on the cores and every step waits for the slowest, so training runs "
+            f"slower than with {cores} rank(s) (same results)")
+
+
 def init_process_group(backend: str, world: World, timeout_s: float,
                        device_type: str = "cpu") -> None:
     """Join the world's default process group (env:// rendezvous set up by the launcher).

@@ -46,6 +46,7 @@ from ddp_exp.distributed import (
     World,
     destroy_process_group,
     init_process_group,
+    oversubscription_warning,
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
@@ -54,7 +55,14 @@ from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
 from ddp_exp.train import build_optimizer
-from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads, train_rank
+from ddp_exp.worker import (
+    FAILURES_ENV,
+    RankInputs,
+    configure_logging,
+    run_rank,
+    set_threads,
+    train_rank,
+)
 
 log = logging.getLogger("ddp_exp")
 
@@ -89,6 +97,47 @@ def earlier_outputs(job_dir: str) -> list[str]:
     return found
 
 
+LOCK_FILE = ".ddp_exp.lock"
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
+
+
+def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None,
+                          stop_at: str) -> bool:
+    """Delete the folder of a single run refused before any rank started, when it holds only
+    what this run's start made: Hydra's ``.hydra/`` record, the job log and the lock file.
+    Parent folders left empty go too (``outputs/runs/<date>/``), up to ``stop_at`` (the
+    launch directory) and never above it. A folder that holds anything else (an earlier run's
+    outputs, ``status.json``, the user's own files) stays as it was.
+
+    Returns:
+        True when the folder was removed.
+    """
+    job_dir = os.path.abspath(job_dir)
+    made = {LOCK_FILE}
+    if hydra_subdir:
+        made.add(hydra_subdir)
+    if log_file and os.path.dirname(os.path.abspath(log_file)) == job_dir:
+        made.add(os.path.basename(log_file))
+    try:
+        names = set(os.listdir(job_dir))
+        record = (set(os.listdir(os.path.join(job_dir, hydra_subdir)))
+                  if hydra_subdir and hydra_subdir in names else set())
+    except OSError:
+        return False
+    if not names <= made or not record <= set(HYDRA_RECORD):
+        return False
+    shutil.rmtree(job_dir, ignore_errors=True)
+    stop_at = os.path.abspath(stop_at)
+    parent = os.path.dirname(job_dir)
+    while parent.startswith(stop_at + os.sep):  # empty folders Hydra made on the way
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return not os.path.exists(job_dir)
+
+
 @contextlib.contextmanager
 def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     """Hold an exclusive lock on the job folder while a world uses it.
@@ -105,7 +154,7 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     import fcntl
 
     os.makedirs(job_dir, exist_ok=True)
-    with open(os.path.join(job_dir, ".ddp_exp.lock"), "a+") as fh:  # a+: keep the record
+    with open(os.path.join(job_dir, LOCK_FILE), "a+") as fh:  # a+: keep the record
         fh.seek(0)
         previous = _parse_record(fh.read())
         try:
@@ -187,7 +236,8 @@ def load_data(cfg: DictConfig) -> Datasets:
                             cfg.world_size)
 
 
-def _job_log_file() -> str | None:
+def job_log_file() -> str | None:
+    """The job log (the root logger's file handler, set up by Hydra), or None."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             return handler.baseFilename
@@ -241,6 +291,9 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
                         "batch differ from the interrupted run", state["world_size"], world_size)
     plain = OmegaConf.to_container(cfg, resolve=True)
+    if source is not None:
+        checkpoint.check_same_split(state.get("config"), plain, cfg.trainer.resume,
+                                    cfg.trainer.resume_allow_changes)
     plain["world_size"] = world_size
     plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
@@ -263,7 +316,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                               f"optimizer state does not fit optim ({plain['optim']['_target_']}"
                               f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
                               ) from None
-    return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), device=device,
+    return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
                       hparams=_hparams(plain), t_start=t_start)
@@ -280,8 +333,11 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return run_under_torchrun(cfg)
     torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
     layout = cluster.apply_layout(cfg)
+    if layout is not None and layout.ranks is not None:  # srun started one task per rank
+        os.environ.update(layout.ranks)
+        return run_under_torchrun(cfg)
     if layout is not None:
-        _log_as_task(layout)
+        _log_as_task(cfg.launcher.cluster, layout)
     validate(cfg)
     nproc = cfg.world_size // cfg.launcher.nnodes
     env = {}
@@ -292,6 +348,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
     check_precision(cfg.trainer.precision, device)
+    warning = oversubscription_warning(nproc * (layout.tasks_on_host if layout else 1))
+    if warning:
+        log.warning("%s", warning)
     job_dir = HydraConfig.get().runtime.output_dir
     inputs = prepare(cfg, job_dir, cfg.world_size, device, backend)
     if cfg.launcher.start_method == "fork":
@@ -313,10 +372,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     return results.get(0)
 
 
-def _log_as_task(layout: cluster.ClusterLayout) -> None:
+def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
     """Say where this task sits; then a task other than 0 logs only warnings and errors
     (every task's handlers append to the one job log, which task 0 keeps)."""
-    log.info("submitit job %s: node %d of %d, static rendezvous at %s", layout.job_id,
+    log.info("%s job %s: node %d of %d, static rendezvous at %s", scheduler, layout.job_id,
              layout.node_rank, layout.nnodes, layout.rdzv_endpoint)
     if layout.node_rank > 0:
         for handler in logging.getLogger().handlers:
@@ -331,10 +390,33 @@ def _preload_for_ranks() -> None:
     import torch.utils.tensorboard  # noqa: F401
 
 
-def _drop_duplicate_failure(record: logging.LogRecord) -> bool:
-    """The agent logs a failed rank's traceback, then raises it again in ChildFailedError,
-    which the entry point prints: keep the error shown once."""
-    return not str(record.msg).startswith("failed (exitcode")
+class _AgentLogFilter(logging.Filter):
+    """Filter of the elastic agent's process-context logger, for one launch.
+
+    * The agent logs a failed rank's traceback, then raises it again in ChildFailedError, which
+      the entry point prints: the error is shown once. The failure (local rank, exit code) is
+      appended to ``failures_file`` (JSON list, one entry per failed attempt), where rank 0 of
+      the restarted world reads it (:func:`ddp_exp.worker.restart_line`).
+    * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart,
+      shows only when that logger is set to DEBUG (``hydra.verbose=torch.distributed``).
+    """
+
+    def __init__(self, failures_file: str, first_rank: int | None) -> None:
+        super().__init__()
+        self.failures_file, self.first_rank, self.failures = failures_file, first_rank, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith("Closing process"):
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        if not message.startswith("failed (exitcode"):
+            return True
+        exitcode, local_rank = (record.args or (None, None))[:2]
+        rank = None if self.first_rank is None else self.first_rank + int(local_rank)
+        self.failures.append({"local_rank": local_rank, "rank": rank, "exitcode": exitcode})
+        text = json.dumps(self.failures)
+        atomic_write(self.failures_file, lambda fh: fh.write(text.encode()))
+        return False
 
 
 def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True
@@ -345,10 +427,6 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    if _drop_duplicate_failure not in agent_log.filters:
-        agent_log.addFilter(_drop_duplicate_failure)
 
     la = cfg.launcher
     # The agent's per-attempt error files go to a folder removed afterwards; the failure
@@ -374,7 +452,13 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
                                     "join_timeout": la.rdzv_timeout_s}
     if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
         rdzv_configs["rank"] = la.node_rank
-    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir, _environ(env):
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    # Global rank of this node's local rank 0: known on one node and with static node ranks.
+    first_rank = (0 if la.nnodes == 1 else
+                  la.node_rank * nproc if la.rdzv_backend == "static" else None)
+    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
+        failures = _AgentLogFilter(os.path.join(agent_dir, "failures.json"), first_rank)
+        env[FAILURES_ENV] = failures.failures_file
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
@@ -385,12 +469,15 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
             local_addr="127.0.0.1" if on_loopback else None,
         )
+        agent_log.addFilter(failures)
         try:
-            return elastic_launch(config, run_rank)(inputs)
+            with _environ(env):
+                return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             _keep_error_files(exc, inputs.job_dir)
             raise
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
+            agent_log.removeFilter(failures)
             if owns_folder:
                 checkpoint.remove_partial_files(inputs.job_dir)
 
@@ -455,18 +542,26 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="
                           f"{world.world_size}; drop world_size= or make them equal")
     cfg.world_size = world.world_size
-    cfg.launcher.nnodes = world.world_size // world.local_world_size
+    # The world torchrun (or srun) made: its nodes, this node's index, rank 0's store.
+    la = cfg.launcher
+    la.nnodes = world.world_size // world.local_world_size
+    la.rdzv_backend, la.node_rank, la.rdzv_id = "static", world.rank // world.local_world_size, None
+    la.rdzv_endpoint = ":".join(os.environ.get(k, d) for k, d in (("MASTER_ADDR", "127.0.0.1"),
+                                                                   ("MASTER_PORT", "0")))
     validate(cfg)
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
                                         world.local_world_size)
     check_precision(cfg.trainer.precision, device)
     threads = set_threads(world)
+    warning = oversubscription_warning(world.local_world_size)
+    if warning and world.local_rank == 0:
+        log.warning("%s", warning)
     init_process_group(backend, world, cfg.distributed.timeout_s, device)
     try:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
         shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
-                  _job_log_file()] if world.is_main else [None, None, None]
+                  job_log_file()] if world.is_main else [None, None, None]
         dist.broadcast_object_list(shared, src=0)
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)

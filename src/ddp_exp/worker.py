@@ -7,8 +7,10 @@ so a rank can neither re-compose the config, nor make its own output folder, nor
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -43,6 +45,7 @@ LOG_FORMAT = "[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
 
 
 PEER_FAILURE_GRACE_S = 5.0
+FAILURES_ENV = "DDP_EXP_FAILURES_FILE"  # the launcher's record of failed ranks, per attempt
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -133,9 +136,11 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
                  "%d sample(s) per epoch (train/num_samples=%d)", n_train, world.world_size,
                  padded, n_train + padded)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], restarted)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
     state = checkpoint.load(source, map_location=device) if source else None
+    if attempt > 0 and world.is_main:
+        log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
                            purge_step=state["global_step"] + 1 if state else None)
     try:
@@ -164,6 +169,37 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         log.info("wrote %s", os.path.join(inputs.job_dir, "metrics.json"))
         return final
     return None
+
+
+def restart_line(attempt: int, max_restarts: int, source: str | None,
+                 state: dict[str, Any] | None) -> str:
+    """The line rank 0 of a world restarted by the elastic agent logs: which restart, which
+    rank failed (as the launcher recorded it in the file named by :data:`FAILURES_ENV`;
+    a failure on another node is not seen here) and the checkpoint the world continues from.
+
+    Args:
+        attempt: ``TORCHELASTIC_RESTART_COUNT`` (1 for the first restart).
+        max_restarts: ``launcher.max_restarts``.
+        source: the checkpoint this world loaded, or None (no epoch had finished).
+        state: its contents (``epoch`` 0-based, ``global_step``).
+    """
+    failures = []
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.environ.get(FAILURES_ENV, "")) as fh:
+            failures = json.load(fh)
+    failed = "a rank on another node failed"
+    if len(failures) >= attempt:
+        f = failures[attempt - 1]
+        who = (f"rank {f['rank']}" if f.get("rank") is not None
+               else f"local rank {f['local_rank']} of this node")
+        code = f.get("exitcode")
+        how = (f"killed by {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
+               and -code in signal.valid_signals() else f"exit code {code}")
+        failed = f"{who} failed ({how})"
+    where = (f"continues from {source} (epoch {state['epoch'] + 1} done, step "
+             f"{state['global_step']})" if source and state is not None
+             else "starts again from the beginning (no epoch had finished)")
+    return f"restart {attempt} of launcher.max_restarts={max_restarts}: {failed}; the world {where}"
 
 
 # Settings each node may set its own way: how it joins (launcher.*: the rendezvous checks what
