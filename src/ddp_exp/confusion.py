@@ -23,7 +23,7 @@ CORNER = "true\\predicted"
 @torch.no_grad()
 def confusion_matrix(model: nn.Module, batches: Iterable, num_classes: int,
                      device: torch.device,
-                     autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
+                     autocast: contextlib.AbstractContextManager | None = None
                      ) -> torch.Tensor:
     """Counts of (true, predicted) class over the whole validation set; every rank calls it.
 
@@ -31,11 +31,12 @@ def confusion_matrix(model: nn.Module, batches: Iterable, num_classes: int,
         model: the unwrapped model (no DDP collectives in the forward: shards may be uneven).
         batches: this rank's validation shard as ``(x [B, ...], y [B])`` batches.
         num_classes: ``C``.
-        autocast: the run's autocast context (reusable), as in training.
+        autocast: the run's autocast context (reusable), as in training; None: none.
 
     Returns:
         int64 ``[C, C]`` on the CPU: row = true class, column = ``argmax`` of the output.
     """
+    autocast = autocast if autocast is not None else contextlib.nullcontext()
     was_training = model.training
     model.eval()
     counts = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
