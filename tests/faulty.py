@@ -132,9 +132,9 @@ class SlowRankMLP(MLP):
     dashboards."""
 
     def __init__(self, input_shape: Sequence[int], num_outputs: int,
-                 hidden_sizes: Sequence[int] = (128,), sleep_s: float = 0.05,
-                 slow_rank: int = 1):
-        super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes)
+                 hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0,
+                 sleep_s: float = 0.05, slow_rank: int = 1):
+        super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes, dropout=dropout)
         self.sleep_s = float(sleep_s)
         self.slow_rank = int(slow_rank)  # the model is built before the ranks: RANK read later
 

@@ -5,8 +5,9 @@ Every rank splits each optimizer step into four parts:
 * ``data``: waiting for the next batch (time inside ``next()`` of the training loader);
 * ``compute``: from the batch's arrival to the end of the backward graph, i.e. forward and
   backward up to the moment this rank's last gradient (so its last DDP bucket) is ready. The
-  moment is stamped by an autograd end-of-backward callback (``queue_callback``), queued from a
-  hook on the last micro-batch's loss as its backward starts, so it runs before the callback
+  moment is stamped by an autograd end-of-backward callback (``queue_callback``), queued by a
+  hook registered once on the parameter whose gradient comes first in the backward (the last
+  one of ``parameters()``: DDP's bucket order assumes the same), so it runs before the callback
   DDP queues once all its buckets are ready (``finalize_backward``, which waits for the
   gradient all-reduce);
 * ``sync``: from there until ``backward()`` returns: waiting for the all-reduce to finish;
@@ -16,14 +17,16 @@ In synchronous DDP every rank's step lasts as long as the slowest rank's: a rank
 faster waits longer in ``sync``. So step time cannot name a straggler; the straggler is the rank
 with the longest ``data + compute`` (and the shortest ``sync``).
 
-Cost: four ``time.perf_counter()`` calls, one tensor hook and one callback per step, nothing
+Cost: four ``time.perf_counter()`` calls, one hook and one callback per backward, nothing
 that synchronises the host with the device. On CUDA the compute, sync and optim parts are CUDA
 events on the current stream, read at the logging step only (``data`` stays host time). Per
 logging interval one all-reduce of a ``[world_size, 7]`` float64 table gathers every rank's
 sums. With ``trainer.perf_metrics=false`` none of this exists (the loop holds ``None``).
 
 Limits: collectives inside the forward (DDP's buffer broadcast with BatchNorm, SyncBatchNorm)
-count as compute; DataLoader workers' own time is only visible as ``data`` wait.
+count as compute; DataLoader workers' own time is only visible as ``data`` wait; a step in
+which the hooked parameter gets no gradient (``find_unused_parameters``) counts its sync wait
+as compute.
 """
 
 from __future__ import annotations
@@ -117,8 +120,9 @@ class StepTimer:
 
     Usage in the loop (see :class:`ddp_exp.train.Trainer`)::
 
+        timer.attach(model)                                      # once
         for group in groups(timer.timed(loader), accumulate):   # data wait, batch arrival
-            ... loss of the last micro-batch: timer.watch(loss) before its backward()
+            ... forward, backward of each micro-batch
             timer.backward_done()                                # after the last backward()
             timer.step_done()                                    # after optimizer.step()
         scalars = timer.interval()                               # every rank, at logging steps
@@ -162,13 +166,14 @@ class StepTimer:
                 self._cuda_slot()[0].record()
             yield item
 
-    def watch(self, loss: torch.Tensor) -> None:
-        """Before ``loss.backward()`` of the step's last micro-batch: stamp the end of its
-        backward graph (all gradients, hence every DDP bucket, ready)."""
-        if loss.requires_grad:
-            loss.register_hook(self._backward_started)
+    def attach(self, model: torch.nn.Module) -> None:
+        """Stamp the end of every backward graph of ``model`` (all gradients, hence every DDP
+        bucket, ready): a hook on its last trainable parameter queues the callback."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if params:
+            params[-1].register_post_accumulate_grad_hook(self._backward_started)
 
-    def _backward_started(self, grad: torch.Tensor) -> None:
+    def _backward_started(self, param: torch.Tensor) -> None:
         self._queue(self._grads_ready)  # runs before DDP's finalize (queued later)
 
     def _grads_ready(self) -> None:

@@ -241,6 +241,8 @@ class Trainer:
         # Dashboards (issue 14, ddp_exp.perf / ddp_exp.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
         self.perf = StepTimer(world, device) if trainer["perf_metrics"] else None
+        if self.perf is not None:
+            self.perf.attach(self.model)  # stamps the end of each backward graph
         self.val_tags = (("val/loss", *(f"val/{m}" for m in objective.metrics))
                          if len(datasets.val) else ())
         self.layout_written = False
@@ -330,8 +332,6 @@ class Trainer:
                 with self.autocast:
                     loss = self.objective.batch_loss(self.forward(xb), yb)
                 scaled = loss if last == 0 else loss * (len(xb) / step_samples)
-                if perf is not None and i == last:
-                    perf.watch(scaled)  # stamps the end of the backward graph
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             window.add(loss, len(xb), self.global_step + 1)
         if perf is not None:
