@@ -13,6 +13,8 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
   import torch and initialise gloo (``benchmarks/startup.py``);
 * ``c17``: thread oversubscription (shared/cases C17): ddp_exp on digits, ``world_size=1`` with
   batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch).
+* ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
+  with ``trainer.perf_metrics=true`` and ``false``.
 
 Each run is one process started from here with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
 removed from its environment. Figures: training samples/s of the loop only (ddp_exp:
@@ -82,17 +84,20 @@ class Variant:
     num_train: int | None = None
     tree: bool = False  # True: the root process is itself a rank (Lightning's launcher)
     skipped: str | None = None
+    overrides: tuple[str, ...] = ()  # ddp_exp: extra overrides (group perf)
+    label: str | None = None  # in the key and the tables, for variants of one impl
 
     @property
     def key(self) -> str:
         extra = f"/b{self.batch_size}" if self.group == "c17" else ""
+        extra += f"/{self.label}" if self.label else ""
         return f"{self.group}/ws{self.world_size}{extra}/{self.impl}"
 
     def argv(self, workdir: str) -> list[str]:
         if self.impl == "ddp_exp":
             return [PY, "-m", "ddp_exp", *workloads.ddp_exp_overrides(
                 self.workload, self.world_size, self.batch_size, self.epochs, self.num_train),
-                    f"hydra.run.dir={workdir}/job"]
+                    *self.overrides, f"hydra.run.dir={workdir}/job"]
         if self.impl.startswith("bare-"):
             return [PY, os.path.join(BENCH, "startup.py"), "--launch",
                     self.impl.removeprefix("bare-"), "--world-size", str(self.world_size),
@@ -131,6 +136,9 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
     c17_epochs = 1 if quick else d["epochs"]
     groups["c17"] = [Variant("c17", "ddp_exp", "digits", ws, bs, c17_epochs)
                      for ws, bs in ((1, 2 * b), (2, b), (4, b // 2))]
+    groups["perf"] = [Variant("perf", "ddp_exp", "digits", 2, b, c17_epochs,
+                              overrides=(f"trainer.perf_metrics={on}",), label=f"perf-{on}")
+                      for on in ("true", "false")]
     return groups
 
 
@@ -436,6 +444,8 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
     b = workloads.spec("digits")["batch_size"]
     t.append(Target("C17", f"digits: ddp_exp ws=2 (b={b}) / ws=1 (b={2 * b}), samples/s",
                     f"c17/ws2/b{b}/ddp_exp", f"c17/ws1/b{2 * b}/ddp_exp", sps, ">=", 0.5))
+    t.append(Target("perf", "digits, ws=2: ddp_exp perf_metrics on / off, samples/s",
+                    "perf/ws2/perf-true/ddp_exp", "perf/ws2/perf-false/ddp_exp", sps, ">=", 0.98))
     present = {v.key for vs in groups.values() for v in vs}
     return [x for x in t if x.num in present and x.den in present]
 
@@ -477,7 +487,7 @@ def group_table(rows: list[dict], variants: list[Variant]) -> list[str]:
     for v in variants:
         mine = [r for r in rows if r["variant"] == v.key]
         ok = [r for r in mine if r["status"] == "ok"]
-        label = IMPL_LABELS[v.impl]
+        label = IMPL_LABELS[v.impl] + (f" ({v.label})" if v.label else "")
         if v.skipped and not ok:
             out.append(f"| {label} | {v.world_size} | | | {v.skipped} | | | | | | 0 |")
             continue
@@ -556,7 +566,8 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
                          " 256 per rank)",
               "startup": "Workload 3: start-up (1-epoch digits job vs bare 2-rank launches; the "
                          "hand-tuned script's 1-epoch job for reference)",
-              "c17": "C17: thread oversubscription (ddp_exp, digits, same global batch 64)"}
+              "c17": "C17: thread oversubscription (ddp_exp, digits, same global batch 64)",
+              "perf": "perf/* dashboards: trainer.perf_metrics on and off (ddp_exp, digits)"}
     for name, variants in groups.items():
         md += ["", f"## {titles.get(name, name)}", ""] + group_table(rows, variants)
     md += ["", "## How each figure is measured", "",
@@ -684,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
-                   help="comma-separated groups: digits,compute,startup,c17")
+                   help="comma-separated groups: digits,compute,startup,c17,perf")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--csv", default=os.path.join(BENCH, "results.csv"))
     p.add_argument("--markdown", default=os.path.join(ROOT, "BENCHMARKS.md"))

@@ -126,3 +126,23 @@ def slow_digits(**_options):
 
     time.sleep(float(os.environ.get("DDP_EXP_TEST_LOAD_S", "0")))
     return load_digits()
+
+
+class SlowRankMLP(MLP):
+    """:class:`ddp_exp.models.MLP` (same layers, same seeded weights) whose training forward
+    sleeps ``sleep_s`` seconds on rank ``slow_rank`` only: a straggler, for the ``perf/*``
+    dashboards."""
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int,
+                 hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0,
+                 sleep_s: float = 0.05, slow_rank: int = 1):
+        super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes, dropout=dropout)
+        self.sleep_s = float(sleep_s)
+        self.slow_rank = int(slow_rank)  # the model is built before the ranks: RANK read later
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and int(os.environ.get("RANK", "-1")) == self.slow_rank:
+            import time
+
+            time.sleep(self.sleep_s)
+        return super().forward(x)

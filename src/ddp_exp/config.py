@@ -173,6 +173,8 @@ class TrainerConfig:
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
     resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
     resume_allow_changes: bool = False  # resume even with another seed / data split
+    perf_metrics: bool = True  # perf/* scalars: per-rank step timing, stragglers, memory
+    log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
 
 
 @dataclass
@@ -383,6 +385,8 @@ def validate(cfg: DictConfig) -> None:
            t.accumulate_grad_batches, "a positive integer")
     _check(t.checkpoint_every_n_epochs >= 0, "trainer.checkpoint_every_n_epochs",
            t.checkpoint_every_n_epochs, "0 (never) or a positive number of epochs")
+    _check(t.log_histograms_every_n_epochs >= 0, "trainer.log_histograms_every_n_epochs",
+           t.log_histograms_every_n_epochs, "0 (never) or a positive number of epochs")
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
            "a positive integer")
     _check(t.progress in PROGRESS_MODES, "trainer.progress", t.progress,

@@ -101,6 +101,7 @@ class MetricsWriter:
                  purge_step: int | None = None):
         self.job_dir = job_dir
         self.writer = None
+        self.tags: set[str] = set()  # scalar tags written so far (the dashboard layout's)
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
@@ -120,6 +121,40 @@ class MetricsWriter:
         for tag, value in values.items():
             if value is not None:
                 self.writer.add_scalar(tag, value, step)
+                self.tags.add(tag)
+
+    @property
+    def enabled(self) -> bool:
+        """True on rank 0 while the event stream is open."""
+        return self.writer is not None
+
+    def custom_scalars(self, layout: Mapping[str, Any]) -> None:
+        """Write the Custom Scalars tab's layout (see :func:`ddp_exp.dashboard.layout`)."""
+        if self.writer is not None:
+            self.writer.add_custom_scalars(dict(layout))
+
+    def histograms(self, step: int, values: Mapping[str, torch.Tensor]) -> None:
+        """Add each tensor as a histogram at x = ``step``."""
+        if self.writer is not None:
+            for tag, tensor in values.items():
+                self.writer.add_histogram(tag, tensor, step)
+
+    def figure(self, tag: str, figure: Any, step: int) -> None:
+        """Add a matplotlib figure as an image at x = ``step``, rendered with the Agg canvas
+        (what ``SummaryWriter.add_figure`` does, without importing pyplot)."""
+        if self.writer is not None:
+            import numpy as np
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            canvas = FigureCanvasAgg(figure)
+            canvas.draw()
+            image = np.asarray(canvas.buffer_rgba())[..., :3]
+            self.writer.add_image(tag, image, step, dataformats="HWC")
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write ``<job_dir>/<name>`` atomically (rank 0 only)."""
+        if self.writer is not None:
+            atomic_write(os.path.join(self.job_dir, name), lambda fh: fh.write(text.encode()))
 
     def write_json(self, name: str, payload: Mapping[str, Any]) -> None:
         """Write ``<job_dir>/<name>`` atomically (rank 0 only)."""

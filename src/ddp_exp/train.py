@@ -33,13 +33,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp import checkpoint
+from ddp_exp import checkpoint, confusion, dashboard
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import World, all_reduce_sum
 from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.objective import Objective
+from ddp_exp.perf import StepTimer
 from ddp_exp.progress import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,14 @@ class Trainer:
                        else None)
         self.autocast = autocast(device, self.precision)
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
+        # Dashboards (issue 14, ddp_exp.perf / ddp_exp.dashboard): the step timer exists only
+        # with trainer.perf_metrics, so that without it the step does no extra work at all.
+        self.perf = StepTimer(world, device) if trainer["perf_metrics"] else None
+        if self.perf is not None:
+            self.perf.attach(self.model)  # stamps the end of each backward graph
+        self.val_tags = (("val/loss", *(f"val/{m}" for m in objective.metrics))
+                         if len(datasets.val) else ())
+        self.layout_written = False
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
 
@@ -313,6 +322,7 @@ class Trainer:
         hot path: no device sync, and nothing done per step that can be done once."""
         last = len(group) - 1
         step_samples = len(group[0][0]) if last == 0 else sum(len(xb) for xb, _ in group)
+        perf = self.perf  # issue 14: None unless trainer.perf_metrics
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
             if self.move_batches:  # host batches (DataLoader workers) to the device
@@ -324,11 +334,15 @@ class Trainer:
                 scaled = loss if last == 0 else loss * (len(xb) / step_samples)
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             window.add(loss, len(xb), self.global_step + 1)
+        if perf is not None:
+            perf.backward_done()
         if self.scaler is None:
             self.optimizer.step()
         else:
             self.scaler.step(self.optimizer)
             self.scaler.update()
+        if perf is not None:
+            perf.step_done()
         self.global_step += 1
 
     def train_epoch(self) -> tuple[float, int, float]:
@@ -344,7 +358,8 @@ class Trainer:
         loss_sum, samples, seconds = 0.0, 0, 0.0
         t_start = time.perf_counter()
         try:
-            for group in groups(self.loader, self.accumulate):
+            batches = self.loader if self.perf is None else self.perf.timed(self.loader)
+            for group in groups(batches, self.accumulate):
                 self._step(group, window)
                 progress.step()
                 stop = max_steps is not None and self.global_step >= max_steps
@@ -373,8 +388,37 @@ class Trainer:
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_sec": rate,
         })
+        if self.perf is not None:  # issue 14: one collective of every rank's step timing
+            self.writer.scalars(self.global_step, self.perf.interval())
+        if not self.layout_written:  # issue 14: the Custom Scalars layout, once per run
+            self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
+            self.layout_written = True
         progress.interval(loss, rate)
         return loss_sum, samples, time.perf_counter() - t_start
+
+    def _epoch_dashboards(self) -> None:
+        """End of an epoch: the straggler line (``trainer.perf_metrics``) and, every
+        ``trainer.log_histograms_every_n_epochs``, parameter and gradient histograms."""
+        if self.perf is not None:
+            self.perf.end_epoch(self.epoch)
+        every = self.cfg["trainer"]["log_histograms_every_n_epochs"]
+        if every and (self.epoch + 1) % every == 0 and self.writer.enabled:
+            self.writer.histograms(self.global_step, dashboard.histograms(self.model))
+
+    def report_confusion(self) -> None:
+        """Classification: the validation set's confusion matrix, reduced exactly (every rank
+        calls it); rank 0 writes ``confusion_matrix.csv`` and the ``val/confusion_matrix``
+        figure (:mod:`ddp_exp.confusion`)."""
+        num_classes = self.objective.num_classes
+        if not num_classes or not len(self.datasets.val):
+            return
+        matrix = confusion.confusion_matrix(self.model, self.data.val_batches(), num_classes,
+                                            self.device, self.autocast)
+        if self.writer.enabled:
+            names = confusion.class_names(self.datasets.val, num_classes)
+            self.writer.write_text("confusion_matrix.csv", confusion.to_csv(matrix, names))
+            self.writer.figure("val/confusion_matrix", confusion.figure(matrix, names),
+                               self.global_step)
 
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
@@ -398,12 +442,14 @@ class Trainer:
             last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
                                seconds, self.validate())
             log.info(_epoch_line(last, trainer["epochs"]))
+            self._epoch_dashboards()  # issue 14
             self.epoch += 1
             if max_steps is not None and self.global_step >= max_steps:
                 break  # a partial epoch: resuming it could not be exact, so no checkpoint
             self.save_checkpoint()
         if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
             last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0, self.validate())
+        self.report_confusion()  # issue 14
         return {
             **last.val,
             "train/loss": last.train_loss,
