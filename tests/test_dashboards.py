@@ -137,14 +137,20 @@ def test_layout_names_only_written_tags():
     assert with_norm["training"]["gradient norm"] == ["Multiline", ["^train/grad_norm$"]]
 
 
-def test_confusion_matrix_in_one_process_equals_sklearn():
+def test_confusion_matrix_of_the_validation_pass_equals_sklearn():
     from sklearn.metrics import confusion_matrix
 
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 4)
     x, y = torch.randn(37, 5), torch.randint(0, 4, (37,))
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 37, 8)]
-    got = confusion.confusion_matrix(model, batches, 4, torch.device("cpu"))
+    from ddp_exp.distributed import World
+    from ddp_exp.objective import Objective
+    from ddp_exp.train import evaluate
+
+    world = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
+    got = evaluate(model, batches, Objective(4), world, torch.device("cpu"),
+                   num_classes=4)["confusion"]
     with torch.no_grad():
         want = confusion_matrix(y.numpy(), model(x).argmax(1).numpy(), labels=[0, 1, 2, 3])
     assert got.dtype == torch.int64 and got.tolist() == want.tolist()

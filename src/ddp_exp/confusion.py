@@ -1,53 +1,31 @@
 """The validation set's confusion matrix, reduced exactly over the ranks, as a CSV and a figure.
 
 Each rank counts (true class, predicted class) pairs of its unpadded validation shard (samples
-``rank, rank + world_size, ...``) in one int64 tensor; one all-reduce (SUM) adds the counts, so
-the matrix is the single-process one for any world size and sums to ``val/num_samples``.
+``rank, rank + world_size, ...``) during validation (:func:`pair_counts`); the all-reduce (SUM)
+of the validation sums adds the counts too, so the matrix is the single-process one for any
+world size and sums to ``val/num_samples``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
-
-from ddp_exp.distributed import all_reduce_sum
 
 CORNER = "true\\predicted"
 
 
-@torch.no_grad()
-def confusion_matrix(model: nn.Module, batches: Iterable, num_classes: int,
-                     device: torch.device,
-                     autocast: contextlib.AbstractContextManager | None = None
-                     ) -> torch.Tensor:
-    """Counts of (true, predicted) class over the whole validation set; every rank calls it.
+def pair_counts(output: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """One batch's counts of (true, predicted) class pairs, float64 ``[C * C]`` on the batch's
+    device (row-major: index ``true * C + predicted``, predicted = ``argmax`` of ``output [B, C]``).
 
-    Args:
-        model: the unwrapped model (no DDP collectives in the forward: shards may be uneven).
-        batches: this rank's validation shard as ``(x [B, ...], y [B])`` batches.
-        num_classes: ``C``.
-        autocast: the run's autocast context (reusable), as in training; None: none.
-
-    Returns:
-        int64 ``[C, C]`` on the CPU: row = true class, column = ``argmax`` of the output.
+    :func:`ddp_exp.train.evaluate` adds them up over its shard and all-reduces them with the
+    loss sums, in the validation pass itself (float64 counts are exact below 2**53).
     """
-    autocast = autocast if autocast is not None else contextlib.nullcontext()
-    was_training = model.training
-    model.eval()
-    counts = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=device)
-    for xb, yb in batches:
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        with autocast:
-            out = model(xb)
-        pairs = yb.long() * num_classes + out.argmax(dim=1)
-        counts += torch.bincount(pairs, minlength=num_classes * num_classes)
-    model.train(was_training)
-    return all_reduce_sum(counts).view(num_classes, num_classes).cpu()
+    pairs = target.long() * num_classes + output.argmax(dim=1)
+    return torch.bincount(pairs, minlength=num_classes * num_classes).double()
 
 
 def class_names(split: Any, num_classes: int) -> list[str]:

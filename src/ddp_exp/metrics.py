@@ -46,12 +46,20 @@ class Accumulator:
         else:
             self.host_sums[i] += weight * value
 
-    def reduce(self) -> dict[str, float]:
+    def reduce(self, extra: torch.Tensor | None = None
+               ) -> dict[str, float] | tuple[dict[str, float], torch.Tensor]:
+        """All-reduce the sums (and ``extra``, a float64 vector on the same device, in the same
+        collective); returns the sums, or ``(sums, reduced extra)`` when ``extra`` is given."""
         host = torch.tensor(self.host_sums, dtype=torch.float64, device=self.device_sums.device)
-        totals = all_reduce_sum(self.device_sums + host).tolist()
+        n = len(self.names)
+        packed = self.device_sums + host if extra is None else torch.cat(
+            [self.device_sums + host, extra])
+        packed = all_reduce_sum(packed)
+        totals = packed[:n].tolist()
         self.device_sums.zero_()
-        self.host_sums = [0.0] * len(self.names)
-        return dict(zip(self.names, totals, strict=True))
+        self.host_sums = [0.0] * n
+        sums = dict(zip(self.names, totals, strict=True))
+        return sums if extra is None else (sums, packed[n:])
 
 
 def mean(total: float, count: float) -> float | None:

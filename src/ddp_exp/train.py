@@ -75,26 +75,31 @@ def groups(batches: Iterable, size: int) -> Iterator[list]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: World,
-             device: torch.device, precision: str = "32-true") -> dict[str, Any]:
+             device: torch.device, precision: str = "32-true",
+             num_classes: int = 0) -> dict[str, Any]:
     """Loss and metrics of ``model`` on the whole validation set, exact for any world size.
 
     Each rank evaluates its shard, samples ``rank, rank + world_size, ...`` (no padding; a shard
     may be empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics,
-    count). Every rank must call it.
+    count, and with ``num_classes`` the confusion counts). Every rank must call it.
 
     Args:
         batches: this rank's shard as ``(x [B, ...], y [B] or [B, k])`` batches, on ``device``
             or the host (:meth:`ddp_exp.loaders.RankData.val_batches`).
+        num_classes: ``C`` > 0 to count the confusion matrix in the same pass.
 
     Returns:
         ``val/loss`` (mean per-sample loss), ``val/<metric>`` for each metric (e.g.
         ``val/accuracy``; None when it does not apply) and ``val/num_samples``; means are None
-        for an empty set.
+        for an empty set. With ``num_classes``, also ``confusion``: int64 ``[C, C]`` on the CPU
+        (row = true class, column = predicted class).
     """
     was_training = model.training
     model.eval()
     names = tuple(objective.metrics)
     sums = Accumulator(("loss", *names, "num_samples"), device)
+    pairs = (torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
+             if num_classes else None)
     for xb, yb in batches:
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
         with autocast(device, precision):
@@ -103,7 +108,12 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         for name in names:
             sums.add(name, objective.metrics[name](out, yb).double().sum())
         sums.add("num_samples", len(xb))
-    totals = sums.reduce()
+        if pairs is not None:
+            pairs += confusion.pair_counts(out, yb, num_classes)
+    if pairs is None:
+        totals = sums.reduce()
+    else:
+        totals, pairs = sums.reduce(extra=pairs)
     model.train(was_training)
     count = int(totals["num_samples"])
     result: dict[str, Any] = {"val/loss": mean(totals["loss"], count)}
@@ -111,6 +121,8 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         result["val/accuracy"] = None  # regression: reported as null
     result.update({f"val/{name}": mean(totals[name], count) for name in names})
     result["val/num_samples"] = count
+    if pairs is not None:
+        result["confusion"] = pairs.round().long().view(num_classes, num_classes).cpu()
     return result
 
 
@@ -238,7 +250,7 @@ class Trainer:
                        else None)
         self.autocast = autocast(device, self.precision)
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
-        # Dashboards (issue 14, ddp_exp.perf / ddp_exp.dashboard): the step timer exists only
+        # Dashboards (ddp_exp.perf, ddp_exp.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
         self.perf = StepTimer(world, device) if trainer["perf_metrics"] else None
         if self.perf is not None:
@@ -246,6 +258,7 @@ class Trainer:
         self.val_tags = (("val/loss", *(f"val/{m}" for m in objective.metrics))
                          if len(datasets.val) else ())
         self.layout_written = False
+        self.last_confusion: torch.Tensor | None = None  # of the last validation
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
 
@@ -322,7 +335,7 @@ class Trainer:
         hot path: no device sync, and nothing done per step that can be done once."""
         last = len(group) - 1
         step_samples = len(group[0][0]) if last == 0 else sum(len(xb) for xb, _ in group)
-        perf = self.perf  # issue 14: None unless trainer.perf_metrics
+        perf = self.perf  # None unless trainer.perf_metrics
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
             if self.move_batches:  # host batches (DataLoader workers) to the device
@@ -388,9 +401,9 @@ class Trainer:
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "train/samples_per_sec": rate,
         })
-        if self.perf is not None:  # issue 14: one collective of every rank's step timing
+        if self.perf is not None:  # one collective of every rank's step timing
             self.writer.scalars(self.global_step, self.perf.interval())
-        if not self.layout_written:  # issue 14: the Custom Scalars layout, once per run
+        if not self.layout_written:  # the Custom Scalars layout, once per run
             self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
             self.layout_written = True
         progress.interval(loss, rate)
@@ -406,14 +419,13 @@ class Trainer:
             self.writer.histograms(self.global_step, dashboard.histograms(self.model))
 
     def report_confusion(self) -> None:
-        """Classification: the validation set's confusion matrix, reduced exactly (every rank
-        calls it); rank 0 writes ``confusion_matrix.csv`` and the ``val/confusion_matrix``
-        figure (:mod:`ddp_exp.confusion`)."""
-        num_classes = self.objective.num_classes
-        if not num_classes or not len(self.datasets.val):
+        """Classification: the last validation's confusion matrix (of the final weights, counted
+        and reduced exactly in that pass); rank 0 writes ``confusion_matrix.csv`` and the
+        ``val/confusion_matrix`` figure (:mod:`ddp_exp.confusion`)."""
+        matrix = self.last_confusion
+        if matrix is None:
             return
-        matrix = confusion.confusion_matrix(self.model, self.data.val_batches(), num_classes,
-                                            self.device, self.autocast)
+        num_classes = self.objective.num_classes
         if self.writer.enabled:
             names = confusion.class_names(self.datasets.val, num_classes)
             self.writer.write_text("confusion_matrix.csv", confusion.to_csv(matrix, names))
@@ -424,7 +436,8 @@ class Trainer:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
         val = evaluate(self.model, self.data.val_batches(), self.objective, self.world,
-                       self.device, self.precision)
+                       self.device, self.precision, self.objective.num_classes)
+        self.last_confusion = val.pop("confusion", None)
         self.writer.scalars(self.global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val
@@ -442,14 +455,14 @@ class Trainer:
             last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
                                seconds, self.validate())
             log.info(_epoch_line(last, trainer["epochs"]))
-            self._epoch_dashboards()  # issue 14
+            self._epoch_dashboards()
             self.epoch += 1
             if max_steps is not None and self.global_step >= max_steps:
                 break  # a partial epoch: resuming it could not be exact, so no checkpoint
             self.save_checkpoint()
         if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
             last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0, self.validate())
-        self.report_confusion()  # issue 14
+        self.report_confusion()
         return {
             **last.val,
             "train/loss": last.train_loss,
