@@ -16,7 +16,7 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
 * ``image_folder`` (issue 11): the digits as PNG files in a temporary folder made here,
   ``data=image_folder model=cnn`` with 2 DataLoader workers per rank against the hand-written
   Pillow + DataLoader + DDP script on the same files (``benchmarks/ddp_image_folder.py``), 32
-  per rank, 10 epochs, world_size 1 and 2.
+  per rank, 5 epochs, world_size 1 and 2.
 
 Each run is one process started from here with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
 removed from its environment. Figures: training samples/s of the loop only (ddp_exp:

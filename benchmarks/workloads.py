@@ -15,7 +15,7 @@ Workloads:
 * ``image_folder`` (issue 11): the same digits written as 8x8 grey PNG files
   (:func:`write_digits_pngs`, ``root/<digit>/<index>.png``), decoded with Pillow by 2 DataLoader
   workers per rank; 297 files held out by seed 0 as ddp_exp holds them out
-  (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 10
+  (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 5
   epochs.
 """
 
@@ -35,7 +35,7 @@ WORKLOADS = {
     "digits": {"hidden": [128], "batch_size": 32, "epochs": 20, "val_size": 297},
     "compute": {"hidden": [2048, 2048], "batch_size": 256, "epochs": 2, "val_size": 1024,
                 "num_train": 16384, "num_features": 512, "num_classes": 10, "noise_std": 0.1},
-    "image_folder": {"channels": [32, 64], "hidden": [128], "batch_size": 32, "epochs": 10,
+    "image_folder": {"channels": [32, 64], "hidden": [128], "batch_size": 32, "epochs": 5,
                      "val_size": 297, "num_workers": 2},
 }
 
