@@ -12,9 +12,13 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
 * ``startup``: the 1-epoch digits ddp_exp job at world_size 2 against bare 2-rank launches that
   import torch and initialise gloo (``benchmarks/startup.py``);
 * ``c17``: thread oversubscription (shared/cases C17): ddp_exp on digits, ``world_size=1`` with
-  batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch).
+  batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch);
 * ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
-  with ``trainer.perf_metrics=true`` and ``false``.
+  with ``trainer.perf_metrics=true`` and ``false``;
+* ``image_folder`` (issue 11): the digits as PNG files in a temporary folder made here,
+  ``data=image_folder model=cnn`` with 2 DataLoader workers per rank against the hand-written
+  Pillow + DataLoader + DDP script on the same files (``benchmarks/ddp_image_folder.py``), 32
+  per rank, 5 epochs, world_size 2.
 
 Each run is one process started from here with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
 removed from its environment. Figures: training samples/s of the loop only (ddp_exp:
@@ -22,7 +26,8 @@ removed from its environment. Figures: training samples/s of the loop only (ddp_
 process (timed here, from before the process is started until it has exited), and peak resident
 memory per rank (``VmHWM`` of every rank process, read from ``/proc`` every 50 ms while it runs;
 the maximum over ranks). Writes ``benchmarks/results.csv`` (one row per run) and
-``BENCHMARKS.md`` (medians with min and max, the ratios of targets (a)-(e) and C17, PASS/MISS).
+``BENCHMARKS.md`` (medians with min and max, the ratios of targets (a)-(e), I11 and C17,
+PASS/MISS).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ IMPL_LABELS = {
     "tuned": "hand-tuned script",
     "tutorial": "tutorial script (default threads)",
     "tutorial-1t": "tutorial script (1 thread/rank)",
+    "handwritten": "hand-written script (Pillow + DataLoader)",
     "lightning": "Lightning Trainer",
     "bare-mp-fork": "bare launch, mp fork",
     "bare-elastic": "bare launch, elastic launcher (fork)",
@@ -86,6 +92,7 @@ class Variant:
     skipped: str | None = None
     overrides: tuple[str, ...] = ()  # ddp_exp: extra overrides (group perf)
     label: str | None = None  # in the key and the tables, for variants of one impl
+    data_path: str | None = None  # the image folder (workload image_folder), made by main()
 
     @property
     def key(self) -> str:
@@ -96,8 +103,13 @@ class Variant:
     def argv(self, workdir: str) -> list[str]:
         if self.impl == "ddp_exp":
             return [PY, "-m", "ddp_exp", *workloads.ddp_exp_overrides(
-                self.workload, self.world_size, self.batch_size, self.epochs, self.num_train),
-                    *self.overrides, f"hydra.run.dir={workdir}/job"]
+                self.workload, self.world_size, self.batch_size, self.epochs, self.num_train,
+                self.data_path), *self.overrides, f"hydra.run.dir={workdir}/job"]
+        if self.impl == "handwritten":
+            return [PY, os.path.join(BENCH, "ddp_image_folder.py"), "--data-path",
+                    str(self.data_path), "--world-size", str(self.world_size), "--batch-size",
+                    str(self.batch_size), "--epochs", str(self.epochs), "--out",
+                    f"{workdir}/result.json"]
         if self.impl.startswith("bare-"):
             return [PY, os.path.join(BENCH, "startup.py"), "--launch",
                     self.impl.removeprefix("bare-"), "--world-size", str(self.world_size),
@@ -139,6 +151,13 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
     groups["perf"] = [Variant("perf", "ddp_exp", "digits", 2, b, c17_epochs,
                               overrides=(f"trainer.perf_metrics={on}",), label=f"perf-{on}")
                       for on in ("true", "false")]
+    # world_size 2 only: at 1, the rank's 2 intra-op threads (cores // world_size) and its 2
+    # decoding workers share 2 cores, and both implementations crawl (70-150 samples/s against
+    # ~1,300 at world_size 2, 1-2 minutes a run): noise, not a comparison of the data paths.
+    im = workloads.spec("image_folder")
+    groups["image_folder"] = [
+        Variant("image_folder", impl, "image_folder", 2, im["batch_size"],
+                1 if quick else im["epochs"]) for impl in ("ddp_exp", "handwritten")]
     return groups
 
 
@@ -178,8 +197,10 @@ def _cmdline(pid: int) -> str:
 
 
 class RssSampler(threading.Thread):
-    """Every ``POLL_S``: the process tree under ``root`` and each process's ``VmHWM`` (the
-    kernel's peak-RSS mark, so a sample misses only growth in a process's last ``POLL_S``)."""
+    """Every ``POLL_S``: ``root`` and its children (the ranks: every launcher here forks or
+    starts them from the process the runner started) and each one's ``VmHWM`` (the kernel's
+    peak-RSS mark, so a sample misses only growth in a process's last ``POLL_S``). The ranks'
+    own children (DataLoader workers, compile workers) are not ranks and are not read."""
 
     def __init__(self, root: int):
         super().__init__(daemon=True)
@@ -188,18 +209,12 @@ class RssSampler(threading.Thread):
         self.cmd: dict[int, str] = {}
 
     def sample(self) -> None:
-        todo, seen = [self.root], set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
+        for pid in [self.root, *_children(self.root)]:
             hwm = _vm_hwm_kib(pid)
             if hwm is not None:
                 self.peak[pid] = max(self.peak.get(pid, 0), hwm)
                 if pid not in self.cmd:
                     self.cmd[pid] = _cmdline(pid)
-            todo += _children(pid)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -446,6 +461,8 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
                     f"c17/ws2/b{b}/ddp_exp", f"c17/ws1/b{2 * b}/ddp_exp", sps, ">=", 0.5))
     t.append(Target("perf", "digits, ws=2: ddp_exp perf_metrics on / off, samples/s",
                     "perf/ws2/perf-true/ddp_exp", "perf/ws2/perf-false/ddp_exp", sps, ">=", 0.98))
+    t.append(Target("I11", "image folder, ws=2: ddp_exp / hand-written script, samples/s",
+                    "image_folder/ws2/ddp_exp", "image_folder/ws2/handwritten", sps, ">=", 0.95))
     present = {v.key for vs in groups.values() for v in vs}
     return [x for x in t if x.num in present and x.den in present]
 
@@ -538,7 +555,7 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "table only where that column is near 0.", ""]
     if info.get("data_check"):
         md += [f"Data: {info['data_check']}", ""]
-    md += ["## Targets (issue 5 and C17)", "",
+    md += ["## Targets (issue 5, issue 11 and C17)", "",
            "Ratios of medians. `MISS by x%`: the ratio is x% short of (or over) the bound.", "",
            "| target | what | ratio | bound | result |", "|---|---|---|---|---|"]
     for t in targets:
@@ -554,9 +571,10 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
                "unset):", ""] + [f"- {c}" for c in checks]
     same = same_training(rows, groups)
     if same:
-        md += ["", "Same training (final validation loss, first repeat; ddp_exp, the hand-tuned "
-               "and the tutorial scripts run the same steps on the same data, so these agree to "
-               "float rounding; Lightning, not listed, pads the validation shards):", ""]
+        md += ["", "Same training (final validation loss, first repeat; ddp_exp, the hand-tuned, "
+               "the tutorial and the image-folder scripts run the same steps on the same data, so "
+               "these agree to float rounding; Lightning, not listed, pads the validation "
+               "shards):", ""]
         md += [f"- {x}" for x in same]
     extra = _extra_ratios(rows, groups)
     if extra:
@@ -567,7 +585,9 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
               "startup": "Workload 3: start-up (1-epoch digits job vs bare 2-rank launches; the "
                          "hand-tuned script's 1-epoch job for reference)",
               "c17": "C17: thread oversubscription (ddp_exp, digits, same global batch 64)",
-              "perf": "perf/* dashboards: trainer.perf_metrics on and off (ddp_exp, digits)"}
+              "perf": "perf/* dashboards: trainer.perf_metrics on and off (ddp_exp, digits)",
+              "image_folder": "Issue 11: image folder (digits as 8x8 PNG files, Pillow, 2 "
+                              "DataLoader workers per rank, model=cnn, 32 per rank)"}
     for name, variants in groups.items():
         md += ["", f"## {titles.get(name, name)}", ""] + group_table(rows, variants)
     md += ["", "## How each figure is measured", "",
@@ -581,11 +601,12 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "its exit (interpreter start, imports, data, launch, training, validation, writing "
            "outputs). Each script also reports its own wall time from its first line, ddp_exp "
            "its `time/total_s` (CSV column `wall_s_inside`).",
-           "- **peak RSS/rank**: while a run is alive the runner walks its process tree "
-           "(`/proc/<pid>/task/*/children`) every 50 ms and reads each process's `VmHWM` (the "
+           "- **peak RSS/rank**: while a run is alive the runner lists the started process's "
+           "children (`/proc/<pid>/task/*/children`) every 50 ms and reads each one's `VmHWM` (the "
            "kernel's high-water mark of resident memory, so only growth in a process's last "
-           "50 ms can be missed); the ranks are the descendants of the started process (for "
-           "Lightning, whose launcher makes the first process rank 0, the process too), "
+           "50 ms can be missed); the ranks are the children of the started process (for "
+           "Lightning, whose launcher makes the first process rank 0, the process too; never "
+           "the ranks' own DataLoader workers), "
            "multiprocessing's resource tracker excluded; the figure is the largest rank. "
            "Forked ranks count the pages they share with their parent, as `ru_maxrss` does. "
            "The scripts also report `getrusage(RUSAGE_SELF).ru_maxrss` of each rank, "
@@ -596,6 +617,14 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "ddp_exp runs with `trainer.save_last=false print_config=false "
            "trainer.progress=off`. The tutorial script uses `mp.spawn`, the hand-tuned one fork "
            "with the data loaded once in the parent, Lightning its own subprocess launcher.",
+           "- Image folder (issue 11): the runner writes the digits as 1,797 grey 8x8 PNG files "
+           "into a temporary folder; ddp_exp runs `data=image_folder data.channels=1 "
+           "data.val_size=297 data.num_workers=2 model=cnn`, the hand-written script "
+           "(`benchmarks/ddp_image_folder.py`) a Pillow `Dataset` with `DataLoader(num_workers=2,"
+           " persistent_workers=True)`, a `DistributedSampler` and torch's default collate. "
+           "Checked at the start: the same training and validation files and decoded pixels, "
+           "and the same initial CNN weights (seed 0). Both include the start of the loader's "
+           "workers (first epoch) in the loop time.",
            "- Per-run data: `benchmarks/results.csv`."]
     misses = [t for t in targets if t.verdict.startswith("MISS")]
     analysis = os.path.join(BENCH, "analysis.md")
@@ -612,14 +641,15 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
 
 def same_training(rows: list[dict], groups: dict[str, list[Variant]]) -> list[str]:
     out = []
-    for wl in ("digits", "compute"):
+    for wl in ("digits", "compute", "image_folder"):
         if wl not in groups:
             continue
         for ws in (1, 2):
             vals = {r["impl"]: r["val_loss"] for r in rows
                     if r["group"] == wl and r["world_size"] == ws and r["status"] == "ok"
                     and r["repeat"] == 0 and r.get("val_loss") is not None
-                    and r["impl"] in ("ddp_exp", "tuned", "tutorial", "tutorial-1t")}
+                    and r["impl"] in ("ddp_exp", "tuned", "tutorial", "tutorial-1t",
+                                      "handwritten")}
             if len(vals) > 1:
                 spread = max(vals.values()) - min(vals.values())
                 out.append(f"{wl}, ws={ws}: " + ", ".join(f"{k} {v:.6f}" for k, v in vals.items())
@@ -669,11 +699,25 @@ def warm_up(timeout_s: float) -> None:
 
 def check_data(groups: dict[str, list[Variant]]) -> str:
     done = []
-    for wl, num_train in sorted({(v.workload, v.num_train) for vs in groups.values()
-                                 for v in vs}, key=str):
-        workloads.check_against_ddp_exp(wl, num_train)
+    for wl, num_train, path in sorted({(v.workload, v.num_train, v.data_path)
+                                       for vs in groups.values() for v in vs}, key=str):
+        workloads.check_against_ddp_exp(wl, num_train, path)
         done.append(wl + (f" (num_train {num_train})" if num_train else ""))
-    return "benchmark arrays identical to ddp_exp.data's for " + ", ".join(done) + "."
+    return ("benchmark data identical to ddp_exp.data's for " + ", ".join(done)
+            + (" (image folder: files, split, decoded pixels and initial CNN weights)"
+               if "image_folder" in done else "") + ".")
+
+
+def image_folder(groups: dict[str, list[Variant]]) -> str | None:
+    """Write the digits as PNG files into a new temporary folder if a variant reads them, and
+    point those variants at it; returns the folder (the caller deletes it) or None."""
+    readers = [v for vs in groups.values() for v in vs if v.workload == "image_folder"]
+    if not readers:
+        return None
+    root = workloads.write_digits_pngs(tempfile.mkdtemp(prefix="ddp_exp-bench-images-"))
+    for v in readers:
+        v.data_path = root
+    return root
 
 
 def compare_startup(repeats: int) -> int:
@@ -695,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
-                   help="comma-separated groups: digits,compute,startup,c17,perf")
+                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--csv", default=os.path.join(BENCH, "results.csv"))
     p.add_argument("--markdown", default=os.path.join(ROOT, "BENCHMARKS.md"))
@@ -715,12 +759,17 @@ def main(argv: list[str] | None = None) -> int:
     if load > 1.0:
         print(f"warning: load average {load:.2f} on {common.cores()} cores: other work is "
               "running, the figures will be noisy", flush=True)
-    info = {"data_check": check_data(groups)}
-    print(info["data_check"], flush=True)
-    warm_up(args.timeout)
-    t0 = time.time()
-    rows, more = run_groups(groups, args.repeats, args.timeout, args.keep_outputs,
-                            log=lambda s: print(s, flush=True))
+    images = image_folder(groups)
+    try:
+        info = {"data_check": check_data(groups)}
+        print(info["data_check"], flush=True)
+        warm_up(args.timeout)
+        t0 = time.time()
+        rows, more = run_groups(groups, args.repeats, args.timeout, args.keep_outputs,
+                                log=lambda s: print(s, flush=True))
+    finally:
+        if images:
+            shutil.rmtree(images, ignore_errors=True)
     info.update(more)
     targets = build_targets(groups)
     for t in targets:

@@ -12,6 +12,11 @@ Workloads:
   training samples), MLP 64-128-10, 32 samples per rank, 20 epochs.
 * ``compute``: ``make_synthetic`` with 10 classes from a random linear teacher, 16,384 training
   samples of 512 features (+1,024 validation), MLP 512-2048-2048-10, 256 per rank, 2 epochs.
+* ``image_folder`` (issue 11): the same digits written as 8x8 grey PNG files
+  (:func:`write_digits_pngs`, ``root/<digit>/<index>.png``), decoded with Pillow by 2 DataLoader
+  workers per rank; 297 files held out by seed 0 as ddp_exp holds them out
+  (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 5
+  epochs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ WORKLOADS = {
     "digits": {"hidden": [128], "batch_size": 32, "epochs": 20, "val_size": 297},
     "compute": {"hidden": [2048, 2048], "batch_size": 256, "epochs": 2, "val_size": 1024,
                 "num_train": 16384, "num_features": 512, "num_classes": 10, "noise_std": 0.1},
+    "image_folder": {"channels": [32, 64], "hidden": [128], "batch_size": 32, "epochs": 5,
+                     "val_size": 297, "num_workers": 2},
 }
 
 
@@ -78,16 +85,49 @@ def load(name: str, num_train: int | None = None):
     return x[train_idx], y[train_idx], x[val_idx], y[val_idx], k
 
 
+def write_digits_pngs(root: str) -> str:
+    """The digits as 8x8 grey PNG files ``root/<digit>/<index>.png`` (pixel ``round(v / 16 *
+    255)``, as ``tests/lazy_data.write_digits_folder``), 1,797 files. Returns ``root``."""
+    from PIL import Image
+
+    x, y, _ = _digits()
+    for i in range(len(x)):
+        folder = os.path.join(root, str(int(y[i])))
+        os.makedirs(folder, exist_ok=True)
+        pixels = np.round(x[i, 0] * 255).astype(np.uint8)
+        Image.fromarray(pixels, mode="L").save(os.path.join(folder, f"{i:04d}.png"))
+    return root
+
+
+def image_folder_split(root: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """``(train, val)`` lists of ``(path, class index)`` of an image folder, as ddp_exp makes
+    them: classes are the sorted sub-folder names, files sorted within a class, and
+    ``val_size`` files held out by a seed-0 permutation of that list (``build_datasets``)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    files = [(os.path.join(root, c, f), label) for label, c in enumerate(classes)
+             for f in sorted(os.listdir(os.path.join(root, c)))]
+    perm = np.random.default_rng(SEED).permutation(len(files))
+    val_size = WORKLOADS["image_folder"]["val_size"]
+    val_idx, train_idx = np.sort(perm[:val_size]), np.sort(perm[val_size:])
+    return [files[i] for i in train_idx], [files[i] for i in val_idx]
+
+
 def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
-                      num_train: int | None = None) -> list[str]:
-    """The ``python -m ddp_exp`` overrides of the same job (no checkpoints, logs or config dump)."""
+                      num_train: int | None = None, data_path: str | None = None) -> list[str]:
+    """The ``python -m ddp_exp`` overrides of the same job (no checkpoints, logs or config dump);
+    ``data_path``: the image folder of the ``image_folder`` workload."""
     w = spec(name, num_train)
     common = [f"world_size={world_size}", "backend=gloo", f"seed={SEED}",
               f"data.batch_size={batch_size}", f"trainer.epochs={epochs}",
               f"trainer.log_every_n_steps={LOG_EVERY_N_STEPS}",
-              "model=mlp", "model.hidden_sizes=[" + ",".join(map(str, w["hidden"])) + "]",
               "optim=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}",
               "trainer.save_last=false", "print_config=false", "trainer.progress=off"]
+    if name == "image_folder":
+        return ["data=image_folder", f"data.path={data_path}", "data.channels=1",
+                f"data.val_size={w['val_size']}", f"data.num_workers={w['num_workers']}",
+                "model=cnn", "model.channels=[" + ",".join(map(str, w["channels"])) + "]",
+                f"model.hidden_size={w['hidden'][0]}"] + common
+    common += ["model=mlp", "model.hidden_sizes=[" + ",".join(map(str, w["hidden"])) + "]"]
     if name == "digits":
         return ["data=digits", f"data.val_size={w['val_size']}"] + common
     return ["data=synthetic", f"data.num_classes={w['num_classes']}",
@@ -96,10 +136,15 @@ def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
             f"data.val_size={w['val_size']}", f"data.noise_std={w['noise_std']}"] + common
 
 
-def check_against_ddp_exp(name: str, num_train: int | None = None) -> None:
-    """Raise AssertionError unless :func:`load` gives ddp_exp's arrays exactly."""
+def check_against_ddp_exp(name: str, num_train: int | None = None,
+                          data_path: str | None = None) -> None:
+    """Raise AssertionError unless :func:`load` gives ddp_exp's arrays exactly (for
+    ``image_folder``: :func:`check_image_folder` on the folder ``data_path``)."""
     from ddp_exp import data
 
+    if name == "image_folder":
+        check_image_folder(str(data_path))
+        return
     w = spec(name, num_train)
     if name == "digits":
         ds = data.load_digits()
@@ -112,3 +157,35 @@ def check_against_ddp_exp(name: str, num_train: int | None = None) -> None:
     for a, b in zip(mine[:4], theirs, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
     assert mine[4] == split.num_classes, name
+
+
+def check_image_folder(root: str) -> None:
+    """Raise AssertionError unless the hand-written script (``ddp_image_folder.py``) trains on
+    what ddp_exp's ``data=image_folder data.channels=1`` reads from ``root``: the same training
+    and validation files in the same order, the same labels and float32 pixels, and a CNN with
+    the same initial weights as ``ddp_exp.models.CNN`` under seed 0."""
+    import ddp_image_folder as script
+    import torch
+
+    from ddp_exp import data
+    from ddp_exp.models import CNN
+
+    w = spec("image_folder")
+    theirs = data.load({"_target_": "ddp_exp.images.load_image_folder", "path": root,
+                        "image_size": None, "channels": 1, "val_size": w["val_size"],
+                        "batch_size": w["batch_size"], "num_workers": 0}, SEED, 1)
+    for mine, part in zip(image_folder_split(root), (theirs.train, theirs.val), strict=True):
+        files = [part.dataset.samples[i] for i in part.indices]
+        rel = [(os.path.relpath(p, root), label) for p, label in files]
+        assert rel == [(os.path.relpath(p, root), label) for p, label in mine], "file lists"
+        x, y = part.batch(range(len(part)))
+        items = script.PngFiles(mine)
+        assert torch.equal(x, torch.stack([items[i][0] for i in range(len(items))])), "pixels"
+        assert y.tolist() == [label for _, label in mine], "labels"
+    shape, classes = theirs.train.input_shape, theirs.train.num_classes
+    torch.manual_seed(SEED)
+    reference = CNN(shape, classes, w["channels"], w["hidden"][0])
+    built = script.build_cnn(shape[0], shape[-1], classes, w["channels"], w["hidden"][0])
+    a, b = list(reference.parameters()), list(built.parameters())
+    assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b, strict=True)), \
+        "initial CNN weights"
