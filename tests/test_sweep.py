@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_no_orphans, cli_env, scalars
+from conftest import assert_no_orphans, cli_env, hparams_table, scalars
 
 QUIET = "print_config=false"
 BATCH_SIZES = (16, 32, 64)
@@ -81,17 +81,9 @@ def event_file(job_dir: Path) -> Path:
     return files[0]
 
 
-def scalar_tags(job_dir: Path) -> list[str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(event_file(job_dir)))
-    acc.Reload()
-    return acc.Tags()["scalars"]
-
-
 def hparams_of(job_dir: Path) -> tuple[dict, list[str]]:
-    """(hparams of the run's session_start_info, metric tags of its experiment summary), read
-    from the job's single event stream."""
+    """(hparams of the run's session_start_info, metric columns of its experiment summary: each
+    metric's display name), read from the job's single event stream."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -106,7 +98,7 @@ def hparams_of(job_dir: Path) -> tuple[dict, list[str]]:
             hparams = {k: getattr(v, v.WhichOneof("kind"))
                        for k, v in data.session_start_info.hparams.items()}
         if data.HasField("experiment"):
-            metric_tags = [m.name.tag for m in data.experiment.metric_infos]
+            metric_tags = [m.display_name or m.name.tag for m in data.experiment.metric_infos]
     assert {"experiment", "session_start_info"} <= kinds, kinds
     assert hparams is not None
     return hparams, metric_tags
@@ -175,7 +167,9 @@ def test_batch_size_sweep_folders_event_streams_and_summary(sequential_sweep):
         missing = [k for k in PROMISED_HPARAMS if k not in hparams]
         assert not missing, f"hparams lack {missing}: {sorted(hparams)}"
         assert set(METRIC_COLUMNS) <= set(metric_tags), metric_tags
-        assert set(metric_tags) <= set(scalar_tags(job)), "hparams metrics without scalars"
+        # ... and the HParams tab shows each with metrics.json's value (and the summary's).
+        (table,) = hparams_table(job / "tensorboard").values()
+        assert table == {key: metrics[key] for key in metric_tags}, job
     assert seen_batch_sizes == set(BATCH_SIZES)
 
     # The summary: one row per job, metrics equal to each job's metrics.json.
