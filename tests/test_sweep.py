@@ -311,6 +311,63 @@ def test_optuna_search_records_best_params(tmp_path):
         assert_row_matches_metrics(rows[job.name], metrics_of(job))
 
 
+@pytest.mark.slow
+def test_optuna_search_goes_on_after_a_diverged_trial(tmp_path):
+    """N06: a trial whose loss diverges (lr=1e30) fails; Optuna is told the worst value (inf)
+    instead of NaN, so every other trial runs, the summary lists all four and
+    optimization_results.yaml names the best completed one; the sweep exits 1 like any sweep
+    with a failed job. Hydra's plugin discovery prints no "setup plugin alembic" lines."""
+    sweep_dir = tmp_path / "optuna"
+    proc = run_sweep(tmp_path, "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4",
+                     "hydra.sweeper.sampler.seed=0", "optim.lr=choice(1e30,0.05)",
+                     "trainer.max_steps=20", QUIET, f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "setup plugin" not in proc.stdout + proc.stderr
+
+    jobs = job_dirs(sweep_dir)
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
+    rows = summary_rows(sweep_dir)
+    assert sorted(rows) == ["0", "1", "2", "3"]
+    completed = {}
+    for job in jobs:
+        lr = float(job_overrides(job)["optim.lr"])
+        row = rows[job.name]
+        if lr == 1e30:
+            assert row["status"] == "failed", row
+            assert "non-finite training loss" in row["error"], row
+            assert not (job / "metrics.json").exists()
+        else:
+            assert row["status"] == "completed", row
+            completed[job.name] = metrics_of(job)["val/loss"]
+            assert_row_matches_metrics(row, metrics_of(job))
+    assert 0 < len(completed) < 4, rows  # both kinds of trial ran (sampler seed 0)
+    assert f"{4 - len(completed)} of 4 jobs did not complete" in proc.stderr
+
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_params"] == {"optim.lr": 0.05}
+    assert results["best_value"] == min(completed.values())
+
+
+def test_objective_is_the_worst_value_for_optimising_sweepers_only():
+    """What a failed (NaN) or metric-less (None) job returns: Optuna's direction decides the
+    worst value; the basic sweeper (no direction) keeps NaN; a finite val/loss passes as is."""
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
+    from omegaconf import OmegaConf
+
+    from ddp_exp.sweep import objective
+
+    for direction, worst in ((Direction.minimize, math.inf), (Direction.maximize, -math.inf),
+                             ("minimize", math.inf), (["maximize"], -math.inf)):
+        sweeper = OmegaConf.create({"direction": direction})
+        assert objective(math.nan, sweeper) == worst, direction
+        assert objective(None, sweeper) == worst, direction
+        assert objective(0.25, sweeper) == 0.25
+    basic = OmegaConf.create({"_target_": "hydra._internal.core_plugins.basic_sweeper."
+                                          "BasicSweeper", "max_batch_size": None})
+    assert math.isnan(objective(math.nan, basic))
+    assert objective(0.25, basic) == 0.25
+
+
 # ------------------------------------------------------------------------- 6. presets
 @pytest.fixture
 def compose_hydra():

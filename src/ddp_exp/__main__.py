@@ -31,7 +31,13 @@ from ddp_exp.launch import (
     torchrun_overrides,
     under_torchrun,
 )
-from ddp_exp.sweep import SweepFailed, raise_if_failed, recorded_val_loss, write_status
+from ddp_exp.sweep import (
+    SweepFailed,
+    objective,
+    raise_if_failed,
+    recorded_val_loss,
+    write_status,
+)
 
 log = logging.getLogger("ddp_exp")
 
@@ -72,7 +78,7 @@ def _task(cfg: DictConfig) -> float | None:
         if isinstance(exc, AlreadyComplete) and hc.mode == RunMode.MULTIRUN:
             # A sweep run again with trainer.resume=auto skips its finished jobs and goes on.
             log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
-            return recorded_val_loss(job_dir)
+            return objective(recorded_val_loss(job_dir), hc.sweeper)
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
@@ -105,9 +111,9 @@ def _task(cfg: DictConfig) -> float | None:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error)
     if error is None:
-        return None if final is None else final.get("val/loss")
+        return objective(None if final is None else final.get("val/loss"), hc.sweeper)
     if hc.mode == RunMode.MULTIRUN:
-        return math.nan
+        return objective(math.nan, hc.sweeper)
     raise SystemExit(code)
 
 
