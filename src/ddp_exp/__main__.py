@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import hydra
@@ -36,6 +37,7 @@ from ddp_exp.sweep import (
     objective,
     raise_if_failed,
     recorded_val_loss,
+    summarize_interrupted,
     write_status,
 )
 
@@ -100,11 +102,17 @@ def _task(cfg: DictConfig) -> float | None:
         log.error("stopped by %s: every rank has ended", exc.sigval.name)
         write_status(job_dir, "interrupted", overrides, time.time() - t_start,
                      f"stopped by {exc.sigval.name}")
+        if hc.mode == RunMode.MULTIRUN:
+            summarize_interrupted(hc.sweep.dir)
+        print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None
-    except KeyboardInterrupt:  # Ctrl-C before the ranks started (loading data, building)
+    except (KeyboardInterrupt, Interrupted) as exc:  # before the ranks started (data, model)
+        name = exc.sigval.name if isinstance(exc, Interrupted) else "SIGINT"
         if main_process:
             write_status(job_dir, "interrupted", overrides, time.time() - t_start,
-                         "stopped by SIGINT before training started")
+                         f"stopped by {name} before training started")
+        if hc.mode == RunMode.MULTIRUN:
+            summarize_interrupted(hc.sweep.dir)
         raise
 
     if main_process:
@@ -195,6 +203,32 @@ def _config_error_in(exc: BaseException) -> ConfigError | None:
     return None
 
 
+class Interrupted(BaseException):
+    """SIGTERM before the elastic agent installs its own handler (which raises torch's
+    ``SignalException``): a ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
+    Exception`` on the way (a data loader's error report) takes it for an error."""
+
+    def __init__(self, sigval: signal.Signals):
+        super().__init__(sigval.name)
+        self.sigval = sigval
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM to this process (the one that runs the jobs) raises :class:`Interrupted`:
+    SIGTERM during start-up (config, data, model) then ends the job like Ctrl-C, with
+    ``status.json`` saying interrupted and, in a sweep, the summary written; Python's default
+    would end the process on the spot, leaving no record. Not under torchrun: there this
+    process is a rank, and a rank must die on SIGTERM at once, even inside a collective
+    (../shared/DESIGN.md, forked ranks and signal handlers)."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame) -> None:
+        raise Interrupted(signal.Signals(signum))
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
     try:
@@ -210,8 +244,10 @@ def main() -> None:
 
 def _main() -> None:
     from hydra.errors import HydraException
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     sys.argv += torchrun_overrides(sys.argv)
+    _stop_on_sigterm()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let composition errors reach us instead of Hydra's multi-line report, so that a value of
     # the wrong type (world_size=two) gets one line naming the key.
@@ -227,6 +263,9 @@ def _main() -> None:
             raise
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+        print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(exc.sigval)) from None
     except HydraException as exc:
         if user_wants_traceback:
             raise

@@ -216,6 +216,17 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     atomic_write(os.path.join(sweep_dir, "summary.png"), lambda fh: fh.write(buf.getvalue()))
 
 
+def summarize_interrupted(sweep_dir: str) -> None:
+    """Write the summary of a sweep stopped by Ctrl-C or SIGTERM (Hydra then never calls
+    ``on_multirun_end``): the jobs that finished, and the one that was running, ``interrupted``
+    in its ``status.json``. Jobs the sweep never started have no folder and no row."""
+    rows = collect(sweep_dir) if os.path.isdir(sweep_dir) else []
+    if rows:
+        write_summary(sweep_dir, rows)
+        log.info("sweep interrupted; summary: %s",
+                 os.path.join(os.path.abspath(sweep_dir), "summary.md"))
+
+
 class SummaryCallback(Callback):
     """Hydra callback: writes the sweep summary when a multirun ends (``on_multirun_end``),
     and records failed or unfinished jobs for :func:`raise_if_failed`."""
