@@ -1,5 +1,6 @@
-"""Installing ddp_exp (case U08): the configs ship inside the package, so an installed ddp_exp runs
-from any folder, and building it prints no setuptools warning."""
+"""A first install and ``--help`` (case U08): the configs ship inside the package, so an installed
+ddp_exp runs from any folder; building it prints no setuptools warning; ``--help`` shows the
+user's config groups, the top-level keys and an example, not the internal ``schema/*`` groups."""
 
 from __future__ import annotations
 
@@ -12,8 +13,30 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_help_shows_the_users_groups_keys_and_an_example(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ddp_exp", "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "schema" not in text
+    lines = set(text.splitlines())
+    for group in sorted(p for p in (ROOT / "conf").iterdir() if p.is_dir()):
+        if group.name in ("hydra", "__pycache__"):
+            continue
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        assert f"{group.name}: {', '.join(options)}" in lines, (group.name, text)
+    config = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())
+    top = [k for k, v in config.items() if k not in ("defaults", "hydra")
+           and not (isinstance(v, dict) and v)]
+    assert top, config
+    for key in top:
+        assert any(line.startswith(f"{key}: ") for line in lines), (key, text)
+    assert "python -m ddp_exp backend=gloo world_size=2" in text
 
 
 def test_every_config_group_is_a_listed_package():

@@ -40,6 +40,7 @@ from ddp_exp.sweep import (
     summarize_interrupted,
     write_status,
 )
+from ddp_exp.usage import register_resolvers
 
 log = logging.getLogger("ddp_exp")
 
@@ -48,6 +49,7 @@ EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
