@@ -25,8 +25,10 @@ from omegaconf import DictConfig
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.launch import (
+    MULTIRUN_UNDER_TORCHRUN,
     AlreadyComplete,
     LeaveFolderAlone,
+    asks_for_multirun,
     job_folder_lock,
     run_job,
     torchrun_overrides,
@@ -47,6 +49,7 @@ log = logging.getLogger("ddp_exp")
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
+MULTIRUN_REFUSAL_GRACE_S = 2.0
 
 register_configs()
 register_resolvers()
@@ -233,6 +236,14 @@ def _stop_on_sigterm() -> None:
 
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
+    if under_torchrun() and asks_for_multirun(sys.argv[1:]):
+        # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
+        # once; the others give it a moment to print before torchrun stops the world.
+        if os.environ["RANK"] == "0":
+            print(f"error: {MULTIRUN_UNDER_TORCHRUN}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(MULTIRUN_REFUSAL_GRACE_S)
+        raise SystemExit(EXIT_CONFIG_ERROR)
     try:
         _main()
     except SystemExit as exc:
