@@ -10,16 +10,22 @@ ARGS   ?=
 
 .PHONY: install run test test-fast test-cuda sweep tensorboard bench lint clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed  ## everything: what running needs, the test and lint tools
 
-$(VENV)/.installed: pyproject.toml
+# What running needs: torch, then ddp_exp and its dependencies (make run, sweep, tensorboard).
+$(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# The test extras on top (pytest, Hydra's sweep and SLURM plugins, ruff).
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
-run: install  ## the main job: digits, MLP, 2 gloo ranks (extra overrides: make run ARGS="...")
+run: $(VENV)/.installed-run  ## the main job: digits, MLP, 2 gloo ranks (extra overrides: make run ARGS="...")
 	$(BIN)/python -m ddp_exp backend=gloo world_size=2 $(ARGS)
 
 test: install  ## the whole suite, as CI runs it
@@ -31,13 +37,13 @@ test-fast: install  ## the suite without the slow multi-world tests
 test-cuda: install  ## the CUDA/NCCL tests alone (they skip without a GPU)
 	$(BIN)/python -m pytest -m cuda -rs tests/test_device.py
 
-sweep: install  ## a batch-size sweep, one world per job, under outputs/multirun/
+sweep: $(VENV)/.installed-run  ## a batch-size sweep, one world per job, under outputs/multirun/
 	$(BIN)/python -m ddp_exp -m backend=gloo world_size=2 data.batch_size=16,32,64 $(ARGS)
 
-tensorboard: install  ## every run under outputs/, on http://127.0.0.1:$(PORT)
+tensorboard: $(VENV)/.installed-run  ## every run under outputs/, on http://127.0.0.1:$(PORT)
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
 
-bench: install  ## ddp_exp vs hand-written DDP and Lightning: BENCHMARKS.md, benchmarks/results.csv (ARGS="--quick" to smoke-test)
+bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP and Lightning: BENCHMARKS.md, benchmarks/results.csv (ARGS="--quick" to smoke-test)
 	@if [ -z "$(NO_BENCH_EXTRA)" ]; then $(BIN)/python -m pip install --quiet -e ".[bench]" \
 	  || echo "lightning did not install: its baseline is skipped"; fi
 	$(BIN)/python benchmarks/run.py $(ARGS)

@@ -97,3 +97,38 @@ def scalars(job_dir: Path, tag: str) -> list[tuple[int, float]]:
     acc = EventAccumulator(str(files[0]), size_guidance={"scalars": 0})
     acc.Reload()
     return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def hparams_table(logdir: Path) -> dict[str, dict[str, float]]:
+    """What TensorBoard's HParams tab shows for every run under ``logdir``: run name ->
+    {metric column (its display name, else its tag): value}, computed by the HParams plugin's
+    own session-group listing over TensorBoard's own data ingester (as ``tensorboard --logdir``
+    serves it)."""
+    import argparse
+
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_ingester
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    flags = argparse.Namespace(
+        logdir=str(logdir), logdir_spec="", reload_interval=0, reload_task="blocking",
+        reload_multifile=None, reload_multifile_inactive_secs=86400, samples_per_plugin={},
+        max_reload_threads=1, purge_orphaned_data=True, generic_data="auto",
+        detect_file_replacement=False, event_file_filter=None)
+    ingester = data_ingester.LocalDataIngester(flags)
+    ingester.start()
+    plugin_context = backend_context.Context(base_plugin.TBContext(
+        data_provider=ingester.data_provider, flags=flags, logdir=str(logdir)))
+    request_context = context.RequestContext()
+    metric_infos = plugin_context.experiment_from_metadata(
+        request_context, "", True, plugin_context.hparams_metadata(request_context, ""),
+        None).metric_infos
+    names = {info.name.tag: info.display_name or info.name.tag for info in metric_infos}
+    request = api_pb2.ListSessionGroupsRequest(
+        start_index=0, slice_size=1000,
+        allowed_statuses=[api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS,
+                          api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING])
+    response = list_session_groups.Handler(request_context, plugin_context, "", request).run()
+    return {session.name: {names[m.name.tag]: m.value for m in session.metric_values}
+            for group in response.session_groups for session in group.sessions}

@@ -374,6 +374,18 @@ def test_torchrun_type_error_printed_once(run_cli):
     _no_rank_started(run)
 
 
+def test_torchrun_multirun_refused_once_and_creates_nothing(run_cli, tmp_path):
+    """Under torchrun, -m was refused once per job and per rank's sweep, after Hydra had made
+    its multirun folders: now one line, before Hydra creates anything."""
+    run = run_cli("-m", "data.batch_size=16,32", launcher=TORCHRUN, run_dir=False, timeout=90)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    refusals = [ln for ln in output.splitlines() if "cannot run under torchrun" in ln]
+    assert refusals == ["error: multirun (-m) cannot run under torchrun: start the sweep with "
+                        "python -m ddp_exp -m ..., which launches one world per job"], output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))
+
+
 @pytest.mark.parametrize(("overrides", "key"), [
     (["+foo=1"], "foo"),
     (["data=file", "data.path={csv}", "world_size=6"], "world_size"),

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import assert_no_orphans, cli_env, scalars
+from conftest import assert_no_orphans, cli_env, hparams_table, scalars
 
 QUIET = "print_config=false"
 BATCH_SIZES = (16, 32, 64)
@@ -82,17 +82,9 @@ def event_file(job_dir: Path) -> Path:
     return files[0]
 
 
-def scalar_tags(job_dir: Path) -> list[str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(event_file(job_dir)))
-    acc.Reload()
-    return acc.Tags()["scalars"]
-
-
 def hparams_of(job_dir: Path) -> tuple[dict, list[str]]:
-    """(hparams of the run's session_start_info, metric tags of its experiment summary), read
-    from the job's single event stream."""
+    """(hparams of the run's session_start_info, metric columns of its experiment summary: each
+    metric's display name), read from the job's single event stream."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -107,7 +99,7 @@ def hparams_of(job_dir: Path) -> tuple[dict, list[str]]:
             hparams = {k: getattr(v, v.WhichOneof("kind"))
                        for k, v in data.session_start_info.hparams.items()}
         if data.HasField("experiment"):
-            metric_tags = [m.name.tag for m in data.experiment.metric_infos]
+            metric_tags = [m.display_name or m.name.tag for m in data.experiment.metric_infos]
     assert {"experiment", "session_start_info"} <= kinds, kinds
     assert hparams is not None
     return hparams, metric_tags
@@ -176,7 +168,9 @@ def test_batch_size_sweep_folders_event_streams_and_summary(sequential_sweep):
         missing = [k for k in PROMISED_HPARAMS if k not in hparams]
         assert not missing, f"hparams lack {missing}: {sorted(hparams)}"
         assert set(METRIC_COLUMNS) <= set(metric_tags), metric_tags
-        assert set(metric_tags) <= set(scalar_tags(job)), "hparams metrics without scalars"
+        # ... and the HParams tab shows each with metrics.json's value (and the summary's).
+        (table,) = hparams_table(job / "tensorboard").values()
+        assert table == {key: metrics[key] for key in metric_tags}, job
     assert seen_batch_sizes == set(BATCH_SIZES)
 
     # The summary: one row per job, metrics equal to each job's metrics.json.
@@ -319,6 +313,63 @@ def test_optuna_search_records_best_params(tmp_path):
     for job in jobs:
         assert rows[job.name]["status"] == "completed"
         assert_row_matches_metrics(rows[job.name], metrics_of(job))
+
+
+@pytest.mark.slow
+def test_optuna_search_goes_on_after_a_diverged_trial(tmp_path):
+    """N06: a trial whose loss diverges (lr=1e30) fails; Optuna is told the worst value (inf)
+    instead of NaN, so every other trial runs, the summary lists all four and
+    optimization_results.yaml names the best completed one; the sweep exits 1 like any sweep
+    with a failed job. Hydra's plugin discovery prints no "setup plugin alembic" lines."""
+    sweep_dir = tmp_path / "optuna"
+    proc = run_sweep(tmp_path, "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4",
+                     "hydra.sweeper.sampler.seed=0", "optim.lr=choice(1e30,0.05)",
+                     "trainer.max_steps=20", QUIET, f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "setup plugin" not in proc.stdout + proc.stderr
+
+    jobs = job_dirs(sweep_dir)
+    assert [j.name for j in jobs] == ["0", "1", "2", "3"]
+    rows = summary_rows(sweep_dir)
+    assert sorted(rows) == ["0", "1", "2", "3"]
+    completed = {}
+    for job in jobs:
+        lr = float(job_overrides(job)["optim.lr"])
+        row = rows[job.name]
+        if lr == 1e30:
+            assert row["status"] == "failed", row
+            assert "non-finite training loss" in row["error"], row
+            assert not (job / "metrics.json").exists()
+        else:
+            assert row["status"] == "completed", row
+            completed[job.name] = metrics_of(job)["val/loss"]
+            assert_row_matches_metrics(row, metrics_of(job))
+    assert 0 < len(completed) < 4, rows  # both kinds of trial ran (sampler seed 0)
+    assert f"{4 - len(completed)} of 4 jobs did not complete" in proc.stderr
+
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_params"] == {"optim.lr": 0.05}
+    assert results["best_value"] == min(completed.values())
+
+
+def test_objective_is_the_worst_value_for_optimising_sweepers_only():
+    """What a failed (NaN) or metric-less (None) job returns: Optuna's direction decides the
+    worst value; the basic sweeper (no direction) keeps NaN; a finite val/loss passes as is."""
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
+    from omegaconf import OmegaConf
+
+    from ddp_exp.sweep import objective
+
+    for direction, worst in ((Direction.minimize, math.inf), (Direction.maximize, -math.inf),
+                             ("minimize", math.inf), (["maximize"], -math.inf)):
+        sweeper = OmegaConf.create({"direction": direction})
+        assert objective(math.nan, sweeper) == worst, direction
+        assert objective(None, sweeper) == worst, direction
+        assert objective(0.25, sweeper) == 0.25
+    basic = OmegaConf.create({"_target_": "hydra._internal.core_plugins.basic_sweeper."
+                                          "BasicSweeper", "max_batch_size": None})
+    assert math.isnan(objective(math.nan, basic))
+    assert objective(0.25, basic) == 0.25
 
 
 # ------------------------------------------------------------------------- 6. presets

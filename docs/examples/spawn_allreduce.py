@@ -30,8 +30,11 @@ def worker(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value, op=dist.ReduceOp.SUM)  # every rank ends with the same sum
-    print(f"rank {rank} of {world_size}: all_reduce(SUM) of rank+1 = {value.item():.0f}",
-          flush=True)
+    for turn in range(world_size):  # print in rank order: one rank at a time
+        if turn == rank:
+            print(f"rank {rank} of {world_size}: all_reduce(SUM) of rank+1 = "
+                  f"{value.item():.0f}", flush=True)
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import hydra
@@ -24,8 +25,10 @@ from omegaconf import DictConfig
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.launch import (
+    MULTIRUN_UNDER_TORCHRUN,
     AlreadyComplete,
     LeaveFolderAlone,
+    asks_for_multirun,
     job_folder_lock,
     job_log_file,
     remove_refused_folder,
@@ -33,15 +36,25 @@ from ddp_exp.launch import (
     torchrun_overrides,
     under_torchrun,
 )
-from ddp_exp.sweep import SweepFailed, raise_if_failed, recorded_val_loss, write_status
+from ddp_exp.sweep import (
+    SweepFailed,
+    objective,
+    raise_if_failed,
+    recorded_val_loss,
+    summarize_interrupted,
+    write_status,
+)
+from ddp_exp.usage import register_resolvers
 
 log = logging.getLogger("ddp_exp")
 
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
+MULTIRUN_REFUSAL_GRACE_S = 2.0
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
@@ -74,7 +87,7 @@ def _task(cfg: DictConfig) -> float | None:
         if isinstance(exc, AlreadyComplete) and hc.mode == RunMode.MULTIRUN:
             # A sweep run again with trainer.resume=auto skips its finished jobs and goes on.
             log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
-            return recorded_val_loss(job_dir)
+            return objective(recorded_val_loss(job_dir), hc.sweeper)
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
@@ -102,20 +115,26 @@ def _task(cfg: DictConfig) -> float | None:
         log.error("stopped by %s: every rank has ended", exc.sigval.name)
         write_status(job_dir, "interrupted", overrides, time.time() - t_start,
                      f"stopped by {exc.sigval.name}")
+        if hc.mode == RunMode.MULTIRUN:
+            summarize_interrupted(hc.sweep.dir)
+        print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None
-    except KeyboardInterrupt:  # Ctrl-C before the ranks started (loading data, building)
+    except (KeyboardInterrupt, Interrupted) as exc:  # before the ranks started (data, model)
+        name = exc.sigval.name if isinstance(exc, Interrupted) else "SIGINT"
         if main_process:
             write_status(job_dir, "interrupted", overrides, time.time() - t_start,
-                         "stopped by SIGINT before training started")
+                         f"stopped by {name} before training started")
+        if hc.mode == RunMode.MULTIRUN:
+            summarize_interrupted(hc.sweep.dir)
         raise
 
     if main_process:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error)
     if error is None:
-        return None if final is None else final.get("val/loss")
+        return objective(None if final is None else final.get("val/loss"), hc.sweeper)
     if hc.mode == RunMode.MULTIRUN:
-        return math.nan
+        return objective(math.nan, hc.sweeper)
     raise SystemExit(code)
 
 
@@ -199,8 +218,42 @@ def _config_error_in(exc: BaseException) -> ConfigError | None:
     return None
 
 
+class Interrupted(BaseException):
+    """SIGTERM before the elastic agent installs its own handler (which raises torch's
+    ``SignalException``): a ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
+    Exception`` on the way (a data loader's error report) takes it for an error."""
+
+    def __init__(self, sigval: signal.Signals):
+        super().__init__(sigval.name)
+        self.sigval = sigval
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM to this process (the one that runs the jobs) raises :class:`Interrupted`:
+    SIGTERM during start-up (config, data, model) then ends the job like Ctrl-C, with
+    ``status.json`` saying interrupted and, in a sweep, the summary written; Python's default
+    would end the process on the spot, leaving no record. Not under torchrun: there this
+    process is a rank, and a rank must die on SIGTERM at once, even inside a collective
+    (../shared/DESIGN.md, forked ranks and signal handlers)."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame) -> None:
+        raise Interrupted(signal.Signals(signum))
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
+    if under_torchrun() and asks_for_multirun(sys.argv[1:]):
+        # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
+        # once; the others give it a moment to print before torchrun stops the world.
+        if os.environ["RANK"] == "0":
+            print(f"error: {MULTIRUN_UNDER_TORCHRUN}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(MULTIRUN_REFUSAL_GRACE_S)
+        raise SystemExit(EXIT_CONFIG_ERROR)
     try:
         _main()
     except SystemExit as exc:
@@ -214,8 +267,10 @@ def main() -> None:
 
 def _main() -> None:
     from hydra.errors import HydraException
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     sys.argv += torchrun_overrides(sys.argv)
+    _stop_on_sigterm()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let composition errors reach us instead of Hydra's multi-line report, so that a value of
     # the wrong type (world_size=two) gets one line naming the key.
@@ -231,6 +286,9 @@ def _main() -> None:
             raise
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+        print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(exc.sigval)) from None
     except HydraException as exc:
         if user_wants_traceback:
             raise

@@ -144,3 +144,21 @@ def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
             return _ABSENT
         node = node[part]
     return node
+
+
+def model_mismatch(exc: BaseException, state: dict[str, Any], model_cfg: dict[str, Any]) -> str:
+    """Why a checkpoint's ``state["model"]`` does not load into this run's model, in one line:
+    the state-dict keys torch names (missing, unexpected, size mismatch for ``key``), and the
+    ``model._target_`` the checkpoint was written with when it differs from this run's.
+    ``exc`` is what ``load_state_dict`` raised; its first line alone ("Error(s) in loading
+    state_dict for CNN:") names no key."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    details = "; ".join(ln for ln in lines[1:] if ln) or (lines[0] if lines else repr(exc))
+    if len(details) > 300:
+        details = details[:297] + "..."
+    written = ((state.get("config") or {}).get("model") or {}).get("_target_")
+    if written and written != model_cfg.get("_target_"):
+        details += (f"; the checkpoint was written with model._target_={written}, this run has "
+                    f"model._target_={model_cfg.get('_target_')}")
+    return details
+

@@ -68,6 +68,8 @@ log = logging.getLogger("ddp_exp")
 
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+MULTIRUN_UNDER_TORCHRUN = ("multirun (-m) cannot run under torchrun: start the sweep with "
+                           "python -m ddp_exp -m ..., which launches one world per job")
 
 
 class LeaveFolderAlone(ConfigError):
@@ -216,6 +218,13 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
 
 
+def asks_for_multirun(argv: list[str]) -> bool:
+    """True when the command line asks Hydra for a multirun (``-m``, ``--multirun``,
+    ``hydra.mode=MULTIRUN``); a preset that sets ``hydra.mode`` is seen only once composed."""
+    return any(arg in ("-m", "--multirun") or arg.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN"
+               for arg in argv)
+
+
 def torchrun_overrides(argv: list[str]) -> list[str]:
     """Overrides appended to ``argv`` on non-zero torchrun ranks before Hydra parses it, so that
     they create nothing: no run folder (the current one), no ``.hydra/``, no job log."""
@@ -280,8 +289,8 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             model.load_state_dict(state["model"])
         except (RuntimeError, KeyError) as exc:
             raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
-                              f"does not fit this model ({str(exc).splitlines()[0][:200]})"
-                              ) from None
+                              "does not fit this model ("
+                              f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
         if state["epoch"] + 1 >= cfg.trainer.epochs:
             raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
                                   f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
@@ -535,8 +544,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     world = World.from_env()
     hc = HydraConfig.get()
     if hc.mode is not None and hc.mode.name == "MULTIRUN":
-        raise ConfigError("multirun (-m) cannot run under torchrun: start the sweep with "
-                          "python -m ddp_exp -m ..., which launches one world per job")
+        raise ConfigError(MULTIRUN_UNDER_TORCHRUN)
     explicit = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") == "world_size"]
     if explicit and cfg.world_size != world.world_size:
         raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="

@@ -20,8 +20,31 @@ import torch
 from ddp_exp.distributed import all_reduce_sum
 from ddp_exp.files import atomic_write
 
-# Final metrics paired with each run's scalars in TensorBoard's HParams dashboard.
+# Final metrics (metrics.json keys) paired with each run's hyper-parameters in TensorBoard's
+# HParams dashboard. The dashboard shows, for each metric, the last point of the scalar with its
+# tag, and the ``train/loss`` curve's last point is the last logging interval, not the last
+# epoch's mean that metrics.json holds. So each is written once more, at the end, from the very
+# value that goes into metrics.json, under its own tag ``final/<key>`` (float64), and the
+# dashboard shows it under the metrics.json name.
 HPARAM_METRICS = ("val/loss", "val/accuracy", "train/loss")
+FINAL_PREFIX = "final/"
+
+
+def hparams_summaries(hparams: Mapping[str, float | str], metrics: tuple[str, ...]) -> list:
+    """TensorBoard's three HParams summaries (experiment, session start, session end) for
+    ``hparams`` and the final ``metrics``: each metric's tag is ``final/<name>``, its display
+    name ``<name>`` (torch's ``hparams()`` sets no display name: its experiment summary is
+    rewritten here)."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    from torch.utils.tensorboard.summary import hparams as torch_hparams
+
+    summaries = torch_hparams(dict(hparams), {FINAL_PREFIX + m: 0.0 for m in metrics})
+    value = summaries[0].value[0]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in data.experiment.metric_infos:
+        info.display_name = info.name.tag.removeprefix(FINAL_PREFIX)
+    value.metadata.plugin_data.content = data.SerializeToString()
+    return list(summaries)
 
 
 class Accumulator:
@@ -113,13 +136,12 @@ class MetricsWriter:
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         self.writer = SummaryWriter(log_dir=os.path.join(job_dir, "tensorboard"),
                                     purge_step=purge_step)
         # The three HParams summaries go into this run's own writer; SummaryWriter.add_hparams
         # would open a new timestamped sub-run (pytorch #32651).
-        for summary in hparams_summaries(dict(hparams), {m: 0.0 for m in HPARAM_METRICS}):
+        for summary in hparams_summaries(hparams, HPARAM_METRICS):
             self.writer.file_writer.add_summary(summary)
 
     def scalars(self, step: int, values: Mapping[str, float | None]) -> None:
@@ -170,10 +192,16 @@ class MetricsWriter:
             write_json_atomic(os.path.join(self.job_dir, name), payload)
 
     def finish(self, final: Mapping[str, Any], model: torch.nn.Module) -> None:
-        """Flush TensorBoard, write ``metrics.json`` and the trained weights ``model.pt``
-        (the unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
+        """Write the HParams metrics (``final/<key>``, float64, at x = ``final["global_step"]``),
+        flush TensorBoard, write ``metrics.json`` and the trained weights ``model.pt`` (the
+        unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
         if self.writer is None:
             return
+        for key in HPARAM_METRICS:
+            value = final.get(key)
+            if value is not None and math.isfinite(value):
+                self.writer.add_scalar(FINAL_PREFIX + key, value, final.get("global_step"),
+                                       new_style=True, double_precision=True)
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         atomic_write(os.path.join(self.job_dir, "model.pt"), lambda fh: torch.save(state, fh))
         self.writer.flush()

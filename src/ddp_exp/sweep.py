@@ -60,6 +60,29 @@ def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: fl
     atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
 
 
+def objective(value: float | None, sweeper: Any) -> float | None:
+    """What a job returns to Hydra's sweeper: its final ``val/loss``, or NaN for a failed job.
+
+    A sweeper that optimises (one with ``hydra.sweeper.direction``: Optuna) gets the worst value
+    for its direction instead of NaN or None: ``inf`` when minimising, ``-inf`` when maximising.
+    Optuna then records the trial as completed with that value, so it is never the best while
+    any trial completed, and the search goes on. NaN would end it: Optuna refuses NaN, and the
+    plugin's attempt to record the trial as failed with that value raises ("Values cannot be
+    specified when state is TrialState.FAIL", hydra #2237). Which jobs failed stays in their
+    ``status.json`` and the sweep summary; other sweepers ignore the value (NaN kept).
+    """
+    direction = sweeper.get("direction") if hasattr(sweeper, "get") else None
+    if direction is None or (value is not None and math.isfinite(value)):
+        return value
+    if isinstance(direction, Sequence) and not isinstance(direction, str):
+        direction = direction[0]  # one objective: ddp_exp returns one value
+    direction = getattr(direction, "name", direction)  # the plugin's Direction enum, or a str
+    worst = -math.inf if str(direction).lower() == "maximize" else math.inf
+    log.warning("this job has no finite val/loss (%s): the sweeper is told %s, the worst value "
+                "for direction %s, and the search goes on", value, worst, direction)
+    return worst
+
+
 def _read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as fh:
@@ -191,6 +214,17 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     atomic_write(os.path.join(sweep_dir, "summary.png"), lambda fh: fh.write(buf.getvalue()))
+
+
+def summarize_interrupted(sweep_dir: str) -> None:
+    """Write the summary of a sweep stopped by Ctrl-C or SIGTERM (Hydra then never calls
+    ``on_multirun_end``): the jobs that finished, and the one that was running, ``interrupted``
+    in its ``status.json``. Jobs the sweep never started have no folder and no row."""
+    rows = collect(sweep_dir) if os.path.isdir(sweep_dir) else []
+    if rows:
+        write_summary(sweep_dir, rows)
+        log.info("sweep interrupted; summary: %s",
+                 os.path.join(os.path.abspath(sweep_dir), "summary.md"))
 
 
 class SummaryCallback(Callback):

@@ -11,9 +11,12 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    backward alone still syncs: DDP docstring). Each micro-batch loss is weighted by its share of
    the step's samples, so ``accumulate_grad_batches=2, batch_size=b`` steps exactly like
    ``batch_size=2b``. Then ``optimizer.step()``. Losses stay on the device: no host sync per step.
-3. Every ``trainer.log_every_n_steps``: one all-reduce of (loss sum, sample count); rank 0 writes
-   ``train/loss`` (mean over the interval's samples), ``train/lr`` and ``train/samples_per_sec``
-   at x = global step. A non-finite sum stops every rank at once, naming the first bad step.
+3. Every ``trainer.log_every_n_steps`` global steps: one all-reduce of (loss sum, sample count);
+   rank 0 writes ``train/loss`` (mean over the interval's samples), ``train/lr`` and
+   ``train/samples_per_sec`` at x = global step. An interval may span an epoch boundary, so the
+   points are evenly spaced; at the end of each epoch one more all-reduce gives the epoch's mean,
+   ``train/epoch_loss`` (x = the epoch's last step). A non-finite sum stops every rank at once,
+   naming the first bad step.
 4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
    forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
    rank 0 writes ``val/loss`` and ``val/accuracy``.
@@ -146,46 +149,71 @@ def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]
 
 
 class LossWindow:
-    """The per-step training losses of one logging interval, kept on the device.
+    """The training losses of the steps since the last check, kept on the device, and the
+    world's running (loss sum, samples, seconds) of the current logging interval.
 
-    ``add`` only appends (no kernel, no sync); ``reduce`` sums ``loss * batch size`` in float64
-    and all-reduces (sum, count) once. If the sum is not finite, a second all-reduce finds the
-    first bad step over all ranks and every rank raises :class:`NonFiniteLossError`.
+    ``add`` only appends (no kernel, no sync). ``check`` sums ``loss * batch size`` of the
+    pending steps in float64 and all-reduces (sum, count) once; the result counts towards the
+    interval (read and reset by ``take_interval`` every ``trainer.log_every_n_steps`` global
+    steps) and towards the caller's epoch. Checks happen at logging steps and at the end of
+    every epoch, so an interval may span an epoch boundary and every ``train/loss`` point
+    averages exactly ``log_every_n_steps`` steps. If a check's sum is not finite, a second
+    all-reduce finds the first bad step over all ranks and every rank raises
+    :class:`NonFiniteLossError`.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
-        self.first_step = 0
+        self.steps: list[int] = []
+        # The interval so far, over the whole world (host floats: the checkpoint carries them,
+        # so that a resumed run logs the interval it was in like an uninterrupted one).
+        self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
 
     def add(self, loss: torch.Tensor, size: int, step: int) -> None:
-        if not self.losses:
-            self.first_step = step
+        """One micro-batch's mean loss (a device scalar), its sample count and global step."""
         self.losses.append(loss.detach())
         self.sizes.append(size)
+        self.steps.append(step)
 
     def __len__(self) -> int:
         return len(self.losses)
 
-    def reduce(self, world: World) -> tuple[float, int]:
-        """Returns the world's (loss sum, sample count) of the interval and empties it."""
-        losses = torch.stack(self.losses).double()
-        sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
-        totals = torch.stack([(losses * sizes).sum(), sizes.sum()])
+    def check(self, world: World) -> tuple[float, int]:
+        """Every rank calls it at the same step: one all-reduce of the pending steps' (loss
+        sum, sample count), added to the interval; returns them and empties the pending list.
+
+        Raises:
+            NonFiniteLossError: the sum is NaN or infinite (on every rank).
+        """
+        if self.losses:
+            losses = torch.stack(self.losses).double()
+            sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
+            totals = torch.stack([(losses * sizes).sum(), sizes.sum()])
+        else:  # a rank must still join the collective
+            losses = torch.zeros(0, dtype=torch.float64, device=self.device)
+            totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         loss_sum, count = all_reduce_sum(totals).tolist()
         if not math.isfinite(loss_sum):
             self._raise_nonfinite(losses, world)
-        self.losses, self.sizes = [], []
+        self.losses, self.sizes, self.steps = [], [], []
+        self.interval_sum += loss_sum
+        self.interval_count += int(count)
         return loss_sum, int(count)
+
+    def take_interval(self) -> tuple[float, int, float]:
+        """The interval's world (loss sum, samples, training seconds); starts the next one."""
+        taken = (self.interval_sum, self.interval_count, self.interval_s)
+        self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
+        return taken
 
     def _raise_nonfinite(self, losses: torch.Tensor, world: World) -> None:
         import torch.distributed as dist
 
         bad = (~torch.isfinite(losses)).nonzero()
         # Encode (step, rank) in one number so one MIN all-reduce finds the earliest.
-        mine = (self.first_step + int(bad[0])) * world.world_size + world.rank if len(bad) \
-            else math.inf
+        mine = self.steps[int(bad[0])] * world.world_size + world.rank if len(bad) else math.inf
         code = torch.tensor([float(mine)], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and world.world_size > 1:
             dist.all_reduce(code, op=dist.ReduceOp.MIN)
@@ -261,6 +289,7 @@ class Trainer:
         self.last_confusion: torch.Tensor | None = None  # of the last validation
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
+        self.window = LossWindow(device)  # train/loss intervals, across epochs
 
     # ------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -283,6 +312,10 @@ class Trainer:
             "epoch": self.epoch - 1,  # the last completed epoch, 0-based
             "global_step": self.global_step,
             "world_size": self.world.world_size,
+            # The open train/loss interval (world sums): a resumed run logs it like one never
+            # interrupted.
+            "train_interval": [self.window.interval_sum, self.window.interval_count,
+                               self.window.interval_s],
             "rng": ranks_rng,
             "config": self.cfg,
         }
@@ -303,6 +336,10 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
+        if state.get("train_interval"):
+            total, count, seconds = state["train_interval"]
+            self.window.interval_sum, self.window.interval_count = float(total), int(count)
+            self.window.interval_s = float(seconds)
         ranks_rng = state.get("rng") or []
         if len(ranks_rng) == self.world.world_size:  # same world: continue every rank's stream
             mine = ranks_rng[self.world.rank]
@@ -360,41 +397,54 @@ class Trainer:
 
     def train_epoch(self) -> tuple[float, int, float]:
         """Run one epoch (or up to ``trainer.max_steps``); returns the world's (loss sum,
-        samples, seconds in the loop)."""
+        samples, seconds in the loop) and writes their mean as ``train/epoch_loss`` at x = the
+        epoch's last global step.
+
+        ``train/loss``, ``train/lr`` and ``train/samples_per_sec`` are written at every global
+        step that is a multiple of ``trainer.log_every_n_steps`` and nowhere else: the interval
+        that is open when an epoch ends continues into the next one (validation and checkpoint
+        time excluded from its samples/s)."""
         trainer = self.cfg["trainer"]
         max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
         self.loader.set_epoch(self.epoch)
         self.ddp.train()
-        window = LossWindow(self.device)
+        window = self.window
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
                             trainer["epochs"], self.steps_per_epoch)
-        loss_sum, samples, seconds = 0.0, 0, 0.0
-        t_start = time.perf_counter()
+        loss_sum, samples = 0.0, 0
+        t_epoch = t_mark = time.perf_counter()
         try:
             batches = self.loader if self.perf is None else self.perf.timed(self.loader)
             for group in groups(batches, self.accumulate):
                 self._step(group, window)
                 progress.step()
                 stop = max_steps is not None and self.global_step >= max_steps
-                if self.global_step % log_every == 0 or stop or progress.done == progress.steps:
-                    s, n, dt = self._log(window, t_start, progress)
-                    t_start += dt
-                    loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
+                log_now = self.global_step % log_every == 0
+                # A logging step or the epoch's last: one all-reduce of (loss sum, count).
+                if log_now or stop or progress.done == progress.steps:
+                    s, n = window.check(self.world)
+                    loss_sum, samples = loss_sum + s, samples + n
+                    now = time.perf_counter()
+                    window.interval_s += now - t_mark
+                    t_mark = now
+                    if log_now:
+                        self._log(window, progress)
                 if stop:
                     break
-            if len(window):  # steps_per_epoch was off (a user loader): flush the rest
-                s, n, dt = self._log(window, t_start, progress)
-                loss_sum, samples, seconds = loss_sum + s, samples + n, seconds + dt
+            if len(window):  # steps_per_epoch was off (a user loader): count the rest
+                s, n = window.check(self.world)
+                loss_sum, samples = loss_sum + s, samples + n
         finally:
             progress.close()
-        return loss_sum, samples, seconds
+        now = time.perf_counter()
+        window.interval_s += now - t_mark
+        self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
+        return loss_sum, samples, now - t_epoch
 
-    def _log(self, window: LossWindow, t_start: float, progress: Progress
-             ) -> tuple[float, int, float]:
-        """Reduce the interval (one all-reduce) and write its scalars; returns the world's
-        (loss sum, samples) and the interval's seconds, logging included."""
-        loss_sum, samples = window.reduce(self.world)
-        rate = mean(samples, time.perf_counter() - t_start)
+    def _log(self, window: LossWindow, progress: Progress) -> None:
+        """Write the interval's scalars at x = the global step (rank 0) and start the next."""
+        loss_sum, samples, seconds = window.take_interval()
+        rate = mean(samples, seconds)
         loss = mean(loss_sum, samples)
         self.writer.scalars(self.global_step, {
             "train/loss": loss,
@@ -407,7 +457,6 @@ class Trainer:
             self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
             self.layout_written = True
         progress.interval(loss, rate)
-        return loss_sum, samples, time.perf_counter() - t_start
 
     def _epoch_dashboards(self) -> None:
         """End of an epoch: the straggler line (``trainer.perf_metrics``) and, every
