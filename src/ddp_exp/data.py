@@ -71,10 +71,12 @@ class ArrayDataset:
 
 @dataclass
 class Datasets:
-    """The training and validation split handed to every rank."""
+    """The training, validation and test split handed to every rank (``test`` is empty unless
+    ``data.test_size`` > 0)."""
 
     train: ArrayDataset
     val: ArrayDataset
+    test: ArrayDataset | None = None
 
     @property
     def num_classes(self) -> int:
@@ -84,10 +86,11 @@ class Datasets:
         """Sizes and a CRC-32 of every array (zlib, ~1 GB/s): what the nodes of a multi-node
         world compare, since each builds the data from its own copy."""
         crc = 0
-        for part in (self.train, self.val):
+        for part in (self.train, self.val, *([self.test] if self.test is not None else [])):
             for array in (part.features, part.targets):
                 crc = zlib.crc32(np.ascontiguousarray(array), crc)
         return {"data.train_samples": len(self.train), "data.val_samples": len(self.val),
+                "data.test_samples": len(self.test) if self.test is not None else 0,
                 "data.crc32": crc}
 
 
@@ -260,13 +263,19 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
 
 
 # ---------------------------------------------------------------------------------- split
-def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: int) -> Datasets:
-    """Hold out ``val_size`` samples chosen by ``seed`` alone (never by ``world_size``).
+def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: int,
+                   test_size: int = 0) -> Datasets:
+    """Hold out ``val_size`` validation and ``test_size`` test samples, chosen by ``seed``
+    alone (never by ``world_size``).
 
-    Both parts keep the file's order (sorted indices); shuffling happens per epoch in the sampler.
+    One seeded permutation of the samples: validation takes its first ``val_size`` entries,
+    test its last ``test_size``, training the rest. So changing ``test_size`` never changes
+    which samples are validation (nor ``val_size`` which are test); only training shrinks.
+    Every part keeps the file's order (sorted indices); shuffling happens per epoch in the
+    sampler.
 
     Raises:
-        ConfigError: ``val_size`` leaves fewer training samples than ranks.
+        ConfigError: ``val_size`` + ``test_size`` leave fewer training samples than ranks.
     """
     n = len(dataset)
     if world_size > n:
@@ -276,9 +285,17 @@ def build_datasets(dataset: ArrayDataset, val_size: int, seed: int, world_size: 
         raise ConfigError(f"data.val_size={val_size} is invalid: the dataset has {n} samples, so "
                           f"it must be at most {n - world_size} (every one of the {world_size} "
                           "ranks needs a training sample)")
+    if test_size > n - world_size - val_size:
+        raise ConfigError(f"data.test_size={test_size} is invalid: the dataset has {n} samples "
+                          f"and data.val_size={val_size}, so it must be at most "
+                          f"{n - world_size - val_size} (every one of the {world_size} ranks "
+                          "needs a training sample)")
     perm = np.random.default_rng(seed).permutation(n)
-    val_idx, train_idx = np.sort(perm[:val_size]), np.sort(perm[val_size:])
-    return Datasets(train=dataset.subset(train_idx), val=dataset.subset(val_idx))
+    val_idx = np.sort(perm[:val_size])
+    test_idx = np.sort(perm[n - test_size:]) if test_size else perm[:0]
+    train_idx = np.sort(perm[val_size:n - test_size])
+    return Datasets(train=dataset.subset(train_idx), val=dataset.subset(val_idx),
+                    test=dataset.subset(test_idx))
 
 
 # ---------------------------------------------------------------------------- rank side

@@ -150,3 +150,11 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
+
+
+def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` on every rank with rank 0's values, in place (one broadcast each).
+    A no-op outside a process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)

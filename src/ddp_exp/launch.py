@@ -32,7 +32,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, cluster
+from ddp_exp import checkpoint, cluster, monitor, schedule
 from ddp_exp.config import (
     ConfigError,
     check_precision,
@@ -57,7 +57,8 @@ from ddp_exp.worker import RankInputs, configure_logging, run_rank, set_threads,
 
 log = logging.getLogger("ddp_exp")
 
-_DATA_KEYS = ("batch_size", "val_size", "shuffle", "num_workers")  # not arguments of the loader
+# Keys of every data config that are not arguments of the loader:
+_DATA_KEYS = ("batch_size", "val_size", "test_size", "shuffle", "num_workers")
 _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -177,15 +178,17 @@ def torchrun_overrides(argv: list[str]) -> list[str]:
 
 
 def load_data(cfg: DictConfig) -> Datasets:
-    """Instantiate ``cfg.data`` (NumPy only: no torch compute) and hold out validation samples.
+    """Instantiate ``cfg.data`` (NumPy only: no torch compute) and hold out validation and test
+    samples.
 
     Raises:
-        ConfigError: unreadable data, or ``data.val_size`` too large.
+        ConfigError: unreadable data, or ``data.val_size`` / ``data.test_size`` too large.
     """
     loader_cfg = {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
                   if k not in _DATA_KEYS}
     dataset = instantiate_node(loader_cfg, "data")
-    return build_datasets(dataset, cfg.data.val_size, cfg.seed, cfg.world_size)
+    return build_datasets(dataset, cfg.data.val_size, cfg.seed, cfg.world_size,
+                          cfg.data.get("test_size", 0))
 
 
 def _job_log_file() -> str | None:
@@ -233,6 +236,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
                               f"does not fit this model ({str(exc).splitlines()[0][:200]})"
                               ) from None
+        if (state.get("monitor") or {}).get("stopped_early"):
+            raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} stopped "
+                                  "early (trainer.early_stopping_patience): nothing left to "
+                                  "train; the job folder is unchanged")
         if state["epoch"] + 1 >= cfg.trainer.epochs:
             raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
                                   f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
@@ -248,7 +255,18 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     probe = slice(0, min(2, len(datasets.train)))
     objective.check(model, torch.from_numpy(datasets.train.features[probe]),
                     torch.from_numpy(datasets.train.targets[probe]))
+    note = monitor.resolve(plain, objective.metrics, len(datasets.val))
+    if note:
+        log.info(note)
     optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
+    t = plain["trainer"]
+    per_epoch = schedule.steps_per_epoch(len(datasets.train), world_size,
+                                         plain["data"]["batch_size"],
+                                         t["accumulate_grad_batches"])
+    run_steps = schedule.total_steps(t["epochs"], t["max_steps"], per_epoch)
+    schedule.check(plain, run_steps)
+    scheduler, _ = schedule.build_scheduler(plain.get("scheduler"), optimizer, run_steps,
+                                            per_epoch)  # a bad scheduler fails here too
     if source is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         try:
             optimizer.load_state_dict(state["optimizer"])
@@ -257,6 +275,14 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                               f"optimizer state does not fit optim ({plain['optim']['_target_']}"
                               f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
                               ) from None
+        if state.get("scheduler") and scheduler is not None:
+            try:
+                scheduler.load_state_dict(state["scheduler"])
+            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's "
+                                  f"scheduler state does not fit scheduler ("
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+                                  ) from None
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=_job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,

@@ -24,6 +24,16 @@ from ddp_exp.files import atomic_write
 HPARAM_METRICS = ("val/loss", "val/accuracy", "train/loss")
 
 
+def recipe_hparam_metrics(monitor: str | None, test_metrics: list[str]) -> list[str]:
+    """The recipe's final values (issue 15) shown in the HParams dashboard besides
+    :data:`HPARAM_METRICS`: ``best/<monitor>``, ``best/epoch``, ``stopped_early`` (0/1) when a
+    metric is monitored, and ``test/<name>`` for each name of ``test_metrics`` (``loss``,
+    ``accuracy``, user metrics; empty without a test split). :meth:`MetricsWriter.finish`
+    writes each as a scalar at the final step, so the dashboard shows metrics.json's value."""
+    tags = [f"best/{monitor}", "best/epoch", "stopped_early"] if monitor else []
+    return tags + [f"test/{name}" for name in test_metrics]
+
+
 class Accumulator:
     """Named float64 sums (e.g. ``loss_sum``, ``correct``, ``num_samples``) of one rank.
 
@@ -95,11 +105,13 @@ class MetricsWriter:
         enabled: False on every rank but 0: all methods then do nothing.
         purge_step: on resume, the checkpoint's global step + 1: TensorBoard hides what an
             earlier attempt logged after the checkpoint (steps >= purge_step).
+        recipe_metrics: extra final metrics for HParams (:func:`recipe_hparam_metrics`).
     """
 
     def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool,
-                 purge_step: int | None = None):
+                 purge_step: int | None = None, recipe_metrics: list[str] | tuple = ()):
         self.job_dir = job_dir
+        self.recipe_metrics = list(recipe_metrics)
         self.writer = None
         if not enabled:
             return
@@ -110,7 +122,8 @@ class MetricsWriter:
                                     purge_step=purge_step)
         # The three HParams summaries go into this run's own writer; SummaryWriter.add_hparams
         # would open a new timestamped sub-run (pytorch #32651).
-        for summary in hparams_summaries(dict(hparams), {m: 0.0 for m in HPARAM_METRICS}):
+        metrics = {m: 0.0 for m in (*HPARAM_METRICS, *self.recipe_metrics)}
+        for summary in hparams_summaries(dict(hparams), metrics):
             self.writer.file_writer.add_summary(summary)
 
     def scalars(self, step: int, values: Mapping[str, float | None]) -> None:
@@ -126,6 +139,9 @@ class MetricsWriter:
         (the unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
         if self.writer is None:
             return
+        recipe = {tag: final.get(tag) for tag in self.recipe_metrics}
+        self.scalars(final.get("global_step", 0), {  # the HParams values (stopped_early: 0/1)
+            k: float(v) if isinstance(v, bool) else v for k, v in recipe.items()})
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         atomic_write(os.path.join(self.job_dir, "model.pt"), lambda fh: torch.save(state, fh))
         self.writer.flush()

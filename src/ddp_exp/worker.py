@@ -31,7 +31,7 @@ from ddp_exp.distributed import (
     init_process_group,
     threads_per_rank,
 )
-from ddp_exp.metrics import MetricsWriter, flatten_hparams
+from ddp_exp.metrics import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
 
@@ -134,8 +134,12 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], restarted)
     state = checkpoint.load(source, map_location=device) if source else None
+    test_metrics = (["loss", *inputs.objective.metrics]
+                    if data.test is not None and len(data.test) else [])
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
-                           purge_step=state["global_step"] + 1 if state else None)
+                           purge_step=state["global_step"] + 1 if state else None,
+                           recipe_metrics=recipe_hparam_metrics(cfg["trainer"]["monitor"],
+                                                                test_metrics))
     try:
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:
@@ -150,7 +154,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             "device": inputs.device,
             "time/total_s": time.time() - inputs.t_start,
         })
-        writer.finish(final, inputs.model)
+        writer.finish(final, trainer.model)
     finally:
         writer.close()
     if world.is_main:
