@@ -113,25 +113,28 @@ def test_test_split_is_disjoint_and_leaves_validation_unchanged():
 @pytest.mark.slow
 def test_everything_on_world_2_batch_8_equals_world_1_batch_16(run_cli):
     """Must-hold 1 (and the SyncBatchNorm test): a BatchNorm CNN with ddp.sync_batchnorm,
-    cosine warmup and clipping trains the same weights and buffers at world_size=2 batch 8, at
-    world_size=2 batch 4 x 2 accumulated, and at world_size=1 batch 16."""
-    common = ("seed=0", "trainer.epochs=1", QUIET, *SMALL_CNN, "model.batch_norm=true",
-              "ddp.sync_batchnorm=true", "scheduler=cosine", "scheduler.warmup_steps=5",
-              "trainer.gradient_clip_val=0.5", "trainer.log_every_n_steps=5")
-    one = run_cli("world_size=1", "data.batch_size=16", *common, job="ws1").ok()
-    two = run_cli("world_size=2", "data.batch_size=8", *common, job="ws2").ok()
-    acc = run_cli("world_size=2", "data.batch_size=4", "trainer.accumulate_grad_batches=2",
-                  *common, job="acc").ok()
-    ref = torch.load(one.job_dir / "model.pt", weights_only=True)
-    assert any("running_var" in k for k in ref)  # the BatchNorm buffers are compared too
-    for run in (two, acc):
-        assert run.metrics["global_step"] == one.metrics["global_step"] == math.ceil(1500 / 16)
-        assert_state_close(torch.load(run.job_dir / "model.pt", weights_only=True), ref, 1e-5)
-    # Clipping was in play: some step's norm before clipping is above the threshold.
-    assert max(v for _, v in scalars(one.job_dir, "train/grad_norm")) > 0.5
-    for (s1, v1), (s2, v2) in zip(scalars(one.job_dir, "train/grad_norm"),
-                                  scalars(two.job_dir, "train/grad_norm"), strict=True):
-        assert s1 == s2 and v2 == pytest.approx(v1, rel=1e-4)
+    cosine warmup and clipping trains the same weights and buffers at world_size=2 batch 8 as
+    at world_size=1 batch 16; with accumulate_grad_batches=2, world_size=2 batch 4 equals
+    world_size=1 batch 8 (BatchNorm normalises each micro-batch: a global micro-batch of 8)."""
+    common = ("seed=0", "trainer.epochs=1", "trainer.max_steps=50", QUIET, *SMALL_CNN,
+              "model.batch_norm=true", "ddp.sync_batchnorm=true", "scheduler=cosine",
+              "scheduler.warmup_steps=5", "trainer.gradient_clip_val=0.5",
+              "trainer.log_every_n_steps=5")
+    pairs = [(run_cli("world_size=1", "data.batch_size=16", *common, job="ws1").ok(),
+              run_cli("world_size=2", "data.batch_size=8", *common, job="ws2").ok())]
+    accumulate = (*common, "trainer.accumulate_grad_batches=2")
+    pairs.append((run_cli("world_size=1", "data.batch_size=8", *accumulate, job="acc1").ok(),
+                  run_cli("world_size=2", "data.batch_size=4", *accumulate, job="acc2").ok()))
+    for one, two in pairs:
+        ref = torch.load(one.job_dir / "model.pt", weights_only=True)
+        assert any("running_var" in k for k in ref)  # the BatchNorm buffers are compared too
+        assert two.metrics["global_step"] == one.metrics["global_step"] == 50
+        assert_state_close(torch.load(two.job_dir / "model.pt", weights_only=True), ref, 1e-5)
+        # Clipping was in play: some step's norm before clipping is above the threshold.
+        norms_one, norms_two = (scalars(r.job_dir, "train/grad_norm") for r in (one, two))
+        assert max(v for _, v in norms_one) > 0.5
+        for (s1, v1), (s2, v2) in zip(norms_one, norms_two, strict=True):
+            assert s1 == s2 and v2 == pytest.approx(v1, rel=1e-4)
 
 
 # ------------------------------------------------------------------ 2. train/lr, closed form
