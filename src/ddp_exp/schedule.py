@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ddp_exp.config import ConfigError, instantiate_node
+from ddp_exp.models import locate
 
-INTERVALS = ("step", "epoch")
 OWN_KEYS = ("interval",)  # ours, not arguments of the scheduler
 
 
@@ -59,32 +59,31 @@ def total_steps(epochs: int, max_steps: int | None, per_epoch: int) -> int:
     return steps if max_steps is None else min(steps, max_steps)
 
 
-class WarmupCosine:
-    """The factor ``lr_k / lr`` of the cosine schedule (module docstring) for LambdaLR, which
-    calls it with the number of steps already taken, ``i = k - 1``.
+def cosine_factor(base_lr: float, warmup_steps: int, total: int, min_lr: float
+                  ) -> Callable[[int], float]:
+    """The factor ``lr_k / lr`` of the cosine schedule (module docstring) as LambdaLR calls
+    it: with the number of steps already taken, ``i = k - 1``.
 
-    A callable object rather than a closure, so LambdaLR's ``state_dict`` records its settings
-    (plain numbers: loadable with ``weights_only=True``).
+    A plain function (a closure): LambdaLR's ``state_dict`` then keeps only the step count, so
+    the schedule always follows the current config (a run resumed with more epochs decays over
+    its new length).
     """
 
-    def __init__(self, base_lr: float, warmup_steps: int, total: int, min_lr: float):
-        self.base_lr, self.warmup_steps, self.total, self.min_lr = (
-            base_lr, warmup_steps, total, min_lr)
-
-    def __call__(self, i: int) -> float:
-        if self.base_lr == 0:
+    def factor(i: int) -> float:
+        if base_lr == 0:
             return 0.0
-        k = min(i + 1, self.total)
-        if k <= self.warmup_steps:
-            return k / self.warmup_steps
-        progress = (k - self.warmup_steps) / (self.total - self.warmup_steps)
-        lr = self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return lr / self.base_lr
+        k = min(i + 1, total)
+        if k <= warmup_steps:
+            return k / warmup_steps
+        progress = (k - warmup_steps) / (total - warmup_steps)
+        return (min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))) / base_lr
+
+    return factor
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
                   min_lr: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
-    """The ``cosine`` option: ``LambdaLR`` with one :class:`WarmupCosine` per param group.
+    """The ``cosine`` option: ``LambdaLR`` with one :func:`cosine_factor` per param group.
 
     Args:
         optimizer: the optimizer, at its base learning rate(s).
@@ -92,7 +91,7 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ste
         warmup_steps: ``W``, 0 <= W < T.
         min_lr: the learning rate of the last step (absolute, not a factor).
     """
-    factors = [WarmupCosine(group["lr"], warmup_steps, total_steps, min_lr)
+    factors = [cosine_factor(group["lr"], warmup_steps, total_steps, min_lr)
                for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 
@@ -121,8 +120,6 @@ def build_scheduler(node: Mapping[str, Any] | None, optimizer: torch.optim.Optim
         return None, "step"
     interval = node.get("interval", "step")
     args = {k: v for k, v in node.items() if k not in OWN_KEYS}
-    from ddp_exp.models import locate
-
     target = locate(str(args["_target_"]), "scheduler._target_")
     try:
         params = inspect.signature(target).parameters
@@ -155,10 +152,7 @@ def check(cfg: Mapping[str, Any], run_steps: int) -> None:
     target = node.get("_target_")
     if target is None:
         return
-    interval = node.get("interval")
-    if interval not in INTERVALS:
-        raise ConfigError(f"scheduler.interval={interval!r} is invalid: one of "
-                          f"{', '.join(INTERVALS)}")
+    interval = node.get("interval")  # step | epoch: checked by ddp_exp.config.validate
     if target == "ddp_exp.schedule.warmup_cosine":
         warmup = node.get("warmup_steps", 0)
         if interval != "step":
