@@ -306,3 +306,27 @@ def test_conf_experiment_recipe_composes(tmp_path):
     assert cfg.scheduler._target_.endswith("warmup_cosine") and t.gradient_clip_val
     assert t.early_stopping_patience and cfg.data.test_size > 0 and cfg.ddp.sync_batchnorm
     assert Path(__file__).parents[1].joinpath("conf/experiment/digits_cnn_recipe.yaml").exists()
+
+
+def test_sweep_summary_has_the_recipe_columns(tmp_path):
+    """best/<monitor>, best/epoch, stopped_early and test/ values of each job's metrics.json
+    become summary columns (empty for a job without them)."""
+    import csv
+    import json
+
+    from ddp_exp.sweep import collect, write_summary
+
+    jobs = {"0": {"val/loss": 0.5, "best/val/loss": 0.4, "best/epoch": 3, "stopped_early": True,
+                  "test/loss": 0.45, "test/accuracy": 0.9, "test/num_samples": 10},
+            "1": {"val/loss": 0.6}}
+    for name, metrics in jobs.items():
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+    write_summary(str(tmp_path), collect(str(tmp_path)))
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert {k: rows[0][k] for k in ("best/val/loss", "best/epoch", "stopped_early", "test/loss",
+                                    "test/accuracy")} == {
+        "best/val/loss": "0.4", "best/epoch": "3", "stopped_early": "True", "test/loss": "0.45",
+        "test/accuracy": "0.9"}
+    assert rows[1]["best/val/loss"] == "" and "test/num_samples" not in rows[0]
+    assert "best/epoch" in (tmp_path / "summary.md").read_text()
