@@ -15,8 +15,10 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    ``optimizer.step()`` and, with a per-step schedule, ``scheduler.step()``: once per optimizer
    step, never per micro-batch. Losses stay on the device: no host sync per step.
 3. Every ``trainer.log_every_n_steps``: one all-reduce of (loss sum, sample count); rank 0 writes
-   ``train/loss`` (mean over the interval's samples), ``train/lr`` and ``train/samples_per_sec``
-   at x = global step. A non-finite sum stops every rank at once, naming the first bad step.
+   ``train/loss`` (mean over the interval's samples), ``train/lr`` (the rate the step used),
+   ``train/samples_per_sec`` and, with clipping, ``train/grad_norm`` (the step's norm before
+   clipping) at x = global step. A non-finite sum stops every rank at once, naming the first
+   bad step.
 4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
    forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
    rank 0 writes ``val/loss`` and ``val/accuracy``.
