@@ -366,7 +366,8 @@ def test_signal_ends_every_rank_and_leaves_complete_checkpoint(run_cli, tmp_path
     state = load_ckpt(ckpts / "last.pt")
     assert state["epoch"] >= 0 and state["global_step"] == (state["epoch"] + 1) * STEPS_2
     assert temp_files(ckpts) == [], os.listdir(ckpts)
-    assert sorted(os.listdir(ckpts)) == ["last.pt"]
+    # best.pt (trainer.monitor, val/loss by default) is written before each epoch's last.pt.
+    assert sorted(os.listdir(ckpts)) == ["best.pt", "last.pt"]
 
     again = run_cli("backend=gloo", "world_size=2", "trainer.epochs=1", QUIET, job="again",
                     timeout=120).ok()
@@ -436,16 +437,19 @@ def test_nan_on_one_rank_stops_all_naming_the_step(run_cli, tmp_path):
 @pytest.mark.parametrize("keep", [None, 2])
 def test_three_ranks_write_one_complete_checkpoint_per_epoch(run_cli, keep):
     """C13: world_size=3, 3 epochs, a checkpoint every epoch: exactly epoch_0000..0002.pt plus
-    last.pt, each loadable with weights_only=True and recording its epoch; no temp files.
-    With keep_checkpoints=2 only the newest two epoch files stay."""
+    last.pt (and best.pt), each loadable with weights_only=True and recording its epoch; no temp
+    files. With keep_checkpoints=2 only the newest two epoch files stay."""
     extra = [f"trainer.keep_checkpoints={keep}"] if keep else []
     run = run_cli("world_size=3", "trainer.epochs=3", "trainer.checkpoint_every_n_epochs=1",
                   *extra, QUIET, timeout=240).ok()
     folder = run.job_dir / "checkpoints"
     epochs = [0, 1, 2] if keep is None else [1, 2]
     names = [f"epoch_{e:04d}.pt" for e in epochs]
-    assert sorted(os.listdir(folder)) == sorted(names + ["last.pt"])
+    # best.pt: the best epoch's weights of trainer.monitor (val/loss by default), not an epoch
+    # checkpoint.
+    assert sorted(os.listdir(folder)) == sorted(names + ["last.pt", "best.pt"])
     assert temp_files(folder) == []
+    assert load_ckpt(folder / "best.pt")["epoch"] in (0, 1, 2)
     for e, name in zip(epochs, names, strict=True):
         state = load_ckpt(folder / name)
         assert state["epoch"] == e, name

@@ -5,9 +5,12 @@ Layout, in ``<job_dir>/checkpoints/``:
 * ``epoch_0000.pt``, ``epoch_0001.pt``, ...: every ``trainer.checkpoint_every_n_epochs`` epochs,
   the newest ``trainer.keep_checkpoints`` kept;
 * ``last.pt``: the newest completed epoch, always (what ``trainer.resume=auto`` and elastic
-  restarts continue from).
+  restarts continue from);
+* ``best.pt``: the weights of the best epoch of ``trainer.monitor`` so far (model, epoch,
+  global_step, the monitor's state and the config; not a resumable checkpoint).
 
-A checkpoint holds the unwrapped model, optimizer, grad-scaler state, the completed ``epoch``
+A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
+(best value, best epoch, epochs without improvement), the completed ``epoch``
 (0-based), ``global_step``, every rank's RNG states and the resolved config: all that is needed to
 continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
@@ -27,6 +30,7 @@ from ddp_exp.files import atomic_write, remove_partial, temp_name
 
 FORMAT = "ddp_exp/checkpoint/v1"
 LAST = "last.pt"
+BEST = "best.pt"
 
 
 def checkpoint_dir(job_dir: str) -> str:
@@ -62,6 +66,20 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int) 
     os.replace(tmp, last)
     for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
         os.unlink(old)
+    return path
+
+
+def best_path(job_dir: str) -> str:
+    """``<job_dir>/checkpoints/best.pt``: the weights of the best epoch of ``trainer.monitor``."""
+    return os.path.join(checkpoint_dir(job_dir), BEST)
+
+
+def save_best(job_dir: str, state: dict[str, Any]) -> str:
+    """Write ``state`` (model, epoch, global_step, monitor, config) as ``best.pt``, atomically.
+    Call on rank 0 only."""
+    os.makedirs(checkpoint_dir(job_dir), exist_ok=True)
+    path = best_path(job_dir)
+    atomic_write(path, lambda fh: torch.save({"format": FORMAT, **state}, fh))
     return path
 
 

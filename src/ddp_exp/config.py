@@ -49,6 +49,7 @@ class DataConfig:
     persistent_workers: bool | None = None  # null: true when num_workers > 0
     prefetch_factor: int | None = None  # batches each worker loads ahead (null: torch's 2)
     pin_memory: Any = "auto"  # auto (on CUDA only) | true | false
+    test_size: int = 0  # held-out test samples, chosen by the seed alone (disjoint from val)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class CNNConfig:
     _target_: str = "ddp_exp.models.CNN"
     channels: list[int] = field(default_factory=lambda: [32, 64])
     hidden_size: int = 128
+    batch_norm: bool = False  # BatchNorm2d after each convolution
 
 
 @dataclass
@@ -158,7 +160,38 @@ class AdamWConfig(OptimConfig):
     weight_decay: float = 0.01
 
 
+# ------------------------------------------------------------------------------ scheduler
+SCHEDULER_INTERVALS = ("step", "epoch")
+
+
+@dataclass
+class SchedulerConfig:
+    """Keys every scheduler has (see :mod:`ddp_exp.schedule`); ``_target_: null`` is none."""
+
+    _target_: str | None = None  # a torch.optim.lr_scheduler class (or ours); null: constant lr
+    interval: str = "step"  # step: once per optimizer step | epoch: once per epoch
+
+
+@dataclass
+class CosineSchedulerConfig(SchedulerConfig):
+    _target_: str | None = "ddp_exp.schedule.warmup_cosine"
+    warmup_steps: int = 0  # optimizer steps of linear warmup
+    min_lr: float = 0.0  # the learning rate of the run's last optimizer step
+
+
+@dataclass
+class StepSchedulerConfig(SchedulerConfig):
+    _target_: str | None = "ddp_exp.schedule.step_decay"
+    step_size_epochs: int = 30
+    gamma: float = 0.1
+    interval: str = "epoch"
+
+
 # ------------------------------------------------------------------------- trainer & world
+MONITOR_MODES = ("min", "max")
+TEST_WEIGHTS = ("best", "last")
+
+
 @dataclass
 class TrainerConfig:
     epochs: int = 10
@@ -175,6 +208,11 @@ class TrainerConfig:
     resume_allow_changes: bool = False  # resume even with another seed / data split
     perf_metrics: bool = True  # perf/* scalars: per-rank step timing, stragglers, memory
     log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
+    gradient_clip_val: float | None = None  # max global L2 norm of the gradients (null: off)
+    monitor: str | None = "val/loss"  # reduced validation metric for best.pt / early stopping
+    monitor_mode: str | None = None  # min | max (null: max for val/accuracy, else min)
+    early_stopping_patience: int | None = None  # epochs without improvement (null: off)
+    test_weights: str | None = None  # best | last (null: best when a monitor exists)
 
 
 @dataclass
@@ -207,6 +245,7 @@ class DDPConfig:
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
+    sync_batchnorm: bool = False  # BatchNorm statistics over the world's global batch
 
 
 @dataclass
@@ -214,6 +253,7 @@ class Config:
     data: Any = MISSING
     model: Any = MISSING
     optim: Any = MISSING
+    scheduler: Any = None  # the scheduler group: none | cosine | step (or a _target_)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
@@ -243,6 +283,9 @@ def register_configs() -> None:
         ("optim", "sgd", SGDConfig),
         ("optim", "adamw", AdamWConfig),
         ("optim", "base", OptimConfig),
+        ("scheduler", "none", SchedulerConfig),
+        ("scheduler", "cosine", CosineSchedulerConfig),
+        ("scheduler", "step", StepSchedulerConfig),
         ("trainer", "default", TrainerConfig),
         ("launcher", "local", LauncherConfig),
     ]:
@@ -341,6 +384,9 @@ def validate(cfg: DictConfig) -> None:
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
     _check(d.val_size >= 0, "data.val_size", d.val_size, "0 (no validation) or a positive count")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")
+    test_size = d.get("test_size", 0)
+    _check(isinstance(test_size, int) and not isinstance(test_size, bool) and test_size >= 0,
+           "data.test_size", test_size, "0 (no test split) or a positive count")
     if "task" in d:
         _check(d.task in TASKS, "data.task", d.task, f"one of {', '.join(TASKS)}")
     if "num_samples" in d:
@@ -393,6 +439,7 @@ def validate(cfg: DictConfig) -> None:
            f"one of {', '.join(PROGRESS_MODES)}")
     _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
            f"one of {', '.join(PRECISIONS)}")
+    _validate_recipe(cfg)
 
     _check(cfg.device in DEVICES, "device", cfg.device, f"one of {', '.join(DEVICES)}")
     dist = cfg.distributed
@@ -435,6 +482,44 @@ def validate(cfg: DictConfig) -> None:
     _check(la.monitor_interval_s > 0, "launcher.monitor_interval_s", la.monitor_interval_s,
            "a positive number of seconds")
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
+
+
+def _validate_recipe(cfg: DictConfig) -> None:
+    """The recipe keys (issue 15) that need no data: clipping, monitor, patience, test weights,
+    the scheduler's own ranges. What needs the data's size or metrics is checked by the
+    launcher (``ddp_exp.launch.prepare``)."""
+    t = cfg.trainer
+    clip = t.gradient_clip_val
+    _check(clip is None or clip > 0, "trainer.gradient_clip_val", clip,
+           "null (off) or a positive max L2 norm of the gradients")
+    _check(t.monitor is None or str(t.monitor).startswith("val/"), "trainer.monitor", t.monitor,
+           "null or a validation metric: val/loss, val/accuracy, val/<metric>")
+    _check(t.monitor_mode is None or t.monitor_mode in MONITOR_MODES, "trainer.monitor_mode",
+           t.monitor_mode, "null (from the metric) or one of min, max")
+    patience = t.early_stopping_patience
+    _check(patience is None or patience >= 1, "trainer.early_stopping_patience", patience,
+           "null (off) or a positive number of epochs")
+    _check(patience is None or t.monitor is not None, "trainer.early_stopping_patience",
+           patience, "needs trainer.monitor (early stopping watches the monitored metric)")
+    _check(t.test_weights is None or t.test_weights in TEST_WEIGHTS, "trainer.test_weights",
+           t.test_weights, "null (best when a monitor exists), best or last")
+    _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
+           t.test_weights, "best needs trainer.monitor (which epoch is best); or last")
+    s = cfg.get("scheduler") or {}
+    if s.get("_target_") is None:
+        return
+    _check(s.get("interval") in SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
+           f"one of {', '.join(SCHEDULER_INTERVALS)}")
+    if "warmup_steps" in s:
+        _check(s.warmup_steps >= 0, "scheduler.warmup_steps", s.warmup_steps,
+               "0 or a positive number of optimizer steps")
+    if "min_lr" in s:
+        _check(s.min_lr >= 0, "scheduler.min_lr", s.min_lr, "a non-negative learning rate")
+    if "step_size_epochs" in s:
+        _check(s.step_size_epochs >= 1, "scheduler.step_size_epochs", s.step_size_epochs,
+               "a positive number of epochs")
+    if "gamma" in s:
+        _check(s.gamma > 0, "scheduler.gamma", s.gamma, "a positive factor")
 
 
 def check_precision(precision: str, device: str) -> None:

@@ -7,7 +7,7 @@ Runs in the launching process, once (no torch compute beyond reading one item; s
   memory, the fast path for small data;
 * a map-style dataset (``data=image_folder``, or ``data=dataset`` with any
   ``torch.utils.data.Dataset``): read item by item when indexed (:mod:`ddp_exp.lazy`);
-* a ``(train, val)`` pair of map-style datasets.
+* a ``(train, val)`` or ``(train, val, test)`` tuple of map-style datasets.
 
 :func:`load` turns it into :class:`Datasets`: with one dataset, ``data.val_size`` samples are
 held out by the seed alone (never by ``world_size``). Both kinds of split offer the same
@@ -86,11 +86,13 @@ class ArrayDataset:
 
 @dataclass
 class Datasets:
-    """The training and validation split handed to every rank: two :class:`ArrayDataset`, or
-    two :class:`ddp_exp.lazy.TorchSplit` (the training one carrying the augmentation)."""
+    """The training, validation and test split handed to every rank: :class:`ArrayDataset` or
+    :class:`ddp_exp.lazy.TorchSplit` (the training one carrying the augmentation); ``test`` is
+    empty unless ``data.test_size`` > 0 or the data comes with a test split."""
 
     train: Any
     val: Any
+    test: Any | None = None
     standardization: dict[str, Any] | None = None  # data.standardize's statistics, if used
 
     @property
@@ -105,8 +107,10 @@ class Datasets:
     def fingerprint(self) -> dict[str, int]:
         """Sizes and a CRC-32 of the data (arrays: their bytes; lazy data: indices and the file
         list): what the nodes of a multi-node world compare, since each builds its own copy."""
-        crc = zlib.crc32(str((self.train.fingerprint(), self.val.fingerprint())).encode())
+        parts = (self.train, self.val, *([self.test] if self.test is not None else []))
+        crc = zlib.crc32(str(tuple(part.fingerprint() for part in parts)).encode())
         return {"data.train_samples": len(self.train), "data.val_samples": len(self.val),
+                "data.test_samples": len(self.test) if self.test is not None else 0,
                 "data.crc32": crc}
 
 
@@ -279,15 +283,20 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
 
 
 # ---------------------------------------------------------------------------------- split
-def build_datasets(dataset, val_size: int, seed: int, world_size: int) -> Datasets:
-    """Hold out ``val_size`` samples chosen by ``seed`` alone (never by ``world_size``).
+def build_datasets(dataset, val_size: int, seed: int, world_size: int,
+                   test_size: int = 0) -> Datasets:
+    """Hold out ``val_size`` validation and ``test_size`` test samples, chosen by ``seed``
+    alone (never by ``world_size``).
 
     ``dataset``: an :class:`ArrayDataset` or a :class:`ddp_exp.lazy.TorchSplit` of all samples.
-    Both parts keep the dataset's order (sorted indices); shuffling happens per epoch in the
+    One seeded permutation of the samples: validation takes its first ``val_size`` entries,
+    test its last ``test_size``, training the rest. So changing ``test_size`` never changes
+    which samples are validation (nor ``val_size`` which are test); only training shrinks.
+    Every part keeps the dataset's order (sorted indices); shuffling happens per epoch in the
     sampler.
 
     Raises:
-        ConfigError: ``val_size`` leaves fewer training samples than ranks.
+        ConfigError: ``val_size`` + ``test_size`` leave fewer training samples than ranks.
     """
     n = len(dataset)
     if world_size > n:
@@ -297,16 +306,22 @@ def build_datasets(dataset, val_size: int, seed: int, world_size: int) -> Datase
         raise ConfigError(f"data.val_size={val_size} is invalid: the dataset has {n} samples, so "
                           f"it must be at most {n - world_size} (every one of the {world_size} "
                           "ranks needs a training sample)")
+    if test_size > n - world_size - val_size:
+        raise ConfigError(f"data.test_size={test_size} is invalid: the dataset has {n} samples "
+                          f"and data.val_size={val_size}, so it must be at most "
+                          f"{n - world_size - val_size} (every one of the {world_size} ranks "
+                          "needs a training sample)")
     perm = np.random.default_rng(seed).permutation(n)
-    val_idx, train_idx = np.sort(perm[:val_size]), np.sort(perm[val_size:])
-    return Datasets(train=dataset.subset(train_idx), val=dataset.subset(val_idx))
-
-
+    val_idx = np.sort(perm[:val_size])
+    test_idx = np.sort(perm[n - test_size:]) if test_size else perm[:0]
+    train_idx = np.sort(perm[val_size:n - test_size])
+    return Datasets(train=dataset.subset(train_idx), val=dataset.subset(val_idx),
+                    test=dataset.subset(test_idx))
 
 
 # ------------------------------------------------------------------------- from the config
 # Keys of the data path, never passed to ``data._target_`` (see conf/data/*.yaml).
-PATH_KEYS = ("batch_size", "val_size", "shuffle", "num_workers", "persistent_workers",
+PATH_KEYS = ("batch_size", "val_size", "test_size", "shuffle", "num_workers", "persistent_workers",
              "prefetch_factor", "pin_memory", "augment", "mean", "std", "transform",
              "input_key", "target_key", "standardize")
 # Keys a built-in loader takes as arguments, but that describe a user's Dataset otherwise.
@@ -334,7 +349,8 @@ def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
                 if k not in DESCRIBING_KEYS or (k in accepted and v is not None)}
     made = instantiate_node(args, "data")
     if isinstance(made, ArrayDataset):
-        datasets = build_datasets(made, data_cfg["val_size"], seed, world_size)
+        datasets = build_datasets(made, data_cfg["val_size"], seed, world_size,
+                                  data_cfg.get("test_size", 0))
         return standardize(datasets) if data_cfg.get("standardize") else datasets
     return _lazy_datasets(made, data_cfg, seed, world_size)
 
@@ -359,7 +375,7 @@ def standardize(datasets: Datasets) -> Datasets:
 
     stats = {"mean": mean.tolist(), "std": std.tolist(),
              "rule": "x_scaled = (x - mean) / std, statistics of the training split"}
-    return Datasets(scaled(datasets.train), scaled(datasets.val), stats)
+    return Datasets(scaled(datasets.train), scaled(datasets.val), scaled(datasets.test), stats)
 
 
 def _accepted_keywords(target: str) -> set[str] | None:
@@ -380,23 +396,26 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
     from ddp_exp import images, lazy
 
     target = data_cfg["_target_"]
-    pair = isinstance(made, (tuple, list))
-    parts = list(made) if pair else [made]
-    if pair and len(parts) != 2 or not all(lazy.is_map_style(p) for p in parts):
+    given = isinstance(made, (tuple, list))
+    parts = list(made) if given else [made]
+    if given and len(parts) not in (2, 3) or not all(lazy.is_map_style(p) for p in parts):
         got = (f"a {type(made).__name__} of {len(parts)}: "
-               f"{', '.join(type(p).__name__ for p in parts)}" if pair else type(made).__name__)
+               f"{', '.join(type(p).__name__ for p in parts)}" if given else type(made).__name__)
         hint = (" (an IterableDataset cannot be sharded exactly: give a map-style one)"
                 if any(isinstance(p, _iterable_dataset()) for p in parts) else "")
         raise ConfigError(f"data._target_={target!r} returned {got}, not a map-style dataset "
                           f"(an object with __len__ and __getitem__, e.g. a torch.utils.data."
-                          f"Dataset) or a (train, val) pair of them{hint}")
-    if pair and data_cfg["val_size"]:
-        raise ConfigError(f"data.val_size={data_cfg['val_size']} is invalid here: the data "
-                          "comes as separate training and validation splits (a val/ folder or a "
-                          "(train, val) pair), so nothing is held out; set data.val_size=0")
+                          f"Dataset) or a (train, val) or (train, val, test) tuple of them{hint}")
+    for key, index in (("val_size", 1), ("test_size", 2)):
+        if len(parts) > index and data_cfg.get(key):
+            split = key.split("_")[0]
+            raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: the data comes with "
+                              f"its own {split} split (a {split}/ folder or a dataset of the "
+                              f"tuple data._target_ returned), so nothing is held out; set "
+                              f"data.{key}=0")
     reader = lazy.ItemReader(data_cfg.get("input_key"), data_cfg.get("target_key"))
     is_folder = isinstance(parts[0], images.ImageFolder)
-    train_tf = val_tf = None
+    train_tf = eval_tf = None
     if is_folder:
         mean, std = data_cfg.get("mean"), data_cfg.get("std")
         _check_normalisation(mean, std, parts[0].channels)
@@ -410,29 +429,32 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
                 raise ConfigError(f"data.transform._target_={user.get('_target_')!r} built a "
                                   f"{type(transform).__name__}, which is not callable")
         train_tf = images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform)
-        val_tf = images.ImageBatch(mean, std)
+        eval_tf = images.ImageBatch(mean, std)
     task = "classification" if is_folder else data_cfg.get("task", "auto")
     shape, num_classes, width = lazy.describe(parts[0], reader, task,
                                               data_cfg.get("num_classes"), train_tf,
-                                              "training" if pair else "data._target_'s")
+                                              "training" if given else "data._target_'s")
     splits = [lazy.TorchSplit(p, np.arange(len(p), dtype=np.int64), reader, shape, num_classes,
                               width) for p in parts]
-    if pair:
-        vshape, _, vwidth = lazy.describe(parts[1], reader, task, num_classes, val_tf,
-                                          "validation")
-        if (vshape, vwidth) != (shape, width):
-            raise ConfigError(f"data._target_={target!r}: validation items have input shape "
-                              f"{list(vshape)} but training items {list(shape)}")
-        datasets = Datasets(train=splits[0], val=splits[1])
+    for part, name in zip(parts[1:], ("validation", "test")[:len(parts) - 1], strict=True):
+        other = lazy.describe(part, reader, task, num_classes, eval_tf, name)
+        if (other[0], other[2]) != (shape, width):
+            raise ConfigError(f"data._target_={target!r}: {name} items have input shape "
+                              f"{list(other[0])} but training items {list(shape)}")
+    if given:
+        test = splits[2] if len(splits) == 3 else splits[0].subset(np.arange(0))
+        datasets = Datasets(train=splits[0], val=splits[1], test=test)
         if world_size > len(datasets.train):
             raise ConfigError(f"world_size={world_size} is invalid: the training split has "
                               f"only {len(datasets.train)} samples and every rank needs one")
     else:
-        datasets = build_datasets(splits[0], data_cfg["val_size"], seed, world_size)
+        datasets = build_datasets(splits[0], data_cfg["val_size"], seed, world_size,
+                                  data_cfg.get("test_size", 0))
     import dataclasses
 
     return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
-                    val=dataclasses.replace(datasets.val, transform=val_tf))
+                    val=dataclasses.replace(datasets.val, transform=eval_tf),
+                    test=dataclasses.replace(datasets.test, transform=eval_tf))
 
 
 def _iterable_dataset():

@@ -185,3 +185,11 @@ def peak_rss_mb() -> float:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` on every rank with rank 0's values, in place (one broadcast each).
+    A no-op outside a process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)

@@ -4,7 +4,8 @@ model inputs.
 
 Layout (the one torchvision, timm and most papers' code use): ``root/<class>/<image>``, classes
 sorted by name and numbered from 0, images sorted by path within a class. If ``root`` holds
-``train/`` and ``val/`` sub-folders, they are the two splits and must use the same class names
+``train/`` and ``val/`` sub-folders (and ``test/``), they are the splits and must use the same
+class names
 (the training folder's list numbers them: a class missing from ``val/`` is fine, an extra one is
 an error, since torchvision would silently renumber it).
 
@@ -144,8 +145,9 @@ def load_image_folder(path: str, image_size: int | None = None, channels: int = 
     """``data=image_folder``: the folder under ``path``, or its ``train/`` and ``val/`` splits.
 
     Returns:
-        One :class:`ImageFolder` (validation held out later by ``data.val_size``), or a
-        ``(train, val)`` pair when ``path`` holds ``train/`` and ``val/``.
+        One :class:`ImageFolder` (validation and test held out later by ``data.val_size`` and
+        ``data.test_size``), or a ``(train, val)`` pair when ``path`` holds ``train/`` and
+        ``val/``, ``(train, val, test)`` when it also holds ``test/``.
 
     Raises:
         ConfigError: a missing folder, no class or one class, no image, class folders of ``val/``
@@ -163,8 +165,9 @@ def load_image_folder(path: str, image_size: int | None = None, channels: int = 
                           "or a positive side in pixels")
     if all(os.path.isdir(os.path.join(root, s)) for s in SPLIT_FOLDERS):
         train = ImageFolder(os.path.join(root, "train"), image_size, channels)
-        val = ImageFolder(os.path.join(root, "val"), image_size, channels, train.classes)
-        parts: tuple[ImageFolder, ...] = (train, val)
+        parts: tuple[ImageFolder, ...] = (train, *(
+            ImageFolder(os.path.join(root, s), image_size, channels, train.classes)
+            for s in ("val", "test") if os.path.isdir(os.path.join(root, s))))
     else:
         parts = (ImageFolder(root, image_size, channels),)
     if image_size is None:

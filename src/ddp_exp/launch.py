@@ -32,7 +32,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, cluster
+from ddp_exp import checkpoint, cluster, monitor, schedule
 from ddp_exp import data as data_module
 from ddp_exp.config import (
     ConfigError,
@@ -235,11 +235,11 @@ def torchrun_overrides(argv: list[str]) -> list[str]:
 
 
 def load_data(cfg: DictConfig) -> Datasets:
-    """Build ``cfg.data``'s training and validation split (:func:`ddp_exp.data.load`): arrays
+    """Build ``cfg.data``'s training, validation and test split (:func:`ddp_exp.data.load`): arrays
     read once, or lazy datasets of which one item is read.
 
     Raises:
-        ConfigError: unreadable data, or ``data.val_size`` too large.
+        ConfigError: unreadable data, or ``data.val_size`` / ``data.test_size`` too large.
     """
     return data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
                             cfg.world_size)
@@ -291,6 +291,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
                               "does not fit this model ("
                               f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
+        if (state.get("monitor") or {}).get("stopped_early"):
+            raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} stopped "
+                                  "early (trainer.early_stopping_patience): nothing left to "
+                                  "train; the job folder is unchanged")
         if state["epoch"] + 1 >= cfg.trainer.epochs:
             raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
                                   f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
@@ -316,7 +320,18 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
         raise ConfigError(f"data: reading the first training samples failed: "
                           f"{type(exc).__name__}: {first}") from None
     objective.check(model, probe_x, probe_y)
+    note = monitor.resolve(plain, objective.metrics, len(datasets.val))
+    if note:
+        log.info(note)
     optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
+    t = plain["trainer"]
+    per_epoch = schedule.steps_per_epoch(len(datasets.train), world_size,
+                                         plain["data"]["batch_size"],
+                                         t["accumulate_grad_batches"])
+    run_steps = schedule.total_steps(t["epochs"], t["max_steps"], per_epoch)
+    schedule.check(plain, run_steps)
+    scheduler, _ = schedule.build_scheduler(plain.get("scheduler"), optimizer, run_steps,
+                                            per_epoch)  # a bad scheduler fails here too
     if source is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         try:
             optimizer.load_state_dict(state["optimizer"])
@@ -325,6 +340,14 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                               f"optimizer state does not fit optim ({plain['optim']['_target_']}"
                               f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
                               ) from None
+        if state.get("scheduler") and scheduler is not None:
+            try:
+                scheduler.load_state_dict(state["scheduler"])
+            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's "
+                                  f"scheduler state does not fit scheduler ("
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+                                  ) from None
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,

@@ -266,14 +266,19 @@ class RankData:
         else:
             keys = BatchKeys(self.sampler, self.batch_size, seed, rank, train.random)
             self.train = KeyedLoader(train, keys, loader_options(data_cfg, device), seed, rank)
+        self.in_memory, self.seed, self.options = (datasets.in_memory, seed,
+                                                   loader_options(data_cfg, device))
         val = datasets.val
-        if datasets.in_memory:
+        if datasets.in_memory:  # on the device once: validated every epoch
             self.val_x, self.val_y = (torch.from_numpy(a).to(device)
                                       for a in (val.features, val.targets))
         else:
-            shard = list(range(rank, len(val), world_size))
-            keys = BatchKeys(shard, self.batch_size, seed, rank, val.random)
-            self.val_loader = KeyedLoader(val, keys, loader_options(data_cfg, device), seed, rank)
+            self.val_loader = self._shard_loader(val)
+
+    def _shard_loader(self, split) -> KeyedLoader:
+        shard = list(range(self.rank, len(split), self.world_size))
+        keys = BatchKeys(shard, self.batch_size, self.seed, self.rank, split.random)
+        return KeyedLoader(split, keys, self.options, self.seed, self.rank)
 
     def val_batches(self) -> Iterator:
         """This rank's validation batches (unpadded strided shard), on the host or the device."""
@@ -282,3 +287,13 @@ class RankData:
                                EVAL_BATCH_SIZE)
         self.val_loader.set_epoch(0)
         return iter(self.val_loader)
+
+    def eval_batches(self, split) -> Iterator:
+        """This rank's unpadded strided shard of another held-out split (the test split),
+        evaluated once: in-memory tensors are copied to the device for the pass."""
+        if self.in_memory:
+            x, y = (torch.from_numpy(a).to(self.device) for a in (split.features, split.targets))
+            return val_batches(x, y, self.rank, self.world_size, EVAL_BATCH_SIZE)
+        loader = self._shard_loader(split)
+        loader.set_epoch(0)
+        return iter(loader)

@@ -47,6 +47,17 @@ def hparams_summaries(hparams: Mapping[str, float | str], metrics: tuple[str, ..
     return list(summaries)
 
 
+def recipe_hparam_metrics(monitor: str | None, test_metrics: list[str]) -> list[str]:
+    """The recipe's final values (issue 15) shown in the HParams dashboard besides
+    :data:`HPARAM_METRICS`: ``best/<monitor>``, ``best/epoch``, ``stopped_early`` (0/1) when a
+    metric is monitored, and ``test/<name>`` for each name of ``test_metrics`` (``loss``,
+    ``accuracy``, user metrics; empty without a test split). :meth:`MetricsWriter.finish`
+    writes each as ``final/<name>`` like the others, so the dashboard shows metrics.json's
+    value."""
+    tags = [f"best/{monitor}", "best/epoch", "stopped_early"] if monitor else []
+    return tags + [f"test/{name}" for name in test_metrics]
+
+
 class Accumulator:
     """Named float64 sums (e.g. ``loss_sum``, ``correct``, ``num_samples``) of one rank.
 
@@ -126,11 +137,13 @@ class MetricsWriter:
         enabled: False on every rank but 0: all methods then do nothing.
         purge_step: on resume, the checkpoint's global step + 1: TensorBoard hides what an
             earlier attempt logged after the checkpoint (steps >= purge_step).
+        recipe_metrics: extra final metrics for HParams (:func:`recipe_hparam_metrics`).
     """
 
     def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool,
-                 purge_step: int | None = None):
+                 purge_step: int | None = None, recipe_metrics: list[str] | tuple = ()):
         self.job_dir = job_dir
+        self.recipe_metrics = list(recipe_metrics)
         self.writer = None
         self.tags: set[str] = set()  # scalar tags written so far (the dashboard layout's)
         if not enabled:
@@ -141,7 +154,8 @@ class MetricsWriter:
                                     purge_step=purge_step)
         # The three HParams summaries go into this run's own writer; SummaryWriter.add_hparams
         # would open a new timestamped sub-run (pytorch #32651).
-        for summary in hparams_summaries(hparams, HPARAM_METRICS):
+        metrics = (*HPARAM_METRICS, *self.recipe_metrics)
+        for summary in hparams_summaries(hparams, metrics):
             self.writer.file_writer.add_summary(summary)
 
     def scalars(self, step: int, values: Mapping[str, float | None]) -> None:
@@ -197,8 +211,10 @@ class MetricsWriter:
         unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
         if self.writer is None:
             return
-        for key in HPARAM_METRICS:
+        for key in (*HPARAM_METRICS, *self.recipe_metrics):
             value = final.get(key)
+            if isinstance(value, bool):  # stopped_early: 0/1
+                value = float(value)
             if value is not None and math.isfinite(value):
                 self.writer.add_scalar(FINAL_PREFIX + key, value, final.get("global_step"),
                                        new_style=True, double_precision=True)

@@ -46,8 +46,8 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """``Conv3x3 -> ReLU`` per channel count (2x2 max-pool after each while the image is at
-    least 4 pixels wide), then ``Linear -> ReLU -> Linear``.
+    """``Conv3x3 [-> BatchNorm2d] -> ReLU`` per channel count (2x2 max-pool after each while the
+    image is at least 4 pixels wide), then ``Linear -> ReLU -> Linear``.
 
     Input ``[batch, C, H, W]`` (digits: ``[batch, 1, 8, 8]``), output ``[batch, num_outputs]``.
 
@@ -56,7 +56,8 @@ class CNN(nn.Module):
     """
 
     def __init__(self, input_shape: Sequence[int], num_outputs: int,
-                 channels: Sequence[int] = (32, 64), hidden_size: int = 128):
+                 channels: Sequence[int] = (32, 64), hidden_size: int = 128,
+                 batch_norm: bool = False):
         super().__init__()
         if len(input_shape) != 3:
             raise ConfigError(f"model=cnn needs image-shaped data [C, H, W]; this dataset gives "
@@ -64,7 +65,10 @@ class CNN(nn.Module):
         c, h, w = input_shape
         layers: list[nn.Module] = []
         for out in channels:
-            layers += [nn.Conv2d(c, out, kernel_size=3, padding=1), nn.ReLU()]
+            layers.append(nn.Conv2d(c, out, kernel_size=3, padding=1))
+            if batch_norm:  # see ddp.sync_batchnorm for BatchNorm over the global batch
+                layers.append(nn.BatchNorm2d(out))
+            layers.append(nn.ReLU())
             if min(h, w) >= 4:
                 layers.append(nn.MaxPool2d(2))
                 h, w = h // 2, w // 2

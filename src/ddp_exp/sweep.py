@@ -31,6 +31,22 @@ log = logging.getLogger("ddp_exp")
 STATUS_FILE = "status.json"
 COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
            "samples_per_sec", "error")
+# The recipe's final values (issue 15), columns when some job has them: best/<monitor>,
+# best/epoch, stopped_early, test/loss, test/accuracy, test/<metric>.
+RECIPE_PREFIXES = ("best/", "test/")
+RECIPE_KEYS = ("stopped_early",)
+
+
+def recipe_values(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The recipe keys of a job's metrics.json (``test/num_samples`` left out)."""
+    return {k: v for k, v in metrics.items()
+            if (k.startswith(RECIPE_PREFIXES) or k in RECIPE_KEYS) and k != "test/num_samples"}
+
+
+def columns(rows: list[dict[str, Any]]) -> list[str]:
+    """:data:`COLUMNS` with the recipe keys any row has inserted before ``error``."""
+    extra = sorted({k for row in rows for k in row if k not in COLUMNS})
+    return [*COLUMNS[:-1], *extra, COLUMNS[-1]]
 
 
 class SweepFailed(RuntimeError):
@@ -123,6 +139,7 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
             "wall_s": status.get("wall_s", metrics.get("time/total_s")),
             "samples_per_sec": metrics.get("train/samples_per_sec"),
             "error": status.get("error"),
+            **recipe_values(metrics),
         })
     rows.sort(key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit()
                              else 0, r["job"]))
@@ -156,16 +173,17 @@ def _fmt(value: Any) -> str:
 
 def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     """``summary.csv`` (full precision), ``summary.md`` (a table) and ``summary.png``."""
+    names = columns(rows)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row[k] is None else row[k] for k in COLUMNS})
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in names})
     atomic_write(os.path.join(sweep_dir, "summary.csv"), lambda fh: fh.write(buf.getvalue()
                                                                               .encode()))
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for row in rows:
-        cells = [_fmt(row[k]).replace("|", "\\|").replace("\n", " ") for k in COLUMNS]
+        cells = [_fmt(row.get(k)).replace("|", "\\|").replace("\n", " ") for k in names]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     atomic_write(os.path.join(sweep_dir, "summary.md"), lambda fh: fh.write(text.encode()))

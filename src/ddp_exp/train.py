@@ -10,16 +10,24 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    and the earlier ones run forward *and* backward inside ``no_sync()`` (a ``no_sync`` around
    backward alone still syncs: DDP docstring). Each micro-batch loss is weighted by its share of
    the step's samples, so ``accumulate_grad_batches=2, batch_size=b`` steps exactly like
-   ``batch_size=2b``. Then ``optimizer.step()``. Losses stay on the device: no host sync per step.
+   ``batch_size=2b``. With ``trainer.gradient_clip_val``, the global L2 norm of the (all-reduced,
+   hence identical on every rank; unscaled under ``16-mixed``) gradients is clipped. Then
+   ``optimizer.step()`` and, with a per-step schedule, ``scheduler.step()``: once per optimizer
+   step, never per micro-batch. Losses stay on the device: no host sync per step.
 3. Every ``trainer.log_every_n_steps`` global steps: one all-reduce of (loss sum, sample count);
-   rank 0 writes ``train/loss`` (mean over the interval's samples), ``train/lr`` and
-   ``train/samples_per_sec`` at x = global step. An interval may span an epoch boundary, so the
-   points are evenly spaced; at the end of each epoch one more all-reduce gives the epoch's mean,
-   ``train/epoch_loss`` (x = the epoch's last step). A non-finite sum stops every rank at once,
-   naming the first bad step.
+   rank 0 writes ``train/loss`` (mean over the interval's samples), ``train/lr`` (the rate the
+   step used), ``train/samples_per_sec`` and ``train/grad_norm`` (the global norm of the step's
+   all-reduced gradients, before clipping) at x = global step. An interval may span an epoch
+   boundary, so the points are evenly spaced; at the end of each epoch one more all-reduce gives
+   the epoch's mean, ``train/epoch_loss`` (x = the epoch's last step). A non-finite sum stops
+   every rank at once, naming the first bad step.
 4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
    forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
    rank 0 writes ``val/loss`` and ``val/accuracy``.
+5. The monitored metric (:mod:`ddp_exp.monitor`): a new best writes ``checkpoints/best.pt``;
+   ``trainer.early_stopping_patience`` epochs without one stop every rank after the same epoch.
+   A per-epoch schedule steps. At the end, the test split is evaluated once like validation,
+   with the best or the last weights (``trainer.test_weights``).
 """
 
 from __future__ import annotations
@@ -36,15 +44,17 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp import checkpoint, confusion, dashboard
+from ddp_exp import checkpoint, confusion, dashboard, schedule
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
 from ddp_exp.data import Datasets
-from ddp_exp.distributed import World, all_reduce_sum
+from ddp_exp.distributed import World, all_reduce_sum, broadcast_from_main
 from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
+from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
 from ddp_exp.perf import StepTimer
 from ddp_exp.progress import Progress, resolve_mode
+from ddp_exp.sync_batchnorm import convert_sync_batchnorm
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +137,16 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
     if pairs is not None:
         result["confusion"] = pairs.round().long().view(num_classes, num_classes).cpu()
     return result
+
+
+def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
+    """The global L2 norm of the parameters' gradients (a scalar tensor on their device, no
+    host sync), as ``torch.nn.utils.clip_grad_norm_`` computes it; None if none has a gradient.
+    Called after DDP's all-reduce, it is the same on every rank."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return None
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]
@@ -263,6 +283,8 @@ class Trainer:
                              device)
         self.sampler, self.loader = self.data.sampler, self.data.train
         self.move_batches = self.data.move_batches
+        if ddp_cfg.get("sync_batchnorm"):  # before DDP wraps it (torch's SyncBatchNorm docs)
+            model = convert_sync_batchnorm(model, device.type)
         self.model = model.to(device)
         self.ddp = DistributedDataParallel(
             self.model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -277,6 +299,22 @@ class Trainer:
         self.scaler = (torch.amp.GradScaler(device.type) if self.precision == "16-mixed"
                        else None)
         self.autocast = autocast(device, self.precision)
+        # The recipe (issue 15). Each feature that is off costs the hot path nothing: no
+        # scheduler object is called, no norm is computed.
+        self.run_steps = schedule.total_steps(trainer["epochs"], trainer["max_steps"],
+                                              self.steps_per_epoch)
+        self.scheduler, interval = schedule.build_scheduler(
+            cfg.get("scheduler"), self.optimizer, self.run_steps, self.steps_per_epoch)
+        self.step_scheduler = self.scheduler if interval == "step" else None
+        self.step_lr = self.optimizer.param_groups[0]["lr"]  # the lr the last step used
+        self.clip = trainer.get("gradient_clip_val")
+        self.clip_params = ([p for p in self.model.parameters() if p.requires_grad]
+                            if self.clip is not None else [])
+        self.grad_norm: torch.Tensor | None = None  # the last step's norm, before clipping
+        self.log_every = trainer["log_every_n_steps"]
+        self.norm_params = [p for p in self.model.parameters() if p.requires_grad]
+        self.monitor = Monitor(trainer.get("monitor"), trainer.get("monitor_mode"),
+                               trainer.get("early_stopping_patience"))
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         # Dashboards (ddp_exp.perf, ddp_exp.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
@@ -307,7 +345,8 @@ class Trainer:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "monitor": self.monitor.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": self.epoch - 1,  # the last completed epoch, 0-based
             "global_step": self.global_step,
@@ -334,6 +373,9 @@ class Trainer:
                               f"model/optimizer ({str(exc).splitlines()[0][:200]})") from None
         if state.get("scaler") and self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
+        if state.get("scheduler") and self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.monitor.load_state_dict(state.get("monitor"))
         self.epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
         if state.get("train_interval"):
@@ -386,6 +428,14 @@ class Trainer:
             window.add(loss, len(xb), self.global_step + 1)
         if perf is not None:
             perf.backward_done()
+        if self.clip is not None:  # after DDP's all-reduce: the same norm on every rank
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self.clip_params, self.clip)
+        elif (self.global_step + 1) % self.log_every == 0:  # train/grad_norm, logging steps only
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            self.grad_norm = grad_norm(self.norm_params)
         if self.scaler is None:
             self.optimizer.step()
         else:
@@ -394,6 +444,9 @@ class Trainer:
         if perf is not None:
             perf.step_done()
         self.global_step += 1
+        if self.step_scheduler is not None:
+            self.step_lr = self.optimizer.param_groups[0]["lr"]
+            self.step_scheduler.step()
 
     def train_epoch(self) -> tuple[float, int, float]:
         """Run one epoch (or up to ``trainer.max_steps``); returns the world's (loss sum,
@@ -448,8 +501,9 @@ class Trainer:
         loss = mean(loss_sum, samples)
         self.writer.scalars(self.global_step, {
             "train/loss": loss,
-            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/lr": self._lr_used(),
             "train/samples_per_sec": rate,
+            "train/grad_norm": self.grad_norm,
         })
         if self.perf is not None:  # one collective of every rank's step timing
             self.writer.scalars(self.global_step, self.perf.interval())
@@ -481,6 +535,13 @@ class Trainer:
             self.writer.figure("val/confusion_matrix", confusion.figure(matrix, names),
                                self.global_step)
 
+    def _lr_used(self) -> float:
+        """The learning rate of the last optimizer step (a per-step scheduler has already set
+        the next one)."""
+        if self.step_scheduler is not None:
+            return self.step_lr
+        return self.optimizer.param_groups[0]["lr"]
+
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
@@ -505,13 +566,82 @@ class Trainer:
                                seconds, self.validate())
             log.info(_epoch_line(last, trainer["epochs"]))
             self._epoch_dashboards()
+            improved = self.monitor.update(last.val, self.epoch)  # the reduced value: all agree
+            self._epoch_schedule(last.val)
             self.epoch += 1
+            if improved:
+                self.save_best()
+            if self.monitor.stopped_early:
+                log.info(self.monitor.stop_line(trainer["epochs"]))
             if max_steps is not None and self.global_step >= max_steps:
                 break  # a partial epoch: resuming it could not be exact, so no checkpoint
             self.save_checkpoint()
+            if self.monitor.stopped_early:
+                break
         if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
             last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0, self.validate())
         self.report_confusion()
+        final = self._final(last, run_samples, train_s)
+        final.update(self.monitor.results())
+        if self.datasets.test is not None and len(self.datasets.test):
+            final.update(self.evaluate_split("test", trainer["test_weights"] or "last"))
+        return final
+
+    def _epoch_schedule(self, val: dict[str, Any]) -> None:
+        """Step a per-epoch scheduler (``ReduceLROnPlateau`` with the monitored value)."""
+        if self.scheduler is None or self.step_scheduler is not None:
+            return
+        if schedule.is_plateau(self.scheduler):
+            value = val.get(self.monitor.metric)
+            if value is not None:
+                self.scheduler.step(value)
+        else:
+            self.scheduler.step()
+
+    def save_best(self) -> None:
+        """Rank 0 writes the new best epoch's weights to ``checkpoints/best.pt`` (atomically;
+        model, completed ``epoch``, ``global_step``, the monitor's state and the config)."""
+        if self.world.is_main:
+            checkpoint.save_best(self.writer.job_dir, {
+                "model": self.model.state_dict(), "epoch": self.epoch - 1,
+                "global_step": self.global_step, "monitor": self.monitor.state_dict(),
+                "config": self.cfg})
+
+    def evaluate_split(self, split: str, weights: str) -> dict[str, Any]:
+        """Evaluate a held-out split (``test``) once, exactly reduced like validation, with
+        the ``best`` weights (``checkpoints/best.pt``, read by rank 0 and broadcast) or the
+        ``last`` ones; every rank must call it. The model keeps its last weights afterwards.
+
+        Returns:
+            ``<split>/loss``, ``<split>/<metric>`` and ``<split>/num_samples``.
+        """
+        data = getattr(self.datasets, split)
+        use_best = weights == "best" and self.monitor.best_epoch is not None
+        if weights == "best" and not use_best:
+            log.warning("%s: no best epoch was recorded (%s never finite): using the last "
+                        "weights", split, self.monitor.metric)
+        last_weights = None
+        if use_best:
+            last_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            if self.world.is_main:
+                best = checkpoint.load(checkpoint.best_path(self.writer.job_dir),
+                                       key="trainer.test_weights")
+                self.model.load_state_dict(best["model"])
+            broadcast_from_main(list(self.model.state_dict().values()))
+        result = evaluate(self.model, self.data.eval_batches(data), self.objective, self.world,
+                          self.device, self.precision)
+        if last_weights is not None:
+            self.model.load_state_dict(last_weights)
+        out = {f"{split}/{key.split('/', 1)[1]}": value for key, value in result.items()}
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in out.items()
+                          if v is not None and not k.endswith("num_samples"))
+        which = (f"best weights, epoch {self.monitor.best_epoch + 1}" if use_best
+                 else "last weights")
+        log.info("%s (%s, %d samples): %s", split, which, out[f"{split}/num_samples"], shown)
+        return out
+
+    def _final(self, last: EpochResult, run_samples: int, train_s: float) -> dict[str, Any]:
+        """The final global metrics of the last epoch (see ``metrics.json`` in the README)."""
         return {
             **last.val,
             "train/loss": last.train_loss,

@@ -35,7 +35,7 @@ from ddp_exp.distributed import (
     peak_rss_mb,
     threads_per_rank,
 )
-from ddp_exp.metrics import MetricsWriter, flatten_hparams
+from ddp_exp.metrics import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
 
@@ -141,8 +141,12 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     state = checkpoint.load(source, map_location=device) if source else None
     if attempt > 0 and world.is_main:
         log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
+    test_metrics = (["loss", *inputs.objective.metrics]
+                    if data.test is not None and len(data.test) else [])
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
-                           purge_step=state["global_step"] + 1 if state else None)
+                           purge_step=state["global_step"] + 1 if state else None,
+                           recipe_metrics=recipe_hparam_metrics(cfg["trainer"]["monitor"],
+                                                                test_metrics))
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)
@@ -162,7 +166,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             "device": inputs.device,
             "time/total_s": time.time() - inputs.t_start,
         })
-        writer.finish(final, inputs.model)
+        writer.finish(final, trainer.model)
     finally:
         writer.close()
     if world.is_main:

@@ -1,0 +1,168 @@
+"""Learning-rate schedules: the ``scheduler`` config group, built from torch's scheduler classes.
+
+Options (``conf/scheduler/``):
+
+* ``none``: a constant learning rate; no scheduler object, no call per step.
+* ``cosine``: linear warmup over ``scheduler.warmup_steps`` optimizer steps, then cosine decay to
+  ``scheduler.min_lr`` at the last optimizer step of the run. With ``T`` steps in the run,
+  ``W`` warmup steps and base learning rate ``lr`` (the effective one, see
+  :func:`ddp_exp.config.effective_lr`), optimizer step ``k = 1..T`` uses::
+
+      lr_k = lr * k / W                                              for k <= W
+      lr_k = min_lr + (lr - min_lr) * (1 + cos(pi * (k - W) / (T - W))) / 2   for k > W
+
+  so step ``W`` is at the peak and step ``T`` is exactly at ``min_lr`` (the SGDR / "cosine
+  with warmup" schedule of Loshchilov & Hutter 2017 and Goyal et al. 2017, warmup counted from
+  1 so that no step runs at lr 0). It is one ``torch.optim.lr_scheduler.LambdaLR`` whose factor
+  is computed from the step count, not chained ``LinearLR`` + ``CosineAnnealingLR`` through
+  ``SequentialLR``: the chained form updates the lr recursively (rounding accumulates) and
+  ``SequentialLR`` calls ``step(0)`` (deprecated), while the closed form resumes exactly from
+  ``last_epoch`` alone.
+* ``step``: ``torch.optim.lr_scheduler.StepLR``: lr times ``scheduler.gamma`` every
+  ``scheduler.step_size_epochs`` epochs.
+* any ``torch.optim.lr_scheduler`` class (or your own) through ``scheduler._target_``, with its
+  options as ``+scheduler.<name>=...``; it receives the optimizer, and ``total_steps`` when it
+  takes one and the config does not set it (``OneCycleLR``). ``ReduceLROnPlateau`` is stepped
+  with the monitored validation value (``trainer.monitor``) once per epoch.
+
+``scheduler.interval`` (``step`` | ``epoch``) says when the scheduler is stepped: once per
+optimizer step (never per micro-batch: accumulation steps it once per group), or once per epoch
+after validation. The run's step count ``T`` (:func:`total_steps`) knows ``trainer.max_steps``,
+``trainer.accumulate_grad_batches`` and the world's steps per epoch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ddp_exp.config import ConfigError, instantiate_node
+from ddp_exp.models import locate
+
+OWN_KEYS = ("interval",)  # ours, not arguments of the scheduler
+
+
+def steps_per_epoch(n_train: int, world_size: int, batch_size: int, accumulate: int) -> int:
+    """Optimizer steps per epoch: every rank gets ``ceil(n_train / world_size)`` samples
+    (DistributedSampler pads), in ``ceil(. / batch_size)`` batches, grouped by ``accumulate``."""
+    batches = math.ceil(math.ceil(n_train / world_size) / batch_size)
+    return math.ceil(batches / accumulate)
+
+
+def total_steps(epochs: int, max_steps: int | None, per_epoch: int) -> int:
+    """Optimizer steps of the whole run: ``epochs * per_epoch``, capped by ``max_steps``."""
+    steps = epochs * per_epoch
+    return steps if max_steps is None else min(steps, max_steps)
+
+
+def cosine_factor(base_lr: float, warmup_steps: int, total: int, min_lr: float
+                  ) -> Callable[[int], float]:
+    """The factor ``lr_k / lr`` of the cosine schedule (module docstring) as LambdaLR calls
+    it: with the number of steps already taken, ``i = k - 1``.
+
+    A plain function (a closure): LambdaLR's ``state_dict`` then keeps only the step count, so
+    the schedule always follows the current config (a run resumed with more epochs decays over
+    its new length).
+    """
+
+    def factor(i: int) -> float:
+        if base_lr == 0:
+            return 0.0
+        k = min(i + 1, total)
+        if k <= warmup_steps:
+            return k / warmup_steps
+        progress = (k - warmup_steps) / (total - warmup_steps)
+        return (min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))) / base_lr
+
+    return factor
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
+                  min_lr: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """The ``cosine`` option: ``LambdaLR`` with one :func:`cosine_factor` per param group.
+
+    Args:
+        optimizer: the optimizer, at its base learning rate(s).
+        total_steps: optimizer steps in the run (``T``).
+        warmup_steps: ``W``, 0 <= W < T.
+        min_lr: the learning rate of the last step (absolute, not a factor).
+    """
+    factors = [cosine_factor(group["lr"], warmup_steps, total_steps, min_lr)
+               for group in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+
+
+def step_decay(optimizer: torch.optim.Optimizer, step_size_epochs: int, gamma: float = 0.1,
+               steps_per_epoch: int = 1, interval: str = "epoch"
+               ) -> torch.optim.lr_scheduler.StepLR:
+    """The ``step`` option: ``StepLR``, lr times ``gamma`` every ``step_size_epochs`` epochs
+    (counted in optimizer steps when ``interval=step``)."""
+    size = step_size_epochs * (steps_per_epoch if interval == "step" else 1)
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=size, gamma=gamma)
+
+
+def build_scheduler(node: Mapping[str, Any] | None, optimizer: torch.optim.Optimizer,
+                    run_steps: int, per_epoch: int) -> tuple[Any, str]:
+    """Build ``cfg.scheduler`` for ``optimizer``; returns ``(scheduler or None, interval)``.
+
+    Our builders and torch's classes get ``optimizer``; ``total_steps``, ``steps_per_epoch``
+    and ``interval`` are passed to a target whose signature takes them (unless set in the
+    config). A ``total_steps`` is in units of the interval: optimizer steps, or epochs.
+
+    Raises:
+        ConfigError: the target cannot be built, or does not make an LR scheduler.
+    """
+    if not node or node.get("_target_") is None:
+        return None, "step"
+    interval = node.get("interval", "step")
+    args = {k: v for k, v in node.items() if k not in OWN_KEYS}
+    target = locate(str(args["_target_"]), "scheduler._target_")
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        params = {}
+    context = {"total_steps": run_steps if interval == "step" else math.ceil(
+        run_steps / max(per_epoch, 1)), "steps_per_epoch": per_epoch, "interval": interval}
+    extra = {k: v for k, v in context.items() if k in params and k not in args}
+    scheduler = instantiate_node(args, "scheduler", optimizer=optimizer, **extra)
+    if not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict"):
+        raise ConfigError(f"scheduler._target_={args['_target_']!r} built a "
+                          f"{type(scheduler).__name__}, not a torch LR scheduler")
+    return scheduler, interval
+
+
+def is_plateau(scheduler: Any) -> bool:
+    """``ReduceLROnPlateau`` steps with a metric value, once per epoch."""
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def check(cfg: Mapping[str, Any], run_steps: int) -> None:
+    """Relations of ``cfg.scheduler`` to the run that need the data's size (called by the
+    launcher before any rank starts).
+
+    Raises:
+        ConfigError: ``scheduler.warmup_steps`` not shorter than the run, ``interval=epoch``
+            with ``cosine``, ``ReduceLROnPlateau`` per step or without a monitored metric.
+    """
+    node = cfg.get("scheduler") or {}
+    target = node.get("_target_")
+    if target is None:
+        return
+    interval = node.get("interval")  # step | epoch: checked by ddp_exp.config.validate
+    if target == "ddp_exp.schedule.warmup_cosine":
+        warmup = node.get("warmup_steps", 0)
+        if interval != "step":
+            raise ConfigError("scheduler.interval=epoch is invalid with scheduler=cosine: its "
+                              "warmup and decay count optimizer steps (interval: step)")
+        if not isinstance(warmup, int) or warmup < 0 or warmup >= run_steps:
+            raise ConfigError(f"scheduler.warmup_steps={warmup!r} is invalid: this run has "
+                              f"{run_steps} optimizer step(s), so 0..{run_steps - 1} (warmup "
+                              "must end before the cosine decay's last step)")
+    if target.endswith("ReduceLROnPlateau"):
+        if interval != "epoch" or not cfg["trainer"].get("monitor"):
+            raise ConfigError("scheduler._target_=ReduceLROnPlateau needs scheduler.interval="
+                              "epoch and a trainer.monitor (it steps with the monitored value)")
