@@ -179,6 +179,17 @@ def test_threads_per_rank_honours_omp_num_threads(monkeypatch, local_world_size,
     assert distributed.threads_per_rank(local_world_size) == int(user)
 
 
+@pytest.mark.parametrize("cores", [2, 8, 16])
+@pytest.mark.parametrize("local_world_size", [1, 2])
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_dataloader_workers_take_cores_too(monkeypatch, cores, local_world_size, num_workers):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _cores(monkeypatch, cores)
+    expected = max(1, cores // (local_world_size * (1 + num_workers)))
+    assert distributed.threads_per_rank(local_world_size, num_workers) == expected
+    assert expected <= distributed.threads_per_rank(local_world_size)
+
+
 def test_threads_per_rank_on_this_machine(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores = len(os.sched_getaffinity(0))

@@ -111,13 +111,16 @@ def device_for(device_type: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
-def threads_per_rank(local_world_size: int) -> int:
+def threads_per_rank(local_world_size: int, num_workers: int = 0) -> int:
     """Intra-op threads for one rank: ``OMP_NUM_THREADS`` if the user set it, else
-    ``max(1, usable cores // local_world_size)``."""
+    ``max(1, usable cores // (local_world_size * (1 + num_workers)))``: each DataLoader worker
+    (``data.num_workers``, a process decoding batches) takes a core of its own too. With 2
+    cores, one rank and 2 decoding workers, 2 intra-op threads made both the rank and its
+    workers crawl (measured in make bench's image-folder group: ~10x slower)."""
     user = os.environ.get("OMP_NUM_THREADS", "").strip()
     if user.isdigit() and int(user) > 0:
         return int(user)
-    return max(1, len(os.sched_getaffinity(0)) // local_world_size)
+    return max(1, len(os.sched_getaffinity(0)) // (local_world_size * (1 + num_workers)))
 
 
 def oversubscription_warning(ranks_on_host: int) -> str | None:

@@ -583,7 +583,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
                                         world.local_world_size)
     check_precision(cfg.trainer.precision, device)
-    threads = set_threads(world)
+    threads = set_threads(world, cfg.data.num_workers)
     warning = oversubscription_warning(world.local_world_size)
     if warning and world.local_rank == 0:
         log.warning("%s", warning)

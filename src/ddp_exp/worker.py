@@ -108,9 +108,9 @@ def configure_logging(rank: int, log_file: str | None) -> None:
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
-def set_threads(world: World) -> int:
+def set_threads(world: World, num_workers: int = 0) -> int:
     """Set this rank's intra-op threads (see :func:`ddp_exp.distributed.threads_per_rank`)."""
-    threads = threads_per_rank(world.local_world_size)
+    threads = threads_per_rank(world.local_world_size, num_workers)
     torch.set_num_threads(threads)
     return threads
 
@@ -258,7 +258,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
-    threads = set_threads(world)
+    threads = set_threads(world, inputs.cfg["data"]["num_workers"])
     # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
     # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
     inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
