@@ -639,8 +639,8 @@ def test_resume_with_another_split_is_refused_unless_forced(run_cli, change):
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     before = {"seed": 0, "data.val_size": 297}[key]
     assert lines == [f"error: {key}={value} differs from the checkpoint's {key}={before} "
-                     "(trainer.resume=auto): another split would move training samples into "
-                     f"validation; resume with {key}={before}, or add "
+                     "(trainer.resume=auto): another split would move samples between "
+                     f"training, validation and test; resume with {key}={before}, or add "
                      "trainer.resume_allow_changes=true to accept it"], run.stderr
     after = {p.relative_to(first.job_dir): p.read_bytes()
              for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
@@ -648,3 +648,5 @@ def test_resume_with_another_split_is_refused_unless_forced(run_cli, change):
     forced = run_cli("trainer.epochs=2", "trainer.resume=auto", change,
                      "trainer.resume_allow_changes=true", QUIET).ok()
     assert "epoch 2/2" in forced.stdout and "epoch 1/2" not in forced.stdout
+    assert f"{key}={value} differs from the checkpoint's {key}={before} " \
+           "(trainer.resume_allow_changes=true)" in forced.stdout

@@ -20,6 +20,7 @@ mid-save, sees the previous complete file or the new complete one, never part of
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from typing import Any
 
@@ -27,6 +28,8 @@ import torch
 
 from ddp_exp.config import ConfigError
 from ddp_exp.files import atomic_write, remove_partial, temp_name
+
+log = logging.getLogger(__name__)
 
 FORMAT = "ddp_exp/checkpoint/v1"
 LAST = "last.pt"
@@ -140,15 +143,21 @@ def check_same_split(saved_cfg: dict[str, Any] | None, cfg: dict[str, Any], resu
         ConfigError: naming the first key of :data:`SPLIT_KEYS` whose value differs (a key
             absent from either config, e.g. from a checkpoint older than the key, is skipped).
     """
-    if allow_changes or not saved_cfg:
+    if not saved_cfg:
         return
     for key in SPLIT_KEYS:
         before, now = _lookup(saved_cfg, key), _lookup(cfg, key)
         if _ABSENT not in (before, now) and before != now:
+            if allow_changes:  # accepted, but the held-out scores now include trained samples
+                log.warning("%s=%s differs from the checkpoint's %s=%s "
+                            "(trainer.resume_allow_changes=true): samples trained on may now be "
+                            "validated or tested", key, now, key, before)
+                continue
             raise ConfigError(f"{key}={now} differs from the checkpoint's {key}={before} "
-                              f"(trainer.resume={resume}): another split would move training "
-                              f"samples into validation; resume with {key}={before}, or add "
-                              "trainer.resume_allow_changes=true to accept it")
+                              f"(trainer.resume={resume}): another split would move samples "
+                              f"between training, validation and test; resume with "
+                              f"{key}={before}, or add trainer.resume_allow_changes=true to "
+                              "accept it")
 
 
 _ABSENT = object()

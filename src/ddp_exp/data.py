@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ddp_exp.config import ConfigError
+from ddp_exp.loaders import seeded
 
 log = logging.getLogger(__name__)
 
@@ -396,6 +397,8 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
     from ddp_exp import images, lazy
 
     target = data_cfg["_target_"]
+    if isinstance(made, Mapping):  # {"train", "val", "test"}, None where absent: hold out
+        return _named_splits(made, data_cfg, seed, world_size)
     given = isinstance(made, (tuple, list))
     parts = list(made) if given else [made]
     if given and len(parts) not in (2, 3) or not all(lazy.is_map_style(p) for p in parts):
@@ -431,6 +434,16 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
         train_tf = images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform)
         eval_tf = images.ImageBatch(mean, std)
     task = "classification" if is_folder else data_cfg.get("task", "auto")
+    with seeded(seed):  # item 0 read here draws the same numbers in every rerun
+        return _describe_and_split(parts, given, reader, task, data_cfg, train_tf, eval_tf,
+                                   seed, world_size)
+
+
+def _describe_and_split(parts, given, reader, task, data_cfg, train_tf, eval_tf, seed,
+                        world_size) -> Datasets:
+    from ddp_exp import lazy
+
+    target = data_cfg["_target_"]
     shape, num_classes, width = lazy.describe(parts[0], reader, task,
                                               data_cfg.get("num_classes"), train_tf,
                                               "training" if given else "data._target_'s")
@@ -455,6 +468,31 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
     return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
                     val=dataclasses.replace(datasets.val, transform=eval_tf),
                     test=dataclasses.replace(datasets.test, transform=eval_tf))
+
+
+def _named_splits(made: Mapping[str, Any], data_cfg: Mapping[str, Any], seed: int,
+                  world_size: int) -> Datasets:
+    """Split folders: the given splits as they are; a missing validation or test split is held
+    out of the training folder by ``data.val_size`` / ``data.test_size`` and the seed."""
+    import dataclasses
+
+    train, val, test = (made.get(k) for k in ("train", "val", "test"))
+    given = {"val_size": val is not None, "test_size": test is not None}
+    cfg = {**data_cfg, **{k: 0 for k, v in given.items() if v}}
+    for key, present in given.items():
+        if present and data_cfg.get(key):
+            split = key.split("_")[0]
+            raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: data.path has a "
+                              f"{split}/ folder, the {split} split, so nothing is held out; set "
+                              f"data.{key}=0")
+    held = _lazy_datasets(train, cfg, seed, world_size)
+    out = {"train": held.train, "val": held.val, "test": held.test}
+    for name, part in (("val", val), ("test", test)):
+        if part is not None:
+            own = _lazy_datasets((train, part), {**cfg, "val_size": 0, "test_size": 0}, seed,
+                                 world_size).val
+            out[name] = dataclasses.replace(own, transform=held.val.transform)
+    return Datasets(**out)
 
 
 def _iterable_dataset():

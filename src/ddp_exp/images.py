@@ -28,7 +28,7 @@ from ddp_exp.config import ConfigError
 
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-SPLIT_FOLDERS = ("train", "val")
+SPLIT_FOLDERS = ("train", "val", "test")
 CHANNEL_MODES = {1: "L", 3: "RGB"}
 
 
@@ -57,7 +57,8 @@ class ImageFolder:
         self.channels = channels
         found = sorted(e.name for e in os.scandir(root) if e.is_dir()
                        and not e.name.startswith("."))
-        if classes is None:
+        own_classes = classes is None  # the classes are this folder's (not train/'s)
+        if own_classes:
             if not found:
                 raise ConfigError(f"data.path={root!r} holds no class folder: expected "
                                   "<data.path>/<class>/<image> (or train/ and val/ holding them)")
@@ -82,6 +83,10 @@ class ImageFolder:
         if not self.samples:
             raise ConfigError(f"data.path={root!r}: no image files in its class folders "
                               f"(looked for {', '.join(IMG_EXTENSIONS)})")
+        empty = sorted(set(found) - {self.classes[label] for _, label in self.samples})
+        if empty and own_classes:  # torchvision refuses them too: a class never seen
+            raise ConfigError(f"data.path={root!r}: class folder(s) {empty} hold no image "
+                              f"({', '.join(IMG_EXTENSIONS)}); remove them or add images")
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -146,12 +151,13 @@ def load_image_folder(path: str, image_size: int | None = None, channels: int = 
 
     Returns:
         One :class:`ImageFolder` (validation and test held out later by ``data.val_size`` and
-        ``data.test_size``), or a ``(train, val)`` pair when ``path`` holds ``train/`` and
-        ``val/``, ``(train, val, test)`` when it also holds ``test/``.
+        ``data.test_size``), or, when ``path`` holds ``train/``, a mapping ``{"train", "val",
+        "test"}`` of the split folders, None where one is absent (then held out of ``train/``).
 
     Raises:
-        ConfigError: a missing folder, no class or one class, no image, class folders of ``val/``
-            unknown to ``train/``, or (``image_size`` null) images of different sizes.
+        ConfigError: a missing folder, no class or one class, no image, a class folder without
+            images, ``val/`` or ``test/`` without ``train/``, class folders of ``val/`` unknown
+            to ``train/``, or (``image_size`` null) images of different sizes.
     """
     root = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(root):
@@ -163,13 +169,20 @@ def load_image_folder(path: str, image_size: int | None = None, channels: int = 
     if image_size is not None and image_size < 1:
         raise ConfigError(f"data.image_size={image_size!r} is invalid: null (the files' size) "
                           "or a positive side in pixels")
-    if all(os.path.isdir(os.path.join(root, s)) for s in SPLIT_FOLDERS):
+    present = [s for s in SPLIT_FOLDERS if os.path.isdir(os.path.join(root, s))]
+    if present and "train" not in present:
+        raise ConfigError(f"data.path={root!r} holds {'/ and '.join(present)}/ but no train/: "
+                          "split folders need train/ (val/ and test/ are optional), or give "
+                          "the class folders directly")
+    if present:
         train = ImageFolder(os.path.join(root, "train"), image_size, channels)
-        parts: tuple[ImageFolder, ...] = (train, *(
-            ImageFolder(os.path.join(root, s), image_size, channels, train.classes)
-            for s in ("val", "test") if os.path.isdir(os.path.join(root, s))))
+        splits: dict[str, ImageFolder | None] = {"train": train, **{
+            s: ImageFolder(os.path.join(root, s), image_size, channels, train.classes)
+            if s in present else None for s in ("val", "test")}}
+        parts: tuple[ImageFolder, ...] = tuple(p for p in splits.values() if p is not None)
     else:
-        parts = (ImageFolder(root, image_size, channels),)
+        splits = {"train": ImageFolder(root, image_size, channels)}
+        parts = (splits["train"],)
     if image_size is None:
         sizes: dict[tuple[int, int], str] = {}
         for part in parts:
@@ -180,7 +193,7 @@ def load_image_folder(path: str, image_size: int | None = None, channels: int = 
             raise ConfigError(f"data.image_size=null needs images of one size, but {f1!r} is "
                               f"{s1[0]}x{s1[1]} and {f2!r} is {s2[0]}x{s2[1]}: set "
                               "data.image_size=<side> to resize and centre-crop them")
-    return parts[0] if len(parts) == 1 else parts
+    return splits["train"] if len(parts) == 1 else splits
 
 
 class ImageBatch:
@@ -281,4 +294,7 @@ if __name__ == "__main__":
     parser.add_argument("root", help="the folder to write, e.g. outputs/digits_png")
     parser.add_argument("--split", action="store_true", help="train/ and val/ sub-folders")
     args = parser.parse_args()
+    if os.path.exists(args.root) and (not os.path.isdir(args.root) or os.listdir(args.root)):
+        what = "is a file" if not os.path.isdir(args.root) else "is not empty"
+        raise SystemExit(f"error: {args.root} {what}: give a new or empty folder")
     print(write_digits(args.root, args.split))

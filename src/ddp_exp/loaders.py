@@ -71,10 +71,15 @@ class TrainLoader:
             yield self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
-def batch_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
-    """The seed of one training batch's random draws, from NumPy's ``SeedSequence`` (which
-    mixes its entropy so that neighbouring tuples give unrelated streams). 63 bits."""
-    state = np.random.SeedSequence([seed, rank, epoch, batch]).generate_state(2, np.uint32)
+TRAIN, VAL, TEST = 0, 1, 2  # the streams of batch seeds: no split draws another's numbers
+
+
+def batch_seed(seed: int, rank: int, epoch: int, batch: int, stream: int = TRAIN) -> int:
+    """The seed of one batch's random draws, from NumPy's ``SeedSequence`` (which mixes its
+    entropy so that neighbouring tuples give unrelated streams). 63 bits. ``stream`` keeps the
+    validation and test batches' draws apart from the training batches' of the same number."""
+    entropy = [seed, rank, epoch, batch] + ([stream] if stream != TRAIN else [])
+    state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
 
 
@@ -106,9 +111,9 @@ class BatchKeys(Sampler):
     """
 
     def __init__(self, sampler, batch_size: int, seed: int = 0, rank: int = 0,
-                 random: bool = False):
+                 random: bool = False, stream: int = TRAIN):
         self.sampler, self.batch_size = sampler, batch_size
-        self.seed, self.rank, self.random = seed, rank, random
+        self.seed, self.rank, self.random, self.stream = seed, rank, random, stream
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -122,7 +127,8 @@ class BatchKeys(Sampler):
     def __iter__(self) -> Iterator[tuple[int | None, list[int]]]:
         positions = list(self.sampler)
         for n, start in enumerate(range(0, len(positions), self.batch_size)):
-            seed = batch_seed(self.seed, self.rank, self.epoch, n) if self.random else None
+            seed = (batch_seed(self.seed, self.rank, self.epoch, n, self.stream) if self.random
+                    else None)
             yield seed, positions[start:start + self.batch_size]
 
 
@@ -273,19 +279,20 @@ class RankData:
             self.val_x, self.val_y = (torch.from_numpy(a).to(device)
                                       for a in (val.features, val.targets))
         else:
-            self.val_loader = self._shard_loader(val)
+            self.val_loader = self._shard_loader(val, VAL)
 
-    def _shard_loader(self, split) -> KeyedLoader:
+    def _shard_loader(self, split, stream: int) -> KeyedLoader:
         shard = list(range(self.rank, len(split), self.world_size))
-        keys = BatchKeys(shard, self.batch_size, self.seed, self.rank, split.random)
+        keys = BatchKeys(shard, self.batch_size, self.seed, self.rank, split.random, stream)
         return KeyedLoader(split, keys, self.options, self.seed, self.rank)
 
-    def val_batches(self) -> Iterator:
-        """This rank's validation batches (unpadded strided shard), on the host or the device."""
+    def val_batches(self, epoch: int = 0) -> Iterator:
+        """This rank's validation batches (unpadded strided shard), on the host or the device;
+        lazy items that draw random numbers draw the epoch's own."""
         if self.val_loader is None:
             return val_batches(self.val_x, self.val_y, self.rank, self.world_size,
                                EVAL_BATCH_SIZE)
-        self.val_loader.set_epoch(0)
+        self.val_loader.set_epoch(epoch)
         return iter(self.val_loader)
 
     def eval_batches(self, split) -> Iterator:
@@ -294,6 +301,6 @@ class RankData:
         if self.in_memory:
             x, y = (torch.from_numpy(a).to(self.device) for a in (split.features, split.targets))
             return val_batches(x, y, self.rank, self.world_size, EVAL_BATCH_SIZE)
-        loader = self._shard_loader(split)
+        loader = self._shard_loader(split, TEST)
         loader.set_epoch(0)
         return iter(loader)

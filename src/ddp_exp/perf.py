@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # The per-rank row gathered once per logging interval (seconds, steps, MiB).
 FIELDS = ("data_s", "compute_s", "sync_s", "optim_s", "steps", "rss_mb", "cuda_mb")
 STRAGGLER_MARGIN = 0.20  # the epoch line names a rank whose data + compute exceeds the fastest's
+# ... and by at least this much per step: on a shared machine, 1-3 ms steps jitter by more than
+# 20 % (a healthy digits run named a "straggler" that flipped between ranks).
+STRAGGLER_MIN_MS = 2.0
 PERF_TAGS = ("perf/step_ms", "perf/compute_ms_min", "perf/compute_ms_max",
              "perf/sync_wait_ms_max", "perf/data_wait_fraction", "perf/straggler_rank",
              "perf/max_rss_mb")
@@ -95,7 +98,8 @@ def straggler_rank(table: torch.Tensor) -> int:
 def straggler_line(table: torch.Tensor, epoch: int) -> str | None:
     """The end-of-epoch sentence naming a straggler, or None: a rank whose ``data + compute``
     per step over the epoch exceeds the fastest rank's by more than
-    :data:`STRAGGLER_MARGIN` (20 %).
+    :data:`STRAGGLER_MARGIN` (20 %) and by at least :data:`STRAGGLER_MIN_MS` (2 ms: below that
+    the difference is scheduling noise on a shared machine).
 
     Args:
         table: ``[world_size, len(FIELDS)]`` sums over the epoch.
@@ -106,7 +110,8 @@ def straggler_line(table: torch.Tensor, epoch: int) -> str | None:
         return None
     busy = (t[:, 0] + t[:, 1]) / t[:, 4] * 1e3
     slow, fast = straggler_rank(t), int(busy.argmin())
-    if float(busy[slow]) <= float(busy[fast]) * (1 + STRAGGLER_MARGIN):
+    if float(busy[slow]) <= float(busy[fast]) * (1 + STRAGGLER_MARGIN) or (
+            float(busy[slow] - busy[fast]) < STRAGGLER_MIN_MS):
         return None
     sync = t[:, 2] / t[:, 4] * 1e3
     return (f"epoch {epoch + 1}: rank {slow} is a straggler: data + compute "

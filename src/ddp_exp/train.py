@@ -545,7 +545,7 @@ class Trainer:
     def validate(self) -> dict[str, Any]:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        val = evaluate(self.model, self.data.val_batches(), self.objective, self.world,
+        val = evaluate(self.model, self.data.val_batches(self.epoch), self.objective, self.world,
                        self.device, self.precision, self.objective.num_classes)
         self.last_confusion = val.pop("confusion", None)
         self.writer.scalars(self.global_step,
