@@ -411,7 +411,7 @@ def test_experiment_preset_sweep_runs(tmp_path):
     """The preset's own sweep (3 jobs, CNN, linear lr scaling), shortened to 3 steps per job."""
     sweep_dir = tmp_path / "exp"
     ok(run_sweep(tmp_path, "-m", "experiment=digits_cnn_batch_sweep", "trainer.max_steps=3",
-                 QUIET, f"hydra.sweep.dir={sweep_dir}"))
+                 "trainer.log_every_n_steps=1", QUIET, f"hydra.sweep.dir={sweep_dir}"))
     jobs = job_dirs(sweep_dir)
     assert len(jobs) == 3
     seen = set()
