@@ -122,6 +122,8 @@ def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("guide")
     (root / ".venv").symlink_to(Path(sys.prefix))  # the environment running the tests
     (root / "docs").symlink_to(ROOT / "docs")
+    for name in ("tests", "examples"):  # PYTHONPATH=tests ... (the guide's test models)
+        (root / name).symlink_to(ROOT / name)
     return root
 
 
