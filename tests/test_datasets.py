@@ -83,7 +83,9 @@ def test_image_size_resizes_the_short_side_then_crops_the_centre(tmp_path):
 
 
 def test_train_and_val_subfolders_are_the_splits(digits_folder):
-    train, val = load_image_folder(str(digits_folder), channels=1)
+    splits = load_image_folder(str(digits_folder), channels=1)
+    train, val = splits["train"], splits["val"]
+    assert splits["test"] is None
     assert (len(train), len(val)) == (1500, 297)
     assert train.classes == val.classes == [str(d) for d in range(10)]
 
@@ -365,3 +367,49 @@ def test_standardize_writes_its_statistics(run_cli, tmp_path):
     stats = json.loads((run.job_dir / "standardization.json").read_text())
     assert len(stats["mean"]) == len(stats["std"]) == 3
     assert stats["mean"][0] == pytest.approx(5e4, rel=0.01)  # the first feature's scale
+
+
+def test_split_folders_need_not_all_be_there(tmp_path):
+    """train/ and test/ without val/: test/ is the test split and validation is held out of
+    train/ (the split folders were once taken for two classes); val/ alone is refused."""
+    from lazy_data import write_digits_folder
+
+    from ddp_exp.data import load
+
+    write_digits_folder(tmp_path / "all", split=True)
+    (tmp_path / "tt").mkdir()
+    (tmp_path / "all" / "train").rename(tmp_path / "tt" / "train")
+    (tmp_path / "all" / "val").rename(tmp_path / "tt" / "test")
+    cfg = {"_target_": "ddp_exp.images.load_image_folder", "path": str(tmp_path / "tt"),
+           "image_size": None, "channels": 1, "augment": False, "mean": None, "std": None,
+           "transform": None, "val_size": 100, "test_size": 0, "batch_size": 8,
+           "shuffle": True, "num_workers": 0}
+    data = load(cfg, seed=0, world_size=2)
+    assert (len(data.train), len(data.val), len(data.test)) == (1400, 100, 297)
+    assert data.train.num_classes == 10
+    with pytest.raises(ConfigError, match="data.test_size=5 is invalid here"):
+        load({**cfg, "test_size": 5}, seed=0, world_size=2)
+    (tmp_path / "tt" / "train").rename(tmp_path / "tt" / "val")
+    with pytest.raises(ConfigError, match="but no train/"):
+        load(cfg, seed=0, world_size=2)
+
+
+def test_a_class_folder_without_images_is_refused(tmp_path):
+    from lazy_data import write_digits_folder
+
+    write_digits_folder(tmp_path, limit=40)
+    (tmp_path / "zebra").mkdir()
+    (tmp_path / "zebra" / "notes.txt").write_text("no image here")
+    with pytest.raises(ConfigError, match=r"class folder\(s\) \['zebra'\] hold no image"):
+        load_image_folder(str(tmp_path))
+
+
+def test_validation_and_test_batches_draw_their_own_numbers():
+    """N03: batch n of validation or test never repeats batch n of training's draws, and
+    validation draws differ between epochs."""
+    from ddp_exp.loaders import TEST, TRAIN, VAL
+
+    seeds = {(stream, epoch): batch_seed(0, 1, epoch, 3, stream)
+             for stream in (TRAIN, VAL, TEST) for epoch in (0, 1)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert batch_seed(0, 1, 0, 3) == seeds[(TRAIN, 0)]  # training's seeds are unchanged
