@@ -63,6 +63,7 @@ HELPERS = ("resource_tracker", "semaphore_tracker", "forkserver")  # not ranks
 IMPL_LABELS = {
     "ddp_exp": "ddp_exp",
     "tuned": "hand-tuned script",
+    "tight": "tight script (epoch shard, 1 reduce/epoch)",
     "tutorial": "tutorial script (default threads)",
     "tutorial-1t": "tutorial script (1 thread/rank)",
     "handwritten": "hand-written script (Pillow + DataLoader)",
@@ -93,6 +94,7 @@ class Variant:
     overrides: tuple[str, ...] = ()  # ddp_exp: extra overrides (group perf)
     label: str | None = None  # in the key and the tables, for variants of one impl
     data_path: str | None = None  # the image folder (workload image_folder), made by main()
+    user_defaults: bool = False  # ddp_exp: default trainer keys (checkpoint, progress, perf)
 
     @property
     def key(self) -> str:
@@ -104,7 +106,7 @@ class Variant:
         if self.impl == "ddp_exp":
             return [PY, "-m", "ddp_exp", *workloads.ddp_exp_overrides(
                 self.workload, self.world_size, self.batch_size, self.epochs, self.num_train,
-                self.data_path), *self.overrides, f"hydra.run.dir={workdir}/job"]
+                self.data_path, self.user_defaults), *self.overrides, f"hydra.run.dir={workdir}/job"]
         if self.impl == "handwritten":
             return [PY, os.path.join(BENCH, "ddp_image_folder.py"), "--data-path",
                     str(self.data_path), "--world-size", str(self.world_size), "--batch-size",
@@ -114,7 +116,7 @@ class Variant:
             return [PY, os.path.join(BENCH, "startup.py"), "--launch",
                     self.impl.removeprefix("bare-"), "--world-size", str(self.world_size),
                     "--out", f"{workdir}/result.json"]
-        script = {"tuned": "ddp_tuned.py", "tutorial": "ddp_tutorial.py",
+        script = {"tuned": "ddp_tuned.py", "tight": "ddp_tight.py", "tutorial": "ddp_tutorial.py",
                   "tutorial-1t": "ddp_tutorial.py", "lightning": "lightning_digits.py"}[self.impl]
         argv = [PY, os.path.join(BENCH, script), "--workload", self.workload,
                 "--world-size", str(self.world_size), "--batch-size", str(self.batch_size),
@@ -139,6 +141,11 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
                 "lightning"]
             vs += [Variant(wl, impl, wl, ws, w["batch_size"], epochs, num_train,
                            tree=impl == "lightning") for impl in impls]
+            # Issue 13: what a user runs (checkpoint, progress, perf timer on) against the
+            # tightest hand-written loop.
+            vs += [Variant(wl, "ddp_exp", wl, ws, w["batch_size"], epochs, num_train,
+                           label="defaults", user_defaults=True),
+                   Variant(wl, "tight", wl, ws, w["batch_size"], epochs, num_train)]
         groups[wl] = vs
     d = workloads.spec("digits")
     groups["startup"] = [Variant("startup", "ddp_exp", "digits", 2, d["batch_size"], 1)] + [
@@ -444,6 +451,11 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
         for ws in (1, 2):
             t.append(Target("(a)", f"{wl}, ws={ws}: ddp_exp / hand-tuned, samples/s",
                             f"{wl}/ws{ws}/ddp_exp", f"{wl}/ws{ws}/tuned", sps, ">=", 0.97))
+    for wl in ("digits", "compute"):
+        for ws in (1, 2):
+            t.append(Target("I13", f"{wl}, ws={ws}: ddp_exp (default keys) / tight script, "
+                            "samples/s", f"{wl}/ws{ws}/defaults/ddp_exp", f"{wl}/ws{ws}/tight",
+                            sps, ">=", 0.97))
     t.append(Target("(b)", "digits, ws=2: ddp_exp / Lightning, samples/s",
                     "digits/ws2/ddp_exp", "digits/ws2/lightning", sps, ">=", 2.0))
     t.append(Target("(b)", "digits, ws=2: ddp_exp / Lightning, wall s",
@@ -645,10 +657,10 @@ def same_training(rows: list[dict], groups: dict[str, list[Variant]]) -> list[st
         if wl not in groups:
             continue
         for ws in (1, 2):
-            vals = {r["impl"]: r["val_loss"] for r in rows
+            vals = {r["variant"].split("/", 2)[2]: r["val_loss"] for r in rows
                     if r["group"] == wl and r["world_size"] == ws and r["status"] == "ok"
                     and r["repeat"] == 0 and r.get("val_loss") is not None
-                    and r["impl"] in ("ddp_exp", "tuned", "tutorial", "tutorial-1t",
+                    and r["impl"] in ("ddp_exp", "tuned", "tight", "tutorial", "tutorial-1t",
                                       "handwritten")}
             if len(vals) > 1:
                 spread = max(vals.values()) - min(vals.values())
@@ -740,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
                    help="comma-separated groups: digits,compute,startup,c17,perf,image_folder")
+    p.add_argument("--impls", default=None,
+                   help="comma-separated variants to keep in the chosen groups, by key suffix: "
+                        "e.g. 'defaults/ddp_exp,tight' (default: all)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--csv", default=os.path.join(BENCH, "results.csv"))
     p.add_argument("--markdown", default=os.path.join(ROOT, "BENCHMARKS.md"))
@@ -755,6 +770,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown group(s) {sorted(unknown)}; choose from {sorted(groups)}")
         groups = {g: groups[g] for g in wanted}
+    if args.impls:
+        keep = args.impls.split(",")
+        groups = {g: [v for v in vs if any(v.key.endswith("/" + k) for k in keep)]
+                  for g, vs in groups.items()}
+        groups = {g: vs for g, vs in groups.items() if vs}
     load = os.getloadavg()[0]
     if load > 1.0:
         print(f"warning: load average {load:.2f} on {common.cores()} cores: other work is "

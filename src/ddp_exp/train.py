@@ -200,9 +200,14 @@ class LossWindow:
     def __len__(self) -> int:
         return len(self.losses)
 
-    def check(self, world: World) -> tuple[float, int]:
+    def check(self, world: World, extra: torch.Tensor | None = None
+              ) -> tuple[float, int, torch.Tensor | None]:
         """Every rank calls it at the same step: one all-reduce of the pending steps' (loss
         sum, sample count), added to the interval; returns them and empties the pending list.
+
+        ``extra`` (float64 on the device, any shape) is summed over the world in the same
+        collective (the perf timer's table at logging steps) and returned with them, as a
+        flat vector; None without it.
 
         Raises:
             NonFiniteLossError: the sum is NaN or infinite (on every rank).
@@ -214,13 +219,16 @@ class LossWindow:
         else:  # a rank must still join the collective
             losses = torch.zeros(0, dtype=torch.float64, device=self.device)
             totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        loss_sum, count = all_reduce_sum(totals).tolist()
+        if extra is not None:
+            totals = torch.cat([totals, extra.reshape(-1)])
+        totals = all_reduce_sum(totals)
+        loss_sum, count = totals[:2].tolist()
         if not math.isfinite(loss_sum):
             self._raise_nonfinite(losses, world)
         self.losses, self.sizes, self.steps = [], [], []
         self.interval_sum += loss_sum
         self.interval_count += int(count)
-        return loss_sum, int(count)
+        return loss_sum, int(count), None if extra is None else totals[2:]
 
     def take_interval(self) -> tuple[float, int, float]:
         """The interval's world (loss sum, samples, training seconds); starts the next one."""
@@ -475,17 +483,19 @@ class Trainer:
                 log_now = self.global_step % log_every == 0
                 # A logging step or the epoch's last: one all-reduce of (loss sum, count).
                 if log_now or stop or progress.done == progress.steps:
-                    s, n = window.check(self.world)
+                    # The perf timer's table rides in the same all-reduce.
+                    timing = self.perf.row() if log_now and self.perf is not None else None
+                    s, n, timing = window.check(self.world, timing)
                     loss_sum, samples = loss_sum + s, samples + n
                     now = time.perf_counter()
                     window.interval_s += now - t_mark
                     t_mark = now
                     if log_now:
-                        self._log(window, progress)
+                        self._log(window, progress, timing)
                 if stop:
                     break
             if len(window):  # steps_per_epoch was off (a user loader): count the rest
-                s, n = window.check(self.world)
+                s, n, _ = window.check(self.world)
                 loss_sum, samples = loss_sum + s, samples + n
         finally:
             progress.close()
@@ -494,19 +504,22 @@ class Trainer:
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
         return loss_sum, samples, now - t_epoch
 
-    def _log(self, window: LossWindow, progress: Progress) -> None:
-        """Write the interval's scalars at x = the global step (rank 0) and start the next."""
+    def _log(self, window: LossWindow, progress: Progress,
+             timing: torch.Tensor | None) -> None:
+        """Write the interval's scalars at x = the global step (rank 0) and start the next;
+        ``timing``: the world's perf table of the interval (``trainer.perf_metrics``)."""
         loss_sum, samples, seconds = window.take_interval()
         rate = mean(samples, seconds)
         loss = mean(loss_sum, samples)
-        self.writer.scalars(self.global_step, {
+        scalars = {
             "train/loss": loss,
             "train/lr": self._lr_used(),
             "train/samples_per_sec": rate,
             "train/grad_norm": self.grad_norm,
-        })
-        if self.perf is not None:  # one collective of every rank's step timing
-            self.writer.scalars(self.global_step, self.perf.interval())
+        }
+        if timing is not None:  # every rank's step timing, reduced with the losses
+            scalars.update(self.perf.take(timing))
+        self.writer.scalars(self.global_step, scalars)  # one TensorBoard event
         if not self.layout_written:  # the Custom Scalars layout, once per run
             self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
             self.layout_written = True
