@@ -501,6 +501,7 @@ class Trainer:
             progress.close()
         now = time.perf_counter()
         window.interval_s += now - t_mark
+        self.writer.write_queued()
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
         return loss_sum, samples, now - t_epoch
 
@@ -519,7 +520,8 @@ class Trainer:
         }
         if timing is not None:  # every rank's step timing, reduced with the losses
             scalars.update(self.perf.take(timing))
-        self.writer.scalars(self.global_step, scalars)  # one TensorBoard event
+        # One TensorBoard event, encoded after the epoch's loop (MetricsWriter.queue_scalars).
+        self.writer.queue_scalars(self.global_step, scalars)
         if not self.layout_written:  # the Custom Scalars layout, once per run
             self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
             self.layout_written = True
