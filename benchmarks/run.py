@@ -106,7 +106,8 @@ class Variant:
         if self.impl == "ddp_exp":
             return [PY, "-m", "ddp_exp", *workloads.ddp_exp_overrides(
                 self.workload, self.world_size, self.batch_size, self.epochs, self.num_train,
-                self.data_path, self.user_defaults), *self.overrides, f"hydra.run.dir={workdir}/job"]
+                self.data_path, self.user_defaults), *self.overrides,
+                f"hydra.run.dir={workdir}/job"]
         if self.impl == "handwritten":
             return [PY, os.path.join(BENCH, "ddp_image_folder.py"), "--data-path",
                     str(self.data_path), "--world-size", str(self.world_size), "--batch-size",

@@ -52,7 +52,9 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
-    p.add_argument("overrides", nargs="*", help="ddp_exp overrides, e.g. trainer.perf_metrics=false")
+    p.add_argument("overrides", nargs="*",
+                   help="a second ddp_exp trainer with these overrides, e.g. "
+                        "trainer.perf_metrics=false")
     args = p.parse_args()
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed import World, init_process_group

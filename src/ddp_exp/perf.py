@@ -83,7 +83,7 @@ def summarize(table: torch.Tensor | list[list[float]], cuda: bool) -> dict[str, 
         "perf/compute_ms_min": min(compute),
         "perf/compute_ms_max": max(compute),
         "perf/sync_wait_ms_max": max(r[2] for r in per_step),
-        "perf/data_wait_fraction": max(r[0] / max(s, 1e-12) for r, s in zip(per_step, steps)),
+        "perf/data_wait_fraction": max(r[0] / max(sum(r), 1e-12) for r in per_step),
         "perf/straggler_rank": float(_straggler(rows)),
         "perf/max_rss_mb": max(row[5] for row in rows),
     }
