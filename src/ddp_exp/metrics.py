@@ -220,17 +220,10 @@ class MetricsWriter:
             for tag, tensor in values.items():
                 self.writer.add_histogram(tag, tensor, step)
 
-    def figure(self, tag: str, figure: Any, step: int) -> None:
-        """Add a matplotlib figure as an image at x = ``step``, rendered with the Agg canvas
-        (what ``SummaryWriter.add_figure`` does, without importing pyplot)."""
+    def image(self, tag: str, picture: Any, step: int) -> None:
+        """Add an RGB picture, ``uint8 [H, W, 3]`` (numpy), as an image at x = ``step``."""
         if self.writer is not None:
-            import numpy as np
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-            canvas = FigureCanvasAgg(figure)
-            canvas.draw()
-            image = np.asarray(canvas.buffer_rgba())[..., :3]
-            self.writer.add_image(tag, image, step, dataformats="HWC")
+            self.writer.add_image(tag, picture, step, dataformats="HWC")
 
     def write_text(self, name: str, text: str) -> None:
         """Write ``<job_dir>/<name>`` atomically (rank 0 only)."""

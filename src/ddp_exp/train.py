@@ -539,7 +539,7 @@ class Trainer:
     def report_confusion(self) -> None:
         """Classification: the last validation's confusion matrix (of the final weights, counted
         and reduced exactly in that pass); rank 0 writes ``confusion_matrix.csv`` and the
-        ``val/confusion_matrix`` figure (:mod:`ddp_exp.confusion`)."""
+        ``val/confusion_matrix`` picture (:mod:`ddp_exp.confusion`)."""
         matrix = self.last_confusion
         if matrix is None:
             return
@@ -547,7 +547,7 @@ class Trainer:
         if self.writer.enabled:
             names = confusion.class_names(self.datasets.val, num_classes)
             self.writer.write_text("confusion_matrix.csv", confusion.to_csv(matrix, names))
-            self.writer.figure("val/confusion_matrix", confusion.figure(matrix, names),
+            self.writer.image("val/confusion_matrix", confusion.image(matrix, names),
                                self.global_step)
 
     def _lr_used(self) -> float:
