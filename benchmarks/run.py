@@ -4,13 +4,18 @@
     python benchmarks/run.py --repeats 7
     python benchmarks/run.py --quick         # smoke test: 1 repeat, tiny epochs (not a measurement)
     python benchmarks/run.py --only digits,startup
+    python benchmarks/run.py --only digits --impls defaults/ddp_exp,tight --repeats 10
 
 Groups (each one interleaved: for every repeat, every variant of the group once, A B C A B C ...):
 
 * ``digits``: MLP 64-128-10, 32 per rank, 20 epochs, world_size 1 and 2;
 * ``compute``: synthetic 16,384 x 512, MLP 512-2048-2048-10, 256 per rank, 2 epochs, ws 1 and 2;
+  Both also run (issue 13) ``ddp_exp`` with the default trainer keys (label ``defaults``:
+  checkpoint, progress lines, config dump and the perf timer on) and the tight hand-written loop
+  ``benchmarks/ddp_tight.py`` (the epoch's shard gathered once, one all-reduce per epoch);
 * ``startup``: the 1-epoch digits ddp_exp job at world_size 2 against bare 2-rank launches that
-  import torch and initialise gloo (``benchmarks/startup.py``);
+  import torch and initialise gloo (``benchmarks/startup.py``), and the hand-written scripts'
+  own 1-epoch jobs (hand-tuned, tight) with ddp_exp's default keys beside them;
 * ``c17``: thread oversubscription (shared/cases C17): ddp_exp on digits, ``world_size=1`` with
   batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch);
 * ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
@@ -151,7 +156,10 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
     d = workloads.spec("digits")
     groups["startup"] = [Variant("startup", "ddp_exp", "digits", 2, d["batch_size"], 1)] + [
         Variant("startup", impl, "digits", 2, d["batch_size"], 1)
-        for impl in ("bare-mp-fork", "bare-elastic", "bare-mp-spawn", "tuned")]
+        for impl in ("bare-mp-fork", "bare-elastic", "bare-mp-spawn", "tuned")] + [
+        Variant("startup", "ddp_exp", "digits", 2, d["batch_size"], 1, label="defaults",
+                user_defaults=True),
+        Variant("startup", "tight", "digits", 2, d["batch_size"], 1)]
     b = d["batch_size"]
     c17_epochs = 1 if quick else d["epochs"]
     groups["c17"] = [Variant("c17", "ddp_exp", "digits", ws, bs, c17_epochs)
@@ -465,6 +473,9 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
                     "compute/ws2/ddp_exp", "compute/ws1/ddp_exp", sps, ">=", 0.95))
     t.append(Target("(d)", "1-epoch digits job wall / bare 2-rank launch (mp fork)",
                     "startup/ws2/ddp_exp", "startup/ws2/bare-mp-fork", wall, "<=", 1.3))
+    t.append(Target("I13", "1-epoch digits job, ws=2, default keys: ddp_exp / hand-tuned "
+                    "script, wall s", "startup/ws2/defaults/ddp_exp", "startup/ws2/tuned", wall,
+                    "<=", 1.1))
     for wl in ("digits", "compute"):
         for ws in (1, 2):
             t.append(Target("(e)", f"{wl}, ws={ws}: ddp_exp / hand-tuned, peak RSS per rank",
@@ -568,7 +579,7 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "table only where that column is near 0.", ""]
     if info.get("data_check"):
         md += [f"Data: {info['data_check']}", ""]
-    md += ["## Targets (issue 5, issue 11 and C17)", "",
+    md += ["## Targets (issues 5, 11, 13 and C17)", "",
            "Ratios of medians. `MISS by x%`: the ratio is x% short of (or over) the bound.", "",
            "| target | what | ratio | bound | result |", "|---|---|---|---|---|"]
     for t in targets:
