@@ -241,21 +241,23 @@ class StepTimer:
     # ---------------------------------------------------------------- per interval
     def row(self) -> torch.Tensor:
         """This rank's row of the interval's ``[world_size, 7]`` table (float64, on the
-        device; zeros in the other ranks' rows): what :meth:`take` needs once summed over
-        the world. The trainer all-reduces it in the same collective as the losses."""
+        device; zeros in the other ranks' rows), and the start of the next interval: what
+        :meth:`take` needs once summed over the world. The trainer all-reduces it in the same
+        collective as the losses."""
         if self.cuda:
             self._read_events()
         row = [*self.sums, peak_rss_mb(),
                torch.cuda.max_memory_allocated(self.device) / 2**20 if self.cuda else 0.0]
+        self.sums = [0.0] * 5  # the next interval starts
         table = torch.zeros(self.world.world_size, len(FIELDS), dtype=torch.float64)
         table[self.world.rank] = torch.tensor(row, dtype=torch.float64)
         return table.to(self.device)
 
     def take(self, table: torch.Tensor) -> dict[str, float]:
         """The interval's ``perf/*`` scalars from the world's table (the sum over ranks of
-        :meth:`row`); resets the sums and keeps the epoch's totals for :meth:`end_epoch`."""
+        :meth:`row`, which started the next interval); keeps the epoch's totals for
+        :meth:`end_epoch`."""
         table = table.view(self.world.world_size, len(FIELDS)).cpu()
-        self.sums = [0.0] * 5
         self.epoch_table[:, :5] += table[:, :5]
         return summarize(table, self.cuda)
 
