@@ -19,8 +19,11 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    step used), ``train/samples_per_sec`` and ``train/grad_norm`` (the global norm of the step's
    all-reduced gradients, before clipping) at x = global step. An interval may span an epoch
    boundary, so the points are evenly spaced; at the end of each epoch one more all-reduce gives
-   the epoch's mean, ``train/epoch_loss`` (x = the epoch's last step). A non-finite sum stops
-   every rank at once, naming the first bad step.
+   the epoch's mean, ``train/epoch_loss`` (x = the epoch's last step). A logging step's
+   all-reduce is started without waiting and finished at the next check (the next logging step
+   or the epoch's end), so the host never waits for it between steps; its scalars go into one
+   TensorBoard event, encoded after the epoch's loop (``MetricsWriter.queue_scalars``). A
+   non-finite sum stops every rank at once, at that next check, naming the first bad step.
 4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
    forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
    rank 0 writes ``val/loss`` and ``val/accuracy``.
