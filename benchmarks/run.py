@@ -4,13 +4,18 @@
     python benchmarks/run.py --repeats 7
     python benchmarks/run.py --quick         # smoke test: 1 repeat, tiny epochs (not a measurement)
     python benchmarks/run.py --only digits,startup
+    python benchmarks/run.py --only digits --impls defaults/ddp_exp,tight --repeats 10
 
 Groups (each one interleaved: for every repeat, every variant of the group once, A B C A B C ...):
 
 * ``digits``: MLP 64-128-10, 32 per rank, 20 epochs, world_size 1 and 2;
 * ``compute``: synthetic 16,384 x 512, MLP 512-2048-2048-10, 256 per rank, 2 epochs, ws 1 and 2;
+  Both also run (issue 13) ``ddp_exp`` with the default trainer keys (label ``defaults``:
+  checkpoint, progress lines, config dump and the perf timer on) and the tight hand-written loop
+  ``benchmarks/ddp_tight.py`` (the epoch's shard gathered once, one all-reduce per epoch);
 * ``startup``: the 1-epoch digits ddp_exp job at world_size 2 against bare 2-rank launches that
-  import torch and initialise gloo (``benchmarks/startup.py``);
+  import torch and initialise gloo (``benchmarks/startup.py``), and the hand-written scripts'
+  own 1-epoch jobs (hand-tuned, tight) with ddp_exp's default keys beside them;
 * ``c17``: thread oversubscription (shared/cases C17): ddp_exp on digits, ``world_size=1`` with
   batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch);
 * ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
@@ -63,6 +68,7 @@ HELPERS = ("resource_tracker", "semaphore_tracker", "forkserver")  # not ranks
 IMPL_LABELS = {
     "ddp_exp": "ddp_exp",
     "tuned": "hand-tuned script",
+    "tight": "tight script (epoch shard, 1 reduce/epoch)",
     "tutorial": "tutorial script (default threads)",
     "tutorial-1t": "tutorial script (1 thread/rank)",
     "handwritten": "hand-written script (Pillow + DataLoader)",
@@ -93,6 +99,7 @@ class Variant:
     overrides: tuple[str, ...] = ()  # ddp_exp: extra overrides (group perf)
     label: str | None = None  # in the key and the tables, for variants of one impl
     data_path: str | None = None  # the image folder (workload image_folder), made by main()
+    user_defaults: bool = False  # ddp_exp: default trainer keys (checkpoint, progress, perf)
 
     @property
     def key(self) -> str:
@@ -104,7 +111,8 @@ class Variant:
         if self.impl == "ddp_exp":
             return [PY, "-m", "ddp_exp", *workloads.ddp_exp_overrides(
                 self.workload, self.world_size, self.batch_size, self.epochs, self.num_train,
-                self.data_path), *self.overrides, f"hydra.run.dir={workdir}/job"]
+                self.data_path, self.user_defaults), *self.overrides,
+                f"hydra.run.dir={workdir}/job"]
         if self.impl == "handwritten":
             return [PY, os.path.join(BENCH, "ddp_image_folder.py"), "--data-path",
                     str(self.data_path), "--world-size", str(self.world_size), "--batch-size",
@@ -114,7 +122,7 @@ class Variant:
             return [PY, os.path.join(BENCH, "startup.py"), "--launch",
                     self.impl.removeprefix("bare-"), "--world-size", str(self.world_size),
                     "--out", f"{workdir}/result.json"]
-        script = {"tuned": "ddp_tuned.py", "tutorial": "ddp_tutorial.py",
+        script = {"tuned": "ddp_tuned.py", "tight": "ddp_tight.py", "tutorial": "ddp_tutorial.py",
                   "tutorial-1t": "ddp_tutorial.py", "lightning": "lightning_digits.py"}[self.impl]
         argv = [PY, os.path.join(BENCH, script), "--workload", self.workload,
                 "--world-size", str(self.world_size), "--batch-size", str(self.batch_size),
@@ -139,11 +147,19 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
                 "lightning"]
             vs += [Variant(wl, impl, wl, ws, w["batch_size"], epochs, num_train,
                            tree=impl == "lightning") for impl in impls]
+            # Issue 13: what a user runs (checkpoint, progress, perf timer on) against the
+            # tightest hand-written loop.
+            vs += [Variant(wl, "ddp_exp", wl, ws, w["batch_size"], epochs, num_train,
+                           label="defaults", user_defaults=True),
+                   Variant(wl, "tight", wl, ws, w["batch_size"], epochs, num_train)]
         groups[wl] = vs
     d = workloads.spec("digits")
     groups["startup"] = [Variant("startup", "ddp_exp", "digits", 2, d["batch_size"], 1)] + [
         Variant("startup", impl, "digits", 2, d["batch_size"], 1)
-        for impl in ("bare-mp-fork", "bare-elastic", "bare-mp-spawn", "tuned")]
+        for impl in ("bare-mp-fork", "bare-elastic", "bare-mp-spawn", "tuned")] + [
+        Variant("startup", "ddp_exp", "digits", 2, d["batch_size"], 1, label="defaults",
+                user_defaults=True),
+        Variant("startup", "tight", "digits", 2, d["batch_size"], 1)]
     b = d["batch_size"]
     c17_epochs = 1 if quick else d["epochs"]
     groups["c17"] = [Variant("c17", "ddp_exp", "digits", ws, bs, c17_epochs)
@@ -444,6 +460,11 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
         for ws in (1, 2):
             t.append(Target("(a)", f"{wl}, ws={ws}: ddp_exp / hand-tuned, samples/s",
                             f"{wl}/ws{ws}/ddp_exp", f"{wl}/ws{ws}/tuned", sps, ">=", 0.97))
+    for wl in ("digits", "compute"):
+        for ws in (1, 2):
+            t.append(Target("I13", f"{wl}, ws={ws}: ddp_exp (default keys) / tight script, "
+                            "samples/s", f"{wl}/ws{ws}/defaults/ddp_exp", f"{wl}/ws{ws}/tight",
+                            sps, ">=", 0.97))
     t.append(Target("(b)", "digits, ws=2: ddp_exp / Lightning, samples/s",
                     "digits/ws2/ddp_exp", "digits/ws2/lightning", sps, ">=", 2.0))
     t.append(Target("(b)", "digits, ws=2: ddp_exp / Lightning, wall s",
@@ -452,6 +473,9 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
                     "compute/ws2/ddp_exp", "compute/ws1/ddp_exp", sps, ">=", 0.95))
     t.append(Target("(d)", "1-epoch digits job wall / bare 2-rank launch (mp fork)",
                     "startup/ws2/ddp_exp", "startup/ws2/bare-mp-fork", wall, "<=", 1.3))
+    t.append(Target("I13", "1-epoch digits job, ws=2, default keys: ddp_exp / hand-tuned "
+                    "script, wall s", "startup/ws2/defaults/ddp_exp", "startup/ws2/tuned", wall,
+                    "<=", 1.1))
     for wl in ("digits", "compute"):
         for ws in (1, 2):
             t.append(Target("(e)", f"{wl}, ws={ws}: ddp_exp / hand-tuned, peak RSS per rank",
@@ -555,7 +579,7 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "table only where that column is near 0.", ""]
     if info.get("data_check"):
         md += [f"Data: {info['data_check']}", ""]
-    md += ["## Targets (issue 5, issue 11 and C17)", "",
+    md += ["## Targets (issues 5, 11, 13 and C17)", "",
            "Ratios of medians. `MISS by x%`: the ratio is x% short of (or over) the bound.", "",
            "| target | what | ratio | bound | result |", "|---|---|---|---|---|"]
     for t in targets:
@@ -645,10 +669,10 @@ def same_training(rows: list[dict], groups: dict[str, list[Variant]]) -> list[st
         if wl not in groups:
             continue
         for ws in (1, 2):
-            vals = {r["impl"]: r["val_loss"] for r in rows
+            vals = {r["variant"].split("/", 2)[2]: r["val_loss"] for r in rows
                     if r["group"] == wl and r["world_size"] == ws and r["status"] == "ok"
                     and r["repeat"] == 0 and r.get("val_loss") is not None
-                    and r["impl"] in ("ddp_exp", "tuned", "tutorial", "tutorial-1t",
+                    and r["impl"] in ("ddp_exp", "tuned", "tight", "tutorial", "tutorial-1t",
                                       "handwritten")}
             if len(vals) > 1:
                 spread = max(vals.values()) - min(vals.values())
@@ -740,6 +764,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
                    help="comma-separated groups: digits,compute,startup,c17,perf,image_folder")
+    p.add_argument("--impls", default=None,
+                   help="comma-separated variants to keep in the chosen groups, by key suffix: "
+                        "e.g. 'defaults/ddp_exp,tight' (default: all)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--csv", default=os.path.join(BENCH, "results.csv"))
     p.add_argument("--markdown", default=os.path.join(ROOT, "BENCHMARKS.md"))
@@ -755,6 +782,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown group(s) {sorted(unknown)}; choose from {sorted(groups)}")
         groups = {g: groups[g] for g in wanted}
+    if args.impls:
+        keep = args.impls.split(",")
+        groups = {g: [v for v in vs if any(v.key.endswith("/" + k) for k in keep)]
+                  for g, vs in groups.items()}
+        groups = {g: vs for g, vs in groups.items() if vs}
     load = os.getloadavg()[0]
     if load > 1.0:
         print(f"warning: load average {load:.2f} on {common.cores()} cores: other work is "

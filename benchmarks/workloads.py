@@ -113,15 +113,19 @@ def image_folder_split(root: str) -> tuple[list[tuple[str, int]], list[tuple[str
 
 
 def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
-                      num_train: int | None = None, data_path: str | None = None) -> list[str]:
+                      num_train: int | None = None, data_path: str | None = None,
+                      user_defaults: bool = False) -> list[str]:
     """The ``python -m ddp_exp`` overrides of the same job (no checkpoints, logs or config dump);
-    ``data_path``: the image folder of the ``image_folder`` workload."""
+    ``data_path``: the image folder of the ``image_folder`` workload. ``user_defaults``: keep
+    what a user runs (``trainer.save_last``, ``trainer.progress``, ``print_config`` and
+    ``trainer.perf_metrics`` at their defaults: checkpoint, progress lines, config dump, timer)."""
     w = spec(name, num_train)
     common = [f"world_size={world_size}", "backend=gloo", f"seed={SEED}",
               f"data.batch_size={batch_size}", f"trainer.epochs={epochs}",
               f"trainer.log_every_n_steps={LOG_EVERY_N_STEPS}",
-              "optim=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}",
-              "trainer.save_last=false", "print_config=false", "trainer.progress=off"]
+              "optim=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}"]
+    if not user_defaults:
+        common += ["trainer.save_last=false", "print_config=false", "trainer.progress=off"]
     if name == "image_folder":
         return ["data=image_folder", f"data.path={data_path}", "data.channels=1",
                 f"data.val_size={w['val_size']}", f"data.num_workers={w['num_workers']}",

@@ -53,6 +53,11 @@ class TrainLoader:
     ``sampler`` is the rank's ``DistributedSampler``; call its ``set_epoch`` before iterating.
     ``x`` and ``y`` are the whole training set, on the rank's device. The last batch of an
     epoch may be smaller.
+
+    Each epoch gathers the rank's whole shard once, in the sampler's order (one
+    ``index_select`` per tensor: a copy of ``1 / world_size`` of the set), and yields slices of
+    it (views: nothing is copied per step). The batches hold the same values as gathering each
+    batch by itself.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler, batch_size: int):
@@ -65,10 +70,11 @@ class TrainLoader:
         self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator:
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.x.device)
+        xs, ys = self.x.index_select(0, order), self.y.index_select(0, order)
+        size = self.batch_size
+        for start in range(0, len(order), size):
+            yield xs[start:start + size], ys[start:start + size]
 
 
 TRAIN, VAL, TEST = 0, 1, 2  # the streams of batch seeds: no split draws another's numbers

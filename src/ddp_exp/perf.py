@@ -21,7 +21,9 @@ Cost: four ``time.perf_counter()`` calls, one hook and one callback per backward
 that synchronises the host with the device. On CUDA the compute, sync and optim parts are CUDA
 events on the current stream, read at the logging step only (``data`` stays host time). Per
 logging interval one all-reduce of a ``[world_size, 7]`` float64 table gathers every rank's
-sums. With ``trainer.perf_metrics=false`` none of this exists (the loop holds ``None``).
+sums; the trainer packs it into the all-reduce of the interval's losses, so the timer adds no
+collective of its own. With ``trainer.perf_metrics=false`` none of this exists (the loop holds
+``None``).
 
 Limits: collectives inside the forward (DDP's buffer broadcast with BatchNorm, SyncBatchNorm)
 count as compute; DataLoader workers' own time is only visible as ``data`` wait; a step in
@@ -54,12 +56,15 @@ PERF_TAGS = ("perf/step_ms", "perf/compute_ms_min", "perf/compute_ms_max",
 CUDA_TAG = "perf/cuda_max_allocated_mb"
 
 
-def summarize(table: torch.Tensor, cuda: bool) -> dict[str, float]:
+def summarize(table: torch.Tensor | list[list[float]], cuda: bool) -> dict[str, float]:
     """The ``perf/*`` scalars of one interval from every rank's sums.
 
+    Computed on the host in Python floats (a few rows: cheaper than a dozen tiny tensor
+    operations at every logging step).
+
     Args:
-        table: ``[world_size, len(FIELDS)]`` float64, row ``r`` = rank ``r``'s sums over the
-            interval (seconds, steps, MiB; see :data:`FIELDS`).
+        table: ``[world_size, len(FIELDS)]`` float64 (a tensor or nested lists), row ``r`` =
+            rank ``r``'s sums over the interval (seconds, steps, MiB; see :data:`FIELDS`).
         cuda: also report ``perf/cuda_max_allocated_mb``.
 
     Returns:
@@ -69,30 +74,36 @@ def summarize(table: torch.Tensor, cuda: bool) -> dict[str, float]:
         longest data + compute; the lowest such rank on a tie), ``perf/max_rss_mb`` (peak
         resident memory, largest rank) and on CUDA ``perf/cuda_max_allocated_mb``.
     """
-    t = table.double().cpu()
-    steps = t[:, 4].clamp(min=1)
-    data, compute, sync, optim = (t[:, i] / steps * 1e3 for i in range(4))  # ms per step
-    step = data + compute + sync + optim
+    rows = table.tolist() if isinstance(table, torch.Tensor) else table
+    per_step = []  # (data, compute, sync, optim) in ms per step, per rank
+    for row in rows:
+        scale = 1e3 / max(row[4], 1.0)
+        per_step.append([row[i] * scale for i in range(4)])
+    steps = [sum(r) for r in per_step]
+    compute = [r[1] for r in per_step]
     out = {
-        "perf/step_ms": float(step.mean()),
-        "perf/compute_ms_min": float(compute.min()),
-        "perf/compute_ms_max": float(compute.max()),
-        "perf/sync_wait_ms_max": float(sync.max()),
-        "perf/data_wait_fraction": float((data / step.clamp(min=1e-12)).max()),
-        "perf/straggler_rank": float(straggler_rank(t)),
-        "perf/max_rss_mb": float(t[:, 5].max()),
+        "perf/step_ms": sum(steps) / len(steps),
+        "perf/compute_ms_min": min(compute),
+        "perf/compute_ms_max": max(compute),
+        "perf/sync_wait_ms_max": max(r[2] for r in per_step),
+        "perf/data_wait_fraction": max(r[0] / max(sum(r), 1e-12) for r in per_step),
+        "perf/straggler_rank": float(_straggler(rows)),
+        "perf/max_rss_mb": max(row[5] for row in rows),
     }
     if cuda:
-        out[CUDA_TAG] = float(t[:, 6].max())
+        out[CUDA_TAG] = max(row[6] for row in rows)
     return out
+
+
+def _straggler(rows: list[list[float]]) -> int:
+    busy = [(r[0] + r[1]) / max(r[4], 1.0) for r in rows]
+    return busy.index(max(busy))
 
 
 def straggler_rank(table: torch.Tensor) -> int:
     """The rank with the longest ``data + compute`` per step in ``table`` (as in
     :func:`summarize`); the lowest such rank on a tie."""
-    t = table.double()
-    busy = (t[:, 0] + t[:, 1]) / t[:, 4].clamp(min=1)
-    return int(torch.nonzero(busy == busy.max())[0])
+    return _straggler(table.double().tolist())
 
 
 def straggler_line(table: torch.Tensor, epoch: int) -> str | None:
@@ -233,21 +244,32 @@ class StepTimer:
         self._slot = 0  # the next batch is fetched after the logging step
 
     # ---------------------------------------------------------------- per interval
-    def interval(self) -> dict[str, float]:
-        """Every rank calls it at a logging step: one all-reduce of the ``[world_size, 7]``
-        table of every rank's sums since the last call, then :func:`summarize`. Resets the
-        sums; keeps the epoch's totals for :meth:`end_epoch`."""
+    def row(self) -> torch.Tensor:
+        """This rank's row of the interval's ``[world_size, 7]`` table (float64, on the
+        device; zeros in the other ranks' rows), and the start of the next interval: what
+        :meth:`take` needs once summed over the world. The trainer all-reduces it in the same
+        collective as the losses."""
         if self.cuda:
             self._read_events()
         row = [*self.sums, peak_rss_mb(),
                torch.cuda.max_memory_allocated(self.device) / 2**20 if self.cuda else 0.0]
-        table = torch.zeros(self.world.world_size, len(FIELDS), dtype=torch.float64,
-                            device=self.device)
-        table[self.world.rank] = torch.tensor(row, dtype=torch.float64, device=self.device)
-        table = all_reduce_sum(table).cpu()
-        self.sums = [0.0] * 5
+        self.sums = [0.0] * 5  # the next interval starts
+        table = torch.zeros(self.world.world_size, len(FIELDS), dtype=torch.float64)
+        table[self.world.rank] = torch.tensor(row, dtype=torch.float64)
+        return table.to(self.device)
+
+    def take(self, table: torch.Tensor) -> dict[str, float]:
+        """The interval's ``perf/*`` scalars from the world's table (the sum over ranks of
+        :meth:`row`, which started the next interval); keeps the epoch's totals for
+        :meth:`end_epoch`."""
+        table = table.view(self.world.world_size, len(FIELDS)).cpu()
         self.epoch_table[:, :5] += table[:, :5]
         return summarize(table, self.cuda)
+
+    def interval(self) -> dict[str, float]:
+        """Every rank calls it at a logging step: one all-reduce of the ``[world_size, 7]``
+        table of every rank's sums since the last call (:meth:`row`), then :meth:`take`."""
+        return self.take(all_reduce_sum(self.row()))
 
     def end_epoch(self, epoch: int) -> str | None:
         """At the end of each epoch: rank 0 logs a warning naming a straggler (see

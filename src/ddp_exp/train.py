@@ -19,8 +19,11 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    step used), ``train/samples_per_sec`` and ``train/grad_norm`` (the global norm of the step's
    all-reduced gradients, before clipping) at x = global step. An interval may span an epoch
    boundary, so the points are evenly spaced; at the end of each epoch one more all-reduce gives
-   the epoch's mean, ``train/epoch_loss`` (x = the epoch's last step). A non-finite sum stops
-   every rank at once, naming the first bad step.
+   the epoch's mean, ``train/epoch_loss`` (x = the epoch's last step). A logging step's
+   all-reduce is started without waiting and finished at the next check (the next logging step
+   or the epoch's end), so the host never waits for it between steps; its scalars go into one
+   TensorBoard event, encoded after the epoch's loop (``MetricsWriter.queue_scalars``). A
+   non-finite sum stops every rank at once, at that next check, naming the first bad step.
 4. Evaluation of the whole validation set through the unwrapped model (no DDP collectives in the
    forward, so uneven shards cannot hang), one all-reduce of (loss sum, correct, count), and
    rank 0 writes ``val/loss`` and ``val/accuracy``.
@@ -47,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_exp import checkpoint, confusion, dashboard, schedule
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
 from ddp_exp.data import Datasets
-from ddp_exp.distributed import World, all_reduce_sum, broadcast_from_main
+from ddp_exp.distributed import World, broadcast_from_main
 from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
@@ -172,14 +175,16 @@ class LossWindow:
     """The training losses of the steps since the last check, kept on the device, and the
     world's running (loss sum, samples, seconds) of the current logging interval.
 
-    ``add`` only appends (no kernel, no sync). ``check`` sums ``loss * batch size`` of the
-    pending steps in float64 and all-reduces (sum, count) once; the result counts towards the
-    interval (read and reset by ``take_interval`` every ``trainer.log_every_n_steps`` global
-    steps) and towards the caller's epoch. Checks happen at logging steps and at the end of
-    every epoch, so an interval may span an epoch boundary and every ``train/loss`` point
-    averages exactly ``log_every_n_steps`` steps. If a check's sum is not finite, a second
-    all-reduce finds the first bad step over all ranks and every rank raises
-    :class:`NonFiniteLossError`.
+    ``add`` only appends (no kernel, no sync). ``start`` sums ``loss * batch size`` of the
+    pending steps in float64 and starts one all-reduce of (sum, count) without waiting;
+    ``finish`` waits for it and counts the result towards the interval (read and reset by
+    ``take_interval`` every ``trainer.log_every_n_steps`` global steps) and towards the caller's
+    epoch. Checks happen at logging steps and at the end of every epoch, so an interval may span
+    an epoch boundary and every ``train/loss`` point averages exactly ``log_every_n_steps``
+    steps. The trainer finishes a logging step's check at the next check (the all-reduce then
+    overlaps the steps in between: no host wait for it) and the epoch's last check at once. If
+    a check's sum is not finite, a second all-reduce finds the first bad step over all ranks and
+    every rank raises :class:`NonFiniteLossError`.
     """
 
     def __init__(self, device: torch.device):
@@ -190,6 +195,7 @@ class LossWindow:
         # The interval so far, over the whole world (host floats: the checkpoint carries them,
         # so that a resumed run logs the interval it was in like an uninterrupted one).
         self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
+        self.pending: tuple | None = None  # a check started and not finished (see start)
 
     def add(self, loss: torch.Tensor, size: int, step: int) -> None:
         """One micro-batch's mean loss (a device scalar), its sample count and global step."""
@@ -200,13 +206,19 @@ class LossWindow:
     def __len__(self) -> int:
         return len(self.losses)
 
-    def check(self, world: World) -> tuple[float, int]:
-        """Every rank calls it at the same step: one all-reduce of the pending steps' (loss
-        sum, sample count), added to the interval; returns them and empties the pending list.
+    def start(self, world: World, extra: torch.Tensor | None = None,
+              context: Any = None) -> None:
+        """Every rank calls it at the same step: start one all-reduce of the pending steps'
+        (loss sum, sample count) without waiting for it (``async_op``), and empty the pending
+        list; :meth:`finish` waits for it. A check started before must be finished first.
 
-        Raises:
-            NonFiniteLossError: the sum is NaN or infinite (on every rank).
+        ``extra`` (float64 on the device, any shape) is summed over the world in the same
+        collective (the perf timer's table at logging steps); ``context`` is handed back by
+        :meth:`finish` as it was (what the logging step wrote down).
         """
+        import torch.distributed as dist
+
+        assert self.pending is None, "finish() the check started before"
         if self.losses:
             losses = torch.stack(self.losses).double()
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
@@ -214,13 +226,39 @@ class LossWindow:
         else:  # a rank must still join the collective
             losses = torch.zeros(0, dtype=torch.float64, device=self.device)
             totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        loss_sum, count = all_reduce_sum(totals).tolist()
-        if not math.isfinite(loss_sum):
-            self._raise_nonfinite(losses, world)
+        if extra is not None:
+            totals = torch.cat([totals, extra.reshape(-1)])
+        work = (dist.all_reduce(totals, async_op=True)
+                if dist.is_initialized() and world.world_size > 1 else None)
+        self.pending = (work, totals, losses, self.steps, extra is not None, context)
         self.losses, self.sizes, self.steps = [], [], []
+
+    def finish(self, world: World) -> tuple[float, int, torch.Tensor | None, Any] | None:
+        """Wait for the check :meth:`start` began (None if there is none) and add its sums to
+        the interval; returns the world's (loss sum, sample count), the reduced ``extra`` as a
+        flat vector (None without it) and the ``context``.
+
+        Raises:
+            NonFiniteLossError: the sum is NaN or infinite (on every rank).
+        """
+        if self.pending is None:
+            return None
+        work, totals, losses, steps, has_extra, context = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        loss_sum, count = totals[:2].tolist()
+        if not math.isfinite(loss_sum):
+            self._raise_nonfinite(losses, steps, world)
         self.interval_sum += loss_sum
         self.interval_count += int(count)
-        return loss_sum, int(count)
+        return loss_sum, int(count), totals[2:] if has_extra else None, context
+
+    def check(self, world: World) -> tuple[float, int]:
+        """:meth:`start` and :meth:`finish` at once: the world's (loss sum, sample count)."""
+        self.start(world)
+        loss_sum, count, _, _ = self.finish(world)
+        return loss_sum, count
 
     def take_interval(self) -> tuple[float, int, float]:
         """The interval's world (loss sum, samples, training seconds); starts the next one."""
@@ -228,12 +266,12 @@ class LossWindow:
         self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
         return taken
 
-    def _raise_nonfinite(self, losses: torch.Tensor, world: World) -> None:
+    def _raise_nonfinite(self, losses: torch.Tensor, steps: list[int], world: World) -> None:
         import torch.distributed as dist
 
         bad = (~torch.isfinite(losses)).nonzero()
         # Encode (step, rank) in one number so one MIN all-reduce finds the earliest.
-        mine = self.steps[int(bad[0])] * world.world_size + world.rank if len(bad) else math.inf
+        mine = steps[int(bad[0])] * world.world_size + world.rank if len(bad) else math.inf
         code = torch.tensor([float(mine)], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and world.world_size > 1:
             dist.all_reduce(code, op=dist.ReduceOp.MIN)
@@ -474,39 +512,68 @@ class Trainer:
                 stop = max_steps is not None and self.global_step >= max_steps
                 log_now = self.global_step % log_every == 0
                 # A logging step or the epoch's last: one all-reduce of (loss sum, count).
-                if log_now or stop or progress.done == progress.steps:
-                    s, n = window.check(self.world)
+                last = stop or progress.done == progress.steps
+                if log_now or last:
+                    # The logging step before: its all-reduce has run during the steps since.
+                    s, n = self._settle(window, progress)
                     loss_sum, samples = loss_sum + s, samples + n
                     now = time.perf_counter()
                     window.interval_s += now - t_mark
                     t_mark = now
-                    if log_now:
-                        self._log(window, progress)
+                    # The perf timer's table rides in the same all-reduce.
+                    timing = self.perf.row() if log_now and self.perf is not None else None
+                    window.start(self.world, timing, (self.global_step, self.grad_norm,
+                                                      self._lr_used()) if log_now else None)
+                    if last:  # the epoch's sums are needed now
+                        s, n = self._settle(window, progress)
+                        loss_sum, samples = loss_sum + s, samples + n
                 if stop:
                     break
             if len(window):  # steps_per_epoch was off (a user loader): count the rest
+                s, n = self._settle(window, progress)
+                loss_sum, samples = loss_sum + s, samples + n
                 s, n = window.check(self.world)
                 loss_sum, samples = loss_sum + s, samples + n
+            s, n = self._settle(window, progress)
+            loss_sum, samples = loss_sum + s, samples + n
         finally:
             progress.close()
         now = time.perf_counter()
         window.interval_s += now - t_mark
+        self.writer.write_queued()
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
         return loss_sum, samples, now - t_epoch
 
-    def _log(self, window: LossWindow, progress: Progress) -> None:
-        """Write the interval's scalars at x = the global step (rank 0) and start the next."""
+    def _settle(self, window: LossWindow, progress: Progress) -> tuple[float, int]:
+        """Finish the window's started check, if any; a logging step's check writes its
+        interval (:meth:`_log`). Returns the check's world (loss sum, samples), (0, 0) if
+        none."""
+        done = window.finish(self.world)
+        if done is None:
+            return 0.0, 0
+        loss_sum, samples, timing, context = done
+        if context is not None:
+            self._log(window, progress, timing, *context)
+        return loss_sum, samples
+
+    def _log(self, window: LossWindow, progress: Progress, timing: torch.Tensor | None,
+             step: int, grad_norm: torch.Tensor | None, lr: float) -> None:
+        """Write the interval's scalars at x = ``step``, the logging step (rank 0), and start
+        the next interval; ``timing``: the world's perf table of the interval
+        (``trainer.perf_metrics``); ``grad_norm`` and ``lr``: the logging step's."""
         loss_sum, samples, seconds = window.take_interval()
         rate = mean(samples, seconds)
         loss = mean(loss_sum, samples)
-        self.writer.scalars(self.global_step, {
+        scalars = {
             "train/loss": loss,
-            "train/lr": self._lr_used(),
+            "train/lr": lr,
             "train/samples_per_sec": rate,
-            "train/grad_norm": self.grad_norm,
-        })
-        if self.perf is not None:  # one collective of every rank's step timing
-            self.writer.scalars(self.global_step, self.perf.interval())
+            "train/grad_norm": grad_norm,
+        }
+        if timing is not None:  # every rank's step timing, reduced with the losses
+            scalars.update(self.perf.take(timing))
+        # One TensorBoard event, encoded after the epoch's loop (MetricsWriter.queue_scalars).
+        self.writer.queue_scalars(step, scalars)
         if not self.layout_written:  # the Custom Scalars layout, once per run
             self.writer.custom_scalars(dashboard.layout(self.writer.tags | set(self.val_tags)))
             self.layout_written = True
@@ -524,7 +591,7 @@ class Trainer:
     def report_confusion(self) -> None:
         """Classification: the last validation's confusion matrix (of the final weights, counted
         and reduced exactly in that pass); rank 0 writes ``confusion_matrix.csv`` and the
-        ``val/confusion_matrix`` figure (:mod:`ddp_exp.confusion`)."""
+        ``val/confusion_matrix`` picture (:mod:`ddp_exp.confusion`)."""
         matrix = self.last_confusion
         if matrix is None:
             return
@@ -532,7 +599,7 @@ class Trainer:
         if self.writer.enabled:
             names = confusion.class_names(self.datasets.val, num_classes)
             self.writer.write_text("confusion_matrix.csv", confusion.to_csv(matrix, names))
-            self.writer.figure("val/confusion_matrix", confusion.figure(matrix, names),
+            self.writer.image("val/confusion_matrix", confusion.image(matrix, names),
                                self.global_step)
 
     def _lr_used(self) -> float:

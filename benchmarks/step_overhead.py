@@ -1,0 +1,143 @@
+"""Per-step overhead of ddp_exp's training loop against the tight loop (issue 13), in one process.
+
+A world of one rank (gloo, 1 intra-op thread, so no OpenMP wait and little noise from other
+processes), digits, the default trainer keys (perf timer, progress, logging every 10 steps,
+TensorBoard writer on). Alternates epochs of ``Trainer.train_epoch`` with epochs of the tight loop
+of ``ddp_tight.py`` (same model and optimizer types, same batch), and prints the median CPU seconds
+per step of each (``time.thread_time``: the time other processes take on the shared cores is
+not counted) and their difference: what ddp_exp adds per step. With ``--profile`` it also
+prints cProfile's top functions of ddp_exp's epochs (cumulative).
+
+    python benchmarks/step_overhead.py [--epochs 30] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+def trainer_cfg(overrides: list[str]) -> dict:
+    import hydra
+    from omegaconf import OmegaConf
+
+    from ddp_exp.config import register_configs
+
+    register_configs()
+    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        cfg = hydra.compose("config", overrides=["world_size=1", "optim=sgd", "optim.lr=0.05",
+                                                 "optim.momentum=0.9", "trainer.progress=log",
+                                                 *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=30, help="epochs of each loop, alternating")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--only", default=None,
+                   help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
+    p.add_argument("overrides", nargs="*",
+                   help="a second ddp_exp trainer with these overrides, e.g. "
+                        "trainer.perf_metrics=false")
+    args = p.parse_args()
+    from ddp_exp.data import build_datasets, load_digits
+    from ddp_exp.distributed import World, init_process_group
+    from ddp_exp.metrics import MetricsWriter
+    from ddp_exp.models import MLP
+    from ddp_exp.objective import Objective
+    from ddp_exp.train import Trainer
+
+    torch.set_num_threads(1)
+    common.set_rendezvous(common.free_port())
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    world = World.from_env()
+    init_process_group("gloo", world, 60)
+    cfg = trainer_cfg([])
+    datasets = build_datasets(load_digits(), 297, 0, 1)
+    tmp = tempfile.mkdtemp(prefix="step-overhead-")
+
+    def make_trainer(overrides: list[str], name: str) -> Trainer:
+        torch.manual_seed(0)
+        return Trainer(trainer_cfg(overrides), world, datasets, MLP((1, 8, 8), 10, [128]),
+                       Objective(10), torch.device("cpu"),
+                       MetricsWriter(os.path.join(tmp, name), {}, enabled=True))
+
+    trainers = {"ddp_exp": make_trainer([], "a")}
+    if args.overrides:
+        trainers["ddp_exp " + " ".join(args.overrides)] = make_trainer(args.overrides, "b")
+    # The tight loop on its own copy of the model.
+    torch.manual_seed(0)
+    model = MLP((1, 8, 8), 10, [128])
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    x = torch.from_numpy(datasets.train.features)
+    y = torch.from_numpy(datasets.train.targets)
+    sampler = DistributedSampler(range(len(x)), num_replicas=1, rank=0, shuffle=True, seed=0)
+    batch = cfg["data"]["batch_size"]
+
+    def tight_epoch(epoch: int) -> float:
+        sampler.set_epoch(epoch)
+        t = time.thread_time()
+        order = torch.tensor(list(sampler), dtype=torch.long)
+        xs, ys = x.index_select(0, order), y.index_select(0, order)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for start in range(0, len(order), batch):
+            xb, yb = xs[start:start + batch], ys[start:start + batch]
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(ddp(xb), yb)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach().double() * len(xb)
+        totals = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64)])
+        dist.all_reduce(totals)
+        totals.tolist()
+        return time.thread_time() - t
+
+    prof = cProfile.Profile() if args.profile else None
+    steps = trainers["ddp_exp"].steps_per_epoch
+    times: dict[str, list[float]] = {"tight": [], **{name: [] for name in trainers}}
+    for epoch in range(args.epochs):
+        times["tight"].append(tight_epoch(epoch) / steps)
+        for name, trainer in trainers.items():
+            if prof and name == "ddp_exp":
+                prof.enable()
+            t = time.thread_time()
+            trainer.train_epoch()
+            times[name].append((time.thread_time() - t) / steps)
+            if prof and name == "ddp_exp":
+                prof.disable()
+            trainer.epoch += 1
+    tight = statistics.median(times["tight"])
+    print(f"{steps} steps/epoch, {args.epochs} epochs each, interleaved; CPU time per step of "
+          f"this thread (time.thread_time), median (fastest epoch):")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"  {name:<40} {med * 1e6:7.1f} us ({min(values) * 1e6:7.1f})  "
+              f"+{(med - tight) * 1e6:6.1f} us/step over tight; tight / it = {tight / med:.3f}")
+    if prof:
+        stats = pstats.Stats(prof)
+        if args.only:
+            stats.sort_stats("cumtime").print_stats(args.only)
+        else:
+            stats.sort_stats("tottime").print_stats(25)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
