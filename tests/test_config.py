@@ -87,6 +87,7 @@ def _file_overrides(group: str, option: str, csv: Path) -> list[str]:
     return {("data", "file"): [f"data.path={csv}"],
             ("data", "image_folder"): [f"data.path={csv.parent / 'images'}"],
             ("data", "dataset"): ["data._target_=lazy_data.DigitsDataset", "data.val_size=297"],
+            ("experiment", "image_folder_recipe"): [f"data.path={csv.parent / 'images'}"],
             }.get((group, option), [])
 
 
