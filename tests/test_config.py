@@ -339,6 +339,29 @@ def test_help_lists_the_groups(run_cli):
         assert options <= {o.strip() for o in line.split(":", 1)[1].split(",")}, line
 
 
+def test_composing_a_run_does_not_list_the_help_groups(monkeypatch):
+    """The help template is dereferenced at every composition (twice per job); listing the
+    groups scans the config repository (seconds), so it happens only under --help."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ddp_exp import usage
+
+    assert usage.help_requested(["world_size=2", "--help"])
+    assert usage.help_requested(["-h"]) and not usage.help_requested(["world_size=2"])
+    monkeypatch.setattr(sys, "argv", ["ddp_exp", "world_size=2"])
+    register_configs()
+    usage.register_resolvers()
+    with hydra.initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        listed = []
+        monkeypatch.setattr(type(GlobalHydra.instance().hydra), "format_config_groups",
+                            lambda self, *a, **k: listed.append(1) or "")
+        cfg = hydra.compose("config", overrides=["world_size=2"], return_hydra_config=True)
+        assert cfg.world_size == 2 and listed == []
+        assert "--help lists them" in cfg.hydra.help.template
+        monkeypatch.setattr(sys, "argv", ["ddp_exp", "--help"])
+        assert usage.help_groups() == "" and listed == [1]  # the real listing, asked for
+
+
 # ------------------------------------------------------------------ (d) torchrun world size
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "ddp_exp"]

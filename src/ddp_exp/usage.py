@@ -4,15 +4,28 @@ Hydra's help template offers ``$APP_CONFIG_GROUPS``, which lists every config gr
 internal ``schema/*`` groups (the structured configs in :mod:`ddp_exp.config`) included. The
 ``ddp_exp.help_groups`` resolver lists the same groups through Hydra's own formatter, without
 those; ``ddp_exp.help_keys`` lists the composed config's top-level keys and their values.
+
+Cost: OmegaConf dereferences the help template whenever a later config layer merges onto it,
+which is at every composition, not only under ``--help``; Hydra composes twice per job
+(``@hydra.main`` asks for the run mode, then composes the job). Listing the groups scans the
+whole config repository (1.4-2 s here), so :func:`help_groups` does it only when the command
+line asks for help and returns a placeholder otherwise.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 HIDDEN_GROUPS = ("hydra", "schema")
+HELP_FLAGS = ("--help", "-h")  # Hydra's flags that print hydra.help.template
+
+
+def help_requested(argv: list[str] | None = None) -> bool:
+    """True when the command line (``sys.argv`` by default) asks Hydra for ``--help``."""
+    return any(arg in HELP_FLAGS for arg in (sys.argv[1:] if argv is None else argv))
 
 
 def help_groups() -> str:
@@ -20,6 +33,8 @@ def help_groups() -> str:
     ``conf/`` and of any ``--config-dir``), as Hydra formats ``$APP_CONFIG_GROUPS``."""
     from hydra.core.global_hydra import GlobalHydra
 
+    if not help_requested():  # composing a run: nobody reads it, and it costs seconds
+        return "(python -m ddp_exp --help lists them)"
     hydra = GlobalHydra.instance().hydra
     if hydra is None:  # resolved outside Hydra's --help (e.g. --cfg hydra)
         return ""
