@@ -535,7 +535,7 @@ def test_a_second_run_into_a_busy_job_folder_is_refused(run_cli, tmp_path):
     streams, checkpoints and metrics in one folder."""
     job = tmp_path / "run"
     tag = uuid.uuid4().hex
-    first = subprocess.Popen([sys.executable, "-m", "ddp_exp", "trainer.epochs=200",
+    first = subprocess.Popen([sys.executable, "-m", "ddp_exp", "trainer.epochs=100000",
                               "print_config=false", f"hydra.run.dir={job}"], cwd=tmp_path,
                              env=cli_env(tag), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
