@@ -10,6 +10,8 @@ import resource
 import socket
 import sys
 
+BENCH = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
+ROOT = os.path.dirname(BENCH)  # the repository
 RESULT_PREFIX = "BENCH_RESULT "  # the runner reads the line that starts with this
 EXIT_SKIPPED = 3  # an optional dependency is missing (lightning)
 
