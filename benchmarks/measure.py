@@ -24,9 +24,9 @@ def measure(v: Variant, repeat: int, timeout_s: float, keep: str | None) -> dict
            "repeat": repeat, "loadavg_1m": round(os.getloadavg()[0], 2), "note": ""}
     workdir = tempfile.mkdtemp(prefix="ddp_exp-bench-")
     try:
-        run = timed_process(v.argv(workdir), v.tree, timeout_s)
+        run = timed_process(v.argv(workdir), v.tree, timeout_s, pss=v.world_pss)
         row.update(rc=run.rc, wall_s=run.wall_s, ranks_seen=len(run.rank_rss_mib),
-                   other_cpu_cores=run.other_cpu,
+                   other_cpu_cores=run.other_cpu, world_pss_mib=run.world_pss_mib,
                    peak_rss_mib_per_rank=max(run.rank_rss_mib) if run.rank_rss_mib else None)
         if run.rc == common.EXIT_SKIPPED and v.impl == "lightning":
             row.update(status="skipped", note="skipped: install the bench extra")
@@ -124,8 +124,12 @@ def check_data(groups: dict[str, list[Variant]]) -> str:
     done = []
     for wl, num_train, path in sorted({(v.workload, v.num_train, v.data_path)
                                        for vs in groups.values() for v in vs}, key=str):
+        if workloads.spec(wl).get("ddp_exp_only"):
+            continue  # no hand-written script reads it: nothing to compare
         workloads.check_against_ddp_exp(wl, num_train, path)
         done.append(wl + (f" (num_train {num_train})" if num_train else ""))
+    if not done:
+        return "no hand-written script reads data in these groups: nothing to check."
     return ("benchmark data identical to ddp_exp.data's for " + ", ".join(done)
             + (" (image folder: files, split, decoded pixels and initial CNN weights)"
                if "image_folder" in done else "") + ".")

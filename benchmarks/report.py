@@ -2,7 +2,7 @@
 PASS/MISS, one table per group, how each figure is measured, the hand-written analysis of the
 misses from ``benchmarks/analysis.md``).
 
-May use: ``common``, ``variants``, ``targets``. Used by ``run``.
+May use: ``common``, ``variants``, ``targets``, ``scaling`` (its table). Used by ``run``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import platform
 import statistics
 
 import common
+import scaling
 from targets import Target, extra_ratios, same_training, stat, threads_check
 from variants import IMPL_LABELS, Variant
 
 CSV_FIELDS = ["group", "variant", "impl", "workload", "world_size", "batch_size", "epochs",
               "repeat", "rc", "status", "samples_per_sec", "train_s", "wall_s",
               "wall_s_inside", "peak_rss_mib_per_rank", "peak_rss_mib_self_reported",
-              "ranks_seen", "threads_per_rank", "train_loss", "val_loss", "val_accuracy",
-              "loadavg_1m", "other_cpu_cores", "note"]
-
+              "world_pss_mib", "ranks_seen", "threads_per_rank", "train_loss", "val_loss",
+              "val_accuracy", "loadavg_1m", "other_cpu_cores", "note"]
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -132,8 +132,11 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
               "perf": "perf/* dashboards: trainer.perf_metrics on and off (ddp_exp, digits)",
               "image_folder": "Issue 11: image folder (digits as 8x8 PNG files, Pillow, 2 "
                               "DataLoader workers per rank, model=cnn, 32 per rank)"}
+    titles["scaling"] = "Scaling: how cost grows with the work (issue 13 point 3)"
     for name, variants in groups.items():
-        md += ["", f"## {titles.get(name, name)}", ""] + group_table(rows, variants)
+        md += ["", f"## {titles.get(name, name)}", ""]
+        md += (scaling.table(rows, variants) if name == "scaling"
+               else group_table(rows, variants))
     md += ["", "## How each figure is measured", "",
            "- **train samples/s**: training loop only, all ranks together. ddp_exp: "
            "`train/samples_per_sec` of `metrics.json` (samples of all ranks / rank 0's seconds in "
@@ -170,6 +173,12 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "and the same initial CNN weights (seed 0). Both include the start of the loader's "
            "workers (first epoch) in the loop time.",
            "- Per-run data: `benchmarks/results.csv`."]
+    if "scaling" in groups:
+        md.insert(len(md) - 1, "- **world PSS** (group scaling): every second while a run is "
+                  "alive the runner sums `Pss` from `/proc/<pid>/smaps_rollup` over the started "
+                  "process and its children (the launcher and the ranks, multiprocessing's "
+                  "helpers excluded); the figure is the largest sum. Shared pages count once "
+                  "in the world, private ones fully (CSV column `world_pss_mib`).")
     misses = [t for t in targets if t.verdict.startswith("MISS")]
     analysis = os.path.join(common.BENCH, "analysis.md")
     if misses or os.path.exists(analysis):

@@ -5,6 +5,8 @@
     python benchmarks/run.py --quick         # smoke test: 1 repeat, tiny epochs (not a measurement)
     python benchmarks/run.py --only digits,startup
     python benchmarks/run.py --only digits --impls defaults/ddp_exp,tight --repeats 10
+    python benchmarks/run.py --only scaling --markdown benchmarks/scaling.md \
+        --csv benchmarks/scaling.csv          # opt-in: not in the default set
 
 Groups (each one interleaved: for every repeat, every variant of the group once, A B C A B C ...):
 
@@ -23,7 +25,13 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
 * ``image_folder`` (issue 11): the digits as PNG files in a temporary folder made here,
   ``data=image_folder model=cnn`` with 2 DataLoader workers per rank against the hand-written
   Pillow + DataLoader + DDP script on the same files (``benchmarks/ddp_image_folder.py``), 32
-  per rank, 5 epochs, world_size 2.
+  per rank, 5 epochs, world_size 2;
+* ``scaling`` (issue 13 point 3, ``benchmarks/scaling.py``; only with ``--only``): ddp_exp on
+  ``data=synthetic`` at world_size 1, 2 and 4, at 10x and 100x ``data.num_samples``, and with
+  the MLP at 4x and 16x the parameters at world_size 1 and 2, with the world's PSS beside the
+  data's size. Not in the default set: its 5 repeats take ~20 minutes on a quiet machine,
+  most of it the 100x rows (10 epochs of 409,088 samples), which would make ``make bench``
+  (~30 minutes) about 1.6 times as long.
 
 Each run is one process started from here with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
 removed from its environment. Figures: training samples/s of the loop only (ddp_exp:
@@ -36,8 +44,8 @@ PASS/MISS).
 
 This module is the command line. May use: ``common``, ``variants`` (the groups and each run's
 command), ``measure`` (one run -> one row; the groups interleaved), ``targets`` (medians,
-ratios, PASS/MISS) and ``report`` (CSV and markdown); ``timed`` (one timed process) lies below
-``measure``.
+ratios, PASS/MISS), ``scaling`` (that group's runs) and ``report`` (CSV and markdown);
+``timed`` (one timed process) lies below ``measure``.
 """
 
 from __future__ import annotations
@@ -50,10 +58,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import scaling  # noqa: E402
 from measure import check_data, image_folder, run_groups, warm_up  # noqa: E402
 from report import write_csv, write_markdown  # noqa: E402
 from targets import build_targets, stat, threads_check  # noqa: E402
 from variants import IMPL_LABELS, build_variants  # noqa: E402
+
+OPT_IN = ("scaling",)  # groups run only when --only names them
 
 
 def compare_startup(repeats: int) -> int:
@@ -75,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
-                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder")
+                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder "
+                        "(the default set) and scaling (only when named)")
     p.add_argument("--impls", default=None,
                    help="comma-separated variants to keep in the chosen groups, by key suffix: "
                         "e.g. 'defaults/ddp_exp,tight' (default: all)")
@@ -88,12 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and "--repeats" not in (argv if argv is not None else sys.argv):
         args.repeats = 1
     groups = build_variants(args.quick)
+    groups["scaling"] = scaling.variants(args.quick)
     if args.only:
         wanted = args.only.split(",")
         unknown = set(wanted) - set(groups)
         if unknown:
             p.error(f"unknown group(s) {sorted(unknown)}; choose from {sorted(groups)}")
         groups = {g: groups[g] for g in wanted}
+    else:
+        groups = {g: vs for g, vs in groups.items() if g not in OPT_IN}
     if args.impls:
         keep = args.impls.split(",")
         groups = {g: [v for v in vs if any(v.key.endswith("/" + k) for k in keep)]

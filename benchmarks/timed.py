@@ -1,6 +1,7 @@
 """One timed process: start it in its own session, poll its process tree in ``/proc`` while it
-runs (each rank's ``VmHWM``), reap it with ``wait4`` (exit status, its CPU time) and end whatever
-it left behind; the cores other processes kept busy meanwhile come from ``/proc/stat``.
+runs (each rank's ``VmHWM``; on request the world's ``Pss``), reap it with ``wait4`` (exit
+status, its CPU time) and end whatever it left behind; the cores other processes kept busy
+meanwhile come from ``/proc/stat``.
 
 May use: the standard library and ``common`` (paths). Used by ``measure`` and ``run``.
 """
@@ -19,6 +20,9 @@ import common
 
 ROOT = common.ROOT
 POLL_S = 0.05
+# smaps_rollup walks the process's page tables: ~10 ms for a 300 MiB rank on this machine,
+# so the world's PSS is read 20x less often than VmHWM, and only where a variant asks for it.
+PSS_POLL_S = 1.0
 DROPPED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 HELPERS = ("resource_tracker", "semaphore_tracker", "forkserver")  # not ranks
 
@@ -49,6 +53,19 @@ def _vm_hwm_kib(pid: int) -> int | None:
     return None
 
 
+def _pss_kib(pid: int) -> int | None:
+    """The process's proportional set size (``Pss`` of ``/proc/<pid>/smaps_rollup``, KiB): its
+    private pages plus each shared page divided by the number of processes mapping it."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -61,13 +78,18 @@ class RssSampler(threading.Thread):
     """Every ``POLL_S``: ``root`` and its children (the ranks: every launcher here forks or
     starts them from the process the runner started) and each one's ``VmHWM`` (the kernel's
     peak-RSS mark, so a sample misses only growth in a process's last ``POLL_S``). The ranks'
-    own children (DataLoader workers, compile workers) are not ranks and are not read."""
+    own children (DataLoader workers, compile workers) are not ranks and are not read.
 
-    def __init__(self, root: int):
+    ``pss``: also, every ``PSS_POLL_S``, the sum of ``Pss`` over ``root`` and its children
+    (multiprocessing's helpers excluded): the world's memory with each page shared by fork
+    counted once; ``world_pss_kib`` is the largest sum seen (None: never read)."""
+
+    def __init__(self, root: int, pss: bool = False):
         super().__init__(daemon=True)
-        self.root, self.stop = root, threading.Event()
+        self.root, self.stop, self.pss = root, threading.Event(), pss
         self.peak: dict[int, int] = {}
         self.cmd: dict[int, str] = {}
+        self.world_pss_kib: int | None = None
 
     def sample(self) -> None:
         for pid in [self.root, *_children(self.root)]:
@@ -77,9 +99,20 @@ class RssSampler(threading.Thread):
                 if pid not in self.cmd:
                     self.cmd[pid] = _cmdline(pid)
 
+    def sample_pss(self) -> None:
+        pids = [pid for pid in [self.root, *_children(self.root)]
+                if not any(h in self.cmd.get(pid, "") for h in HELPERS)]
+        values = [v for v in map(_pss_kib, pids) if v is not None]
+        if values:
+            self.world_pss_kib = max(self.world_pss_kib or 0, sum(values))
+
     def run(self) -> None:
+        next_pss = 0.0
         while not self.stop.is_set():
             self.sample()
+            if self.pss and time.monotonic() >= next_pss:
+                self.sample_pss()
+                next_pss = time.monotonic() + PSS_POLL_S
             self.stop.wait(POLL_S)
 
     def rank_peaks_mib(self, root_is_rank: bool) -> list[float]:
@@ -97,6 +130,7 @@ class Run:
     stderr: str
     timed_out: bool = False
     other_cpu: float | None = None  # cores busy with other work meanwhile (noise indicator)
+    world_pss_mib: float | None = None  # largest sum of Pss over the world (pss=True only)
 
 
 def _busy_cpu_s() -> float:
@@ -108,10 +142,11 @@ def _busy_cpu_s() -> float:
 
 
 def timed_process(argv: list[str], root_is_rank: bool, timeout_s: float,
-                  cwd: str = ROOT) -> Run:
-    """Start ``argv`` (its own session), time it to its exit, sample its ranks' peak RSS, and
-    estimate how many cores other processes kept busy meanwhile (all busy CPU time minus the
-    run's own, from ``wait4``, over the wall time)."""
+                  cwd: str = ROOT, pss: bool = False) -> Run:
+    """Start ``argv`` (its own session), time it to its exit, sample its ranks' peak RSS (and
+    with ``pss`` the world's PSS: :class:`RssSampler`), and estimate how many cores other
+    processes kept busy meanwhile (all busy CPU time minus the run's own, from ``wait4``, over
+    the wall time; the sampler's own reads count as other work)."""
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -119,7 +154,7 @@ def timed_process(argv: list[str], root_is_rank: bool, timeout_s: float,
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        sampler = RssSampler(proc.pid)
+        sampler = RssSampler(proc.pid, pss)
         sampler.start()
         done: dict = {}
 
@@ -144,8 +179,9 @@ def timed_process(argv: list[str], root_is_rank: bool, timeout_s: float,
         _reap_session(proc.pid)
         out.seek(0)
         err.seek(0)
+        pss_mib = sampler.world_pss_kib / 1024.0 if sampler.world_pss_kib is not None else None
         return Run(rc, wall, sampler.rank_peaks_mib(root_is_rank), out.read(), err.read(),
-                   timed_out, max(0.0, (busy - own) / wall) if wall > 0 else None)
+                   timed_out, max(0.0, (busy - own) / wall) if wall > 0 else None, pss_mib)
 
 
 def _reap_session(sid: int) -> None:

@@ -46,6 +46,7 @@ class Variant:
     label: str | None = None  # in the key and the tables, for variants of one impl
     data_path: str | None = None  # the image folder (workload image_folder), made by main()
     user_defaults: bool = False  # ddp_exp: default trainer keys (checkpoint, progress, perf)
+    world_pss: bool = False  # also read the world's PSS while it runs (group scaling)
 
     @property
     def key(self) -> str:
