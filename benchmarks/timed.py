@@ -42,28 +42,27 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _vm_hwm_kib(pid: int) -> int | None:
+def _proc_kib(path: str, key: str) -> int | None:
+    """The value (kB) of the line starting with ``key`` in a ``/proc`` file; None when the
+    process is gone or has no such line."""
     try:
-        with open(f"/proc/{pid}/status") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except OSError:
         pass
     return None
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    return _proc_kib(f"/proc/{pid}/status", "VmHWM:")
 
 
 def _pss_kib(pid: int) -> int | None:
     """The process's proportional set size (``Pss`` of ``/proc/<pid>/smaps_rollup``, KiB): its
     private pages plus each shared page divided by the number of processes mapping it."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    return _proc_kib(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def _cmdline(pid: int) -> str:
