@@ -130,10 +130,11 @@ LIMITS = [
     "optimizer work, and the epoch's shard is gathered once per epoch (one pass over the data "
     "in memory), so train seconds per sample stay flat as long as the data fits in memory "
     f"({data_mib(DATA_SCALES[-1] * BASE['num_samples']):.0f} MiB at {DATA_SCALES[-1]}x).",
-    "**model**: one all-reduce per step. At world size 2 every step all-reduces all gradients "
-    "(4 bytes a parameter) through gloo on the same 2 cores that compute; the larger model "
-    "doubles its compute by splitting the batch across ranks, and once the all-reduce's time "
-    "nears the step's compute the ws2 / ws1 ratio falls below 1.",
+    "**model**: one all-reduce per step. At world size 2 each rank computes its 32 samples on "
+    "one core and then all-reduces every gradient (4 bytes a parameter) through gloo on the "
+    "same cores; world size 1 computes 32 samples with 2 threads and no all-reduce. The "
+    "ws2 / ws1 ratio shows where the all-reduce, which grows with the parameters, eats the "
+    "samples the second rank adds.",
     "**memory**: forked ranks share the launcher's pages (copy-on-write), so one copy of the "
     "data per node is the rule. `VmHWM` per rank counts every shared page in every rank; the "
     "world's PSS (sum of `Pss` from `/proc/<pid>/smaps_rollup` over the launcher and its ranks, "
