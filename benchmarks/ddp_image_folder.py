@@ -30,15 +30,12 @@ import time
 
 T0 = time.time()  # wall time from the first line, imports included
 
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
@@ -89,24 +86,8 @@ def loader(files, sampler, batch_size, num_workers):
                       num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
-@torch.no_grad()
-def evaluate(model, val_loader):
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
-    for xb, yb in val_loader:
-        out = model(xb)
-        totals[0] += F.cross_entropy(out, yb, reduction="sum").double()
-        totals[1] += (out.argmax(1) == yb).sum()
-        totals[2] += len(yb)
-    dist.all_reduce(totals)
-    model.train()
-    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
-
-
 def rank_main(rank, world_size, port, cfg, split, threads, result_path):
-    common.set_rendezvous(port)
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    common.init_rank(rank, world_size, port, threads)
     train_files, val_files = split
     num_classes = 1 + max(label for _, label in train_files)
     side = PngFiles(train_files)[0][0].shape[-1]
@@ -145,16 +126,8 @@ def rank_main(rank, world_size, port, cfg, split, threads, result_path):
         loop_s += time.perf_counter() - t
         world_samples += epoch_n
         train_loss = epoch_loss / epoch_n
-        val_loss, val_acc = evaluate(model, val_loader)
-    rss = torch.tensor([common.peak_rss_mib()], dtype=torch.float64)
-    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        with open(result_path, "w") as fh:
-            json.dump({"samples_per_sec": world_samples / loop_s, "train_s": loop_s,
-                       "train_samples": world_samples, "train_loss": train_loss,
-                       "val_loss": val_loss, "val_accuracy": val_acc,
-                       "peak_rss_mib_rank0": common.peak_rss_mib(),
-                       "peak_rss_mib_per_rank": rss.item()}, fh)
+        val_loss, val_acc = common.evaluate(model, val_loader)
+    common.write_result(rank, result_path, world_samples, loop_s, train_loss, val_loss, val_acc)
     dist.destroy_process_group()
 
 
@@ -165,25 +138,16 @@ def main():
     p.add_argument("--num-workers", type=int, default=None,
                    help="DataLoader workers per rank; default: the workload's (2)")
     args = p.parse_args()
-    cfg = workloads.spec("image_folder")
-    cfg["epochs"] = args.epochs or cfg["epochs"]
-    cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    cfg = common.job_config(args, "image_folder")
     if args.num_workers is not None:
         cfg["num_workers"] = args.num_workers
     threads = max(1, common.cores() // args.world_size)
     split = workloads.image_folder_split(args.data_path)  # file names only, inherited by ranks
-    with tempfile.TemporaryDirectory(prefix="ddp_image_folder-") as tmp:
-        path = os.path.join(tmp, "rank0.json")
-        mp.start_processes(rank_main, args=(args.world_size, common.free_port(), cfg, split,
-                                            threads, path),
-                           nprocs=args.world_size, join=True, start_method=args.start_method)
-        result = common.read_partial(path)
-    result.update({"script": "ddp_image_folder", "workload": "image_folder",
-                   "world_size": args.world_size, "batch_size": cfg["batch_size"],
-                   "epochs": cfg["epochs"], "num_workers": cfg["num_workers"],
-                   "threads_per_rank": threads, "start_method": args.start_method,
-                   "wall_s": time.time() - T0})
-    common.emit(result, args.out)
+    result = common.run_world(rank_main, (args.world_size, common.free_port(), cfg, split,
+                                          threads), args.world_size, args.start_method,
+                              "ddp_image_folder")
+    common.finish(result, T0, args, cfg, "ddp_image_folder", workload="image_folder",
+                  num_workers=cfg["num_workers"], threads_per_rank=threads)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,11 @@ import time
 
 T0 = time.time()  # wall time from the first line, imports included
 
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
@@ -38,77 +35,64 @@ from torch.utils.data import DistributedSampler  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import workloads  # noqa: E402
-from ddp_tuned import build_model, evaluate  # noqa: E402
 from workloads import LR, MOMENTUM, SEED  # noqa: E402
 
 
+def train_epoch(ddp, opt, x, y, order, batch):
+    """One epoch of the tight loop over the rank's samples ``order`` ([n] indices of ``x`` [N,
+    ...] and ``y`` [N]) in batches of ``batch``. Returns the rank's loss sum (float64 scalar
+    tensor, still on the device: no host sync in the loop)."""
+    xs, ys = x.index_select(0, order), y.index_select(0, order)  # the epoch's shard, once
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for start in range(0, len(order), batch):
+        xb, yb = xs[start:start + batch], ys[start:start + batch]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(xb), yb)
+        loss.backward()
+        opt.step()
+        loss_sum += loss.detach().double() * len(xb)
+    return loss_sum
+
+
 def rank_main(rank, world_size, port, cfg, arrays, threads, result_path):
-    common.set_rendezvous(port)
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    common.init_rank(rank, world_size, port, threads)
     xtr, ytr, xva, yva, num_classes = arrays
     x, y = torch.from_numpy(xtr), torch.from_numpy(ytr)
     xv, yv = torch.from_numpy(xva), torch.from_numpy(yva)
-    model = build_model(x[0].numel(), cfg["hidden"], num_classes)
+    torch.manual_seed(SEED)
+    model = common.mlp(x[0].numel(), cfg["hidden"], num_classes)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
     sampler = DistributedSampler(range(len(x)), num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=SEED)
-    batch = cfg["batch_size"]
     loop_s, world_samples = 0.0, 0
     train_loss = val_loss = val_acc = None
     for epoch in range(cfg["epochs"]):
         sampler.set_epoch(epoch)
         t = time.perf_counter()
         order = torch.tensor(list(sampler), dtype=torch.long)
-        xs, ys = x.index_select(0, order), y.index_select(0, order)  # the epoch's shard, once
-        n = len(order)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for start in range(0, n, batch):
-            xb, yb = xs[start:start + batch], ys[start:start + batch]
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(ddp(xb), yb)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.detach().double() * len(xb)
-        totals = torch.stack([loss_sum, torch.tensor(float(n), dtype=torch.float64)])
+        loss_sum = train_epoch(ddp, opt, x, y, order, cfg["batch_size"])
+        totals = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64)])
         dist.all_reduce(totals)  # the epoch's one host sync
         loop_s += time.perf_counter() - t
         s, count = totals.tolist()
         world_samples += int(count)
         train_loss = s / count
-        val_loss, val_acc = evaluate(model, xv, yv, rank, world_size)
-    rss = torch.tensor([common.peak_rss_mib()], dtype=torch.float64)
-    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        with open(result_path, "w") as fh:
-            json.dump({"samples_per_sec": world_samples / loop_s, "train_s": loop_s,
-                       "train_samples": world_samples, "train_loss": train_loss,
-                       "val_loss": val_loss, "val_accuracy": val_acc,
-                       "peak_rss_mib_rank0": common.peak_rss_mib(),
-                       "peak_rss_mib_per_rank": rss.item()}, fh)
+        val_loss, val_acc = common.evaluate(model, common.val_shard(xv, yv, rank, world_size))
+    common.write_result(rank, result_path, world_samples, loop_s, train_loss, val_loss, val_acc)
     dist.destroy_process_group()
 
 
 def main():
     p = common.parser(__doc__.splitlines()[0], start_method="fork")
     args = p.parse_args()
-    cfg = workloads.spec(args.workload, args.num_train)
-    cfg["epochs"] = args.epochs or cfg["epochs"]
-    cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    cfg = common.job_config(args, args.workload)
     threads = max(1, common.cores() // args.world_size)
     arrays = workloads.load(args.workload, args.num_train)  # once, inherited by forked ranks
-    with tempfile.TemporaryDirectory(prefix="ddp_tight-") as tmp:
-        path = os.path.join(tmp, "rank0.json")
-        mp.start_processes(rank_main, args=(args.world_size, common.free_port(), cfg, arrays,
-                                            threads, path),
-                           nprocs=args.world_size, join=True, start_method=args.start_method)
-        result = common.read_partial(path)
-    result.update({"script": "ddp_tight", "workload": args.workload,
-                   "world_size": args.world_size, "batch_size": cfg["batch_size"],
-                   "epochs": cfg["epochs"], "threads_per_rank": threads,
-                   "start_method": args.start_method, "wall_s": time.time() - T0})
-    common.emit(result, args.out)
+    result = common.run_world(rank_main, (args.world_size, common.free_port(), cfg, arrays,
+                                          threads), args.world_size, args.start_method,
+                              "ddp_tight")
+    common.finish(result, T0, args, cfg, "ddp_tight", threads_per_rank=threads)
 
 
 if __name__ == "__main__":

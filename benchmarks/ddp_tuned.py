@@ -21,16 +21,12 @@ import time
 
 T0 = time.time()  # wall time from the first line, imports included
 
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
@@ -39,45 +35,14 @@ import common  # noqa: E402
 import workloads  # noqa: E402
 from workloads import LOG_EVERY_N_STEPS, LR, MOMENTUM, SEED  # noqa: E402
 
-EVAL_BATCH = 512
-
-
-def build_model(in_features: int, hidden: list[int], num_classes: int) -> nn.Module:
-    torch.manual_seed(SEED)
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = in_features
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
-
-
-@torch.no_grad()
-def evaluate(model, x, y, rank, world_size):
-    """Whole validation set, strided unpadded shard per rank, one all-reduce."""
-    model.eval()
-    xs, ys = x[rank::world_size], y[rank::world_size]
-    totals = torch.zeros(3, dtype=torch.float64)
-    for s in range(0, len(xs), EVAL_BATCH):
-        out = model(xs[s:s + EVAL_BATCH])
-        yb = ys[s:s + EVAL_BATCH]
-        totals[0] += F.cross_entropy(out, yb, reduction="sum").double()
-        totals[1] += (out.argmax(1) == yb).sum()
-        totals[2] += len(yb)
-    dist.all_reduce(totals)
-    model.train()
-    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
-
 
 def rank_main(rank, world_size, port, cfg, arrays, threads, result_path):
-    common.set_rendezvous(port)
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    common.init_rank(rank, world_size, port, threads)
     xtr, ytr, xva, yva, num_classes = arrays
     x, y = torch.from_numpy(xtr), torch.from_numpy(ytr)
     xv, yv = torch.from_numpy(xva), torch.from_numpy(yva)
-    model = build_model(x[0].numel(), cfg["hidden"], num_classes)
+    torch.manual_seed(SEED)
+    model = common.mlp(x[0].numel(), cfg["hidden"], num_classes)
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
     sampler = DistributedSampler(range(len(x)), num_replicas=world_size, rank=rank,
@@ -113,16 +78,8 @@ def rank_main(rank, world_size, port, cfg, arrays, threads, result_path):
         loop_s += time.perf_counter() - t
         world_samples += epoch_n
         train_loss = epoch_loss / epoch_n
-        val_loss, val_acc = evaluate(model, xv, yv, rank, world_size)
-    rss = torch.tensor([common.peak_rss_mib()], dtype=torch.float64)
-    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
-    if rank == 0:
-        with open(result_path, "w") as fh:
-            json.dump({"samples_per_sec": world_samples / loop_s, "train_s": loop_s,
-                       "train_samples": world_samples, "train_loss": train_loss,
-                       "val_loss": val_loss, "val_accuracy": val_acc,
-                       "peak_rss_mib_rank0": common.peak_rss_mib(),
-                       "peak_rss_mib_per_rank": rss.item()}, fh)
+        val_loss, val_acc = common.evaluate(model, common.val_shard(xv, yv, rank, world_size))
+    common.write_result(rank, result_path, world_samples, loop_s, train_loss, val_loss, val_acc)
     dist.destroy_process_group()
 
 
@@ -131,22 +88,13 @@ def main():
     p.add_argument("--threads-per-rank", type=int, default=None,
                    help="default: cores // world_size (at least 1)")
     args = p.parse_args()
-    cfg = workloads.spec(args.workload, args.num_train)
-    cfg["epochs"] = args.epochs or cfg["epochs"]
-    cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    cfg = common.job_config(args, args.workload)
     threads = args.threads_per_rank or max(1, common.cores() // args.world_size)
     arrays = workloads.load(args.workload, args.num_train)  # once, inherited by forked ranks
-    with tempfile.TemporaryDirectory(prefix="ddp_tuned-") as tmp:
-        path = os.path.join(tmp, "rank0.json")
-        mp.start_processes(rank_main, args=(args.world_size, common.free_port(), cfg, arrays,
-                                            threads, path),
-                           nprocs=args.world_size, join=True, start_method=args.start_method)
-        result = common.read_partial(path)
-    result.update({"script": "ddp_tuned", "workload": args.workload,
-                   "world_size": args.world_size, "batch_size": cfg["batch_size"],
-                   "epochs": cfg["epochs"], "threads_per_rank": threads,
-                   "start_method": args.start_method, "wall_s": time.time() - T0})
-    common.emit(result, args.out)
+    result = common.run_world(rank_main, (args.world_size, common.free_port(), cfg, arrays,
+                                          threads), args.world_size, args.start_method,
+                              "ddp_tuned")
+    common.finish(result, T0, args, cfg, "ddp_tuned", threads_per_rank=threads)
 
 
 if __name__ == "__main__":

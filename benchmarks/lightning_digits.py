@@ -33,22 +33,13 @@ except ImportError as exc:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-EVAL_BATCH = 512
 
 
 class LitMLP(L.LightningModule):
     def __init__(self, in_features, hidden, num_classes):
         super().__init__()
-        layers = [nn.Flatten()]
-        width = in_features
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
+        self.net = common.mlp(in_features, hidden, num_classes)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -90,27 +81,24 @@ class Meter(L.Callback):
             dist.all_reduce(samples)
             dist.all_reduce(rss, op=dist.ReduceOp.MAX)
         metrics = trainer.callback_metrics
-        self.result = {
-            "samples_per_sec": samples.item() / self.loop_s, "train_s": self.loop_s,
-            "train_samples": int(samples.item()),
-            "val_loss": float(metrics["val_loss"]) if "val_loss" in metrics else None,
-            "val_accuracy": float(metrics["val_accuracy"]) if "val_accuracy" in metrics else None,
-            "threads_per_rank": torch.get_num_threads(),
-            "peak_rss_mib_rank0": common.peak_rss_mib(), "peak_rss_mib_per_rank": rss.item()}
+        self.result = common.result(
+            int(samples.item()), self.loop_s, None,
+            float(metrics["val_loss"]) if "val_loss" in metrics else None,
+            float(metrics["val_accuracy"]) if "val_accuracy" in metrics else None,
+            threads_per_rank=torch.get_num_threads(), peak_rss_mib_rank0=common.peak_rss_mib(),
+            peak_rss_mib_per_rank=rss.item())
 
 
 def main():
     p = common.parser(__doc__.splitlines()[0], start_method="spawn")
     args = p.parse_args()
-    cfg = workloads.spec(args.workload, args.num_train)
-    cfg["epochs"] = args.epochs or cfg["epochs"]
-    cfg["batch_size"] = args.batch_size or cfg["batch_size"]
+    cfg = common.job_config(args, args.workload)
     L.seed_everything(SEED, verbose=False)  # also the seed of Lightning's DistributedSampler
     xtr, ytr, xva, yva, num_classes = workloads.load(args.workload, args.num_train)
     train = DataLoader(TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr)),
                        batch_size=cfg["batch_size"], shuffle=True)
     val = DataLoader(TensorDataset(torch.from_numpy(xva), torch.from_numpy(yva)),
-                     batch_size=EVAL_BATCH)
+                     batch_size=common.EVAL_BATCH)
     torch.manual_seed(SEED)
     model = LitMLP(int(xtr[0].size), cfg["hidden"], num_classes)
     meter = Meter()
@@ -120,11 +108,7 @@ def main():
                         num_sanity_val_steps=0, callbacks=[meter])
     trainer.fit(model, train, val)
     if trainer.global_rank == 0:
-        meter.result.update({"script": "lightning", "workload": args.workload,
-                             "world_size": args.world_size, "batch_size": cfg["batch_size"],
-                             "epochs": cfg["epochs"], "start_method": "subprocess",
-                             "wall_s": time.time() - T0})
-        common.emit(meter.result, args.out)
+        common.finish(meter.result, T0, args, cfg, "lightning", start_method="subprocess")
     # Leave the process group before exit: left to interpreter shutdown, gloo's threads are
     # sometimes destroyed while joinable ("terminate called without an active exception").
     if dist.is_initialized():

@@ -3,10 +3,10 @@
 A world of one rank (gloo, 1 intra-op thread, so no OpenMP wait and little noise from other
 processes), digits, the default trainer keys (perf timer, progress, logging every 10 steps,
 TensorBoard writer on). Alternates epochs of ``Trainer.train_epoch`` with epochs of the tight loop
-of ``ddp_tight.py`` (same model and optimizer types, same batch), and prints the median CPU seconds
-per step of each (``time.thread_time``: the time other processes take on the shared cores is
-not counted) and their difference: what ddp_exp adds per step. With ``--profile`` it also
-prints cProfile's top functions of ddp_exp's epochs (cumulative).
+(``ddp_tight.train_epoch``: same model and optimizer types, same batch), and prints the median
+CPU seconds per step of each (``time.thread_time``: the time other processes take on the shared
+cores is not counted) and their difference: what ddp_exp adds per step. With ``--profile`` it
+also prints cProfile's top functions of ddp_exp's epochs (cumulative).
 
     python benchmarks/step_overhead.py [--epochs 30] [--profile]
 """
@@ -24,12 +24,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import ddp_tight  # noqa: E402
 
 
 def trainer_cfg(overrides: list[str]) -> dict:
@@ -95,15 +95,7 @@ def main() -> None:
         sampler.set_epoch(epoch)
         t = time.thread_time()
         order = torch.tensor(list(sampler), dtype=torch.long)
-        xs, ys = x.index_select(0, order), y.index_select(0, order)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for start in range(0, len(order), batch):
-            xb, yb = xs[start:start + batch], ys[start:start + batch]
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(ddp(xb), yb)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.detach().double() * len(xb)
+        loss_sum = ddp_tight.train_epoch(ddp, opt, x, y, order, batch)
         totals = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64)])
         dist.all_reduce(totals)
         totals.tolist()

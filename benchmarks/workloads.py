@@ -17,6 +17,11 @@ Workloads:
   workers per rank; 297 files held out by seed 0 as ddp_exp holds them out
   (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 5
   epochs.
+* ``synthetic`` (issue 13 point 3, the runner's ``scaling`` group; ddp_exp only, no script reads
+  it): ddp_exp's ``data=synthetic`` defaults (4,096 samples of 32 features, 512 held out,
+  regression) and ``model=mlp`` (one hidden layer of 128), 32 per rank, 10 epochs, SGD lr 0.002
+  (at 0.05 the loss of the 2,048-wide MLP overflows within 10 steps; the lr changes no step's
+  cost); the group changes ``data.num_samples`` and ``model.hidden_sizes``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ WORKLOADS = {
                 "num_train": 16384, "num_features": 512, "num_classes": 10, "noise_std": 0.1},
     "image_folder": {"channels": [32, 64], "hidden": [128], "batch_size": 32, "epochs": 5,
                      "val_size": 297, "num_workers": 2},
+    "synthetic": {"hidden": [128], "batch_size": 32, "epochs": 10, "val_size": 512,
+                  "num_samples": 4096, "num_features": 32, "lr": 0.002, "ddp_exp_only": True},
 }
 
 
@@ -116,14 +123,15 @@ def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
                       num_train: int | None = None, data_path: str | None = None,
                       user_defaults: bool = False) -> list[str]:
     """The ``python -m ddp_exp`` overrides of the same job (no checkpoints, logs or config dump);
-    ``data_path``: the image folder of the ``image_folder`` workload. ``user_defaults``: keep
+    ``data_path``: the image folder of the ``image_folder`` workload; ``synthetic``: without
+    ``data.num_samples`` and ``model.hidden_sizes`` (the caller adds them). ``user_defaults``: keep
     what a user runs (``trainer.save_last``, ``trainer.progress``, ``print_config`` and
     ``trainer.perf_metrics`` at their defaults: checkpoint, progress lines, config dump, timer)."""
     w = spec(name, num_train)
     common = [f"world_size={world_size}", "backend=gloo", f"seed={SEED}",
               f"data.batch_size={batch_size}", f"trainer.epochs={epochs}",
               f"trainer.log_every_n_steps={LOG_EVERY_N_STEPS}",
-              "optim=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}"]
+              "optim=sgd", f"optim.lr={w.get('lr', LR)}", f"optim.momentum={MOMENTUM}"]
     if not user_defaults:
         common += ["trainer.save_last=false", "print_config=false", "trainer.progress=off"]
     if name == "image_folder":
@@ -131,6 +139,9 @@ def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
                 f"data.val_size={w['val_size']}", f"data.num_workers={w['num_workers']}",
                 "model=cnn", "model.channels=[" + ",".join(map(str, w["channels"])) + "]",
                 f"model.hidden_size={w['hidden'][0]}"] + common
+    if name == "synthetic":  # data.num_samples and model.hidden_sizes: the variant's own
+        return ["data=synthetic", f"data.num_features={w['num_features']}",
+                f"data.val_size={w['val_size']}", "model=mlp"] + common
     common += ["model=mlp", "model.hidden_sizes=[" + ",".join(map(str, w["hidden"])) + "]"]
     if name == "digits":
         return ["data=digits", f"data.val_size={w['val_size']}"] + common
