@@ -140,6 +140,18 @@ def is_plateau(scheduler: Any) -> bool:
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+def step_epoch(scheduler: Any, val: Mapping[str, Any], metric: str | None) -> None:
+    """Step a per-epoch scheduler once, after the epoch's validation: ``ReduceLROnPlateau``
+    with the monitored reduced value ``val[metric]`` (the same on every rank; not stepped when
+    it is missing), any other without an argument."""
+    if is_plateau(scheduler):
+        value = val.get(metric)
+        if value is not None:
+            scheduler.step(value)
+    else:
+        scheduler.step()
+
+
 def check(cfg: Mapping[str, Any], run_steps: int) -> None:
     """Relations of ``cfg.scheduler`` to the run that need the data's size (called by the
     launcher before any rank starts).

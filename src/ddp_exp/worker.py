@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_exp import checkpoint
+from ddp_exp import checkpoint, train_state
 from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
@@ -152,7 +152,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             writer.write_json("standardization.json", data.standardization)
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:
-            trainer.load_state_dict(state, source)
+            train_state.load_state_dict(trainer, state, source)
         final = trainer.fit()
         peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
                                            device=device))
