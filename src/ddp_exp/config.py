@@ -269,6 +269,7 @@ def _validate_recipe(cfg: DictConfig) -> None:
     _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
            t.test_weights, "best needs trainer.monitor (which epoch is best); or last")
     s = cfg.get("scheduler") or {}
+    _check_scheduler_keys(s)
     if s.get("_target_") is None:
         return
     _check(s.get("interval") in SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
@@ -283,6 +284,35 @@ def _validate_recipe(cfg: DictConfig) -> None:
                "a positive number of epochs")
     if "gamma" in s:
         _check(s.gamma > 0, "scheduler.gamma", s.gamma, "a positive factor")
+
+
+def _check_scheduler_keys(s: Mapping[str, Any]) -> None:
+    """Refuse a ``scheduler.*`` key that the chosen scheduler does not use, rather than ignore
+    it: with ``scheduler=none`` (no ``_target_``: a constant learning rate, nothing is stepped)
+    any key that differs from the schema's default (``scheduler.interval=batch``,
+    ``+scheduler.warmup_steps=5``), with ``cosine`` or ``step`` a key outside its schema
+    (:data:`ddp_exp.schema.SCHEMAS`). A user's own ``_target_`` receives the keys as its
+    arguments and rejects unknown ones when built.
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    target = s.get("_target_")
+    ours = [(name, {f.name: f.default for f in dataclasses.fields(node)})
+            for group, name, node in SCHEMAS if group == "scheduler"]
+    found = [(name, defaults) for name, defaults in ours if defaults["_target_"] == target]
+    if not found:
+        return
+    name, defaults = found[0]
+    for key in s:
+        if target is None:
+            unused = key != "_target_" and (key not in defaults or s.get(key) != defaults[key])
+            _check(not unused, f"scheduler.{key}", s.get(key), "scheduler=none (a constant "
+                   "learning rate) uses no scheduler key; choose a schedule: scheduler=cosine|step")
+        else:
+            keys = ", ".join(k for k in defaults if k != "_target_")
+            _check(key in defaults, f"scheduler.{key}", s.get(key),
+                   f"not a key of scheduler={name} (its keys: {keys})")
 
 
 def check_precision(precision: str, device: str) -> None:
