@@ -23,22 +23,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.schema import (
-    BACKENDS,
-    CLUSTERS,
-    DEVICES,
-    LR_SCALINGS,
-    MONITOR_MODES,
-    PRECISIONS,
-    PROGRESS_MODES,
-    RDZV_BACKENDS,
-    SCHEDULER_INTERVALS,
-    SCHEMAS,
-    START_METHODS,
-    TASKS,
-    TEST_WEIGHTS,
-    Config,
-)
+from ddp_exp import schema
 
 
 class ConfigError(ValueError):
@@ -50,8 +35,8 @@ def register_configs() -> None:
     ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
     once per process."""
     cs = ConfigStore.instance()
-    cs.store(name="ddp_exp_schema", node=Config)
-    for group, name, node in SCHEMAS:
+    cs.store(name="ddp_exp_schema", node=schema.Config)
+    for group, name, node in schema.SCHEMAS:
         cs.store(group=f"schema/{group}", name=name, node=node)
     OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
     OmegaConf.register_new_resolver("ddp_exp.run_stamp", run_stamp, use_cache=True,
@@ -130,7 +115,7 @@ def validate(cfg: DictConfig) -> None:
                 }.get(key, "a value")
         raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
 
-    known = {f.name for f in dataclasses.fields(Config)}
+    known = {f.name for f in dataclasses.fields(schema.Config)}
     for key in cfg:
         _check(key in known, str(key), cfg[key], f"not a ddp_exp key (top-level keys: "
                f"{', '.join(sorted(known))})")
@@ -151,7 +136,7 @@ def validate(cfg: DictConfig) -> None:
     _check(isinstance(test_size, int) and not isinstance(test_size, bool) and test_size >= 0,
            "data.test_size", test_size, "0 (no test split) or a positive count")
     if "task" in d:
-        _check(d.task in TASKS, "data.task", d.task, f"one of {', '.join(TASKS)}")
+        _check(d.task in schema.TASKS, "data.task", d.task, f"one of {', '.join(schema.TASKS)}")
     if "num_samples" in d:
         _check(d.num_samples >= 2, "data.num_samples", d.num_samples, "an integer >= 2")
     if "num_features" in d:
@@ -178,7 +163,8 @@ def validate(cfg: DictConfig) -> None:
     _check("lr" in cfg.optim and cfg.optim.lr >= 0, "optim.lr", cfg.optim.get("lr"),
            "a non-negative learning rate")
     scaling = cfg.optim.get("lr_scaling", "none")
-    _check(scaling in LR_SCALINGS, "optim.lr_scaling", scaling, f"one of {', '.join(LR_SCALINGS)}")
+    _check(scaling in schema.LR_SCALINGS, "optim.lr_scaling", scaling,
+           f"one of {', '.join(schema.LR_SCALINGS)}")
     if scaling != "none":
         ref = cfg.optim.get("reference_batch_size")
         _check(isinstance(ref, int) and ref >= 1, "optim.reference_batch_size", ref,
@@ -198,15 +184,17 @@ def validate(cfg: DictConfig) -> None:
            t.log_histograms_every_n_epochs, "0 (never) or a positive number of epochs")
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
            "a positive integer")
-    _check(t.progress in PROGRESS_MODES, "trainer.progress", t.progress,
-           f"one of {', '.join(PROGRESS_MODES)}")
-    _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
-           f"one of {', '.join(PRECISIONS)}")
+    _check(t.progress in schema.PROGRESS_MODES, "trainer.progress", t.progress,
+           f"one of {', '.join(schema.PROGRESS_MODES)}")
+    _check(t.precision in schema.PRECISIONS, "trainer.precision", t.precision,
+           f"one of {', '.join(schema.PRECISIONS)}")
     _validate_recipe(cfg)
 
-    _check(cfg.device in DEVICES, "device", cfg.device, f"one of {', '.join(DEVICES)}")
+    _check(cfg.device in schema.DEVICES, "device", cfg.device,
+           f"one of {', '.join(schema.DEVICES)}")
     dist = cfg.distributed
-    _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")
+    _check(dist.backend in schema.BACKENDS, "backend", dist.backend,
+           f"one of {', '.join(schema.BACKENDS)}")
     _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s,
            "a positive number of seconds")
 
@@ -217,10 +205,10 @@ def validate(cfg: DictConfig) -> None:
     host, _, port = la.rdzv_endpoint.rpartition(":")
     _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
            la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
-    _check(la.rdzv_backend in RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
+    _check(la.rdzv_backend in schema.RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
            "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
-    _check(la.cluster is None or la.cluster in CLUSTERS, "launcher.cluster", la.cluster,
-           f"null (nodes from the config) or one of {', '.join(CLUSTERS)}")
+    _check(la.cluster is None or la.cluster in schema.CLUSTERS, "launcher.cluster", la.cluster,
+           f"null (nodes from the config) or one of {', '.join(schema.CLUSTERS)}")
     # As composed, a cluster preset leaves node_rank to each task of the job (ddp_exp.cluster).
     filled_per_task = la.cluster is not None and la.node_rank is None
     if la.rdzv_backend == "static" and not filled_per_task:
@@ -240,8 +228,8 @@ def validate(cfg: DictConfig) -> None:
                "HOST:PORT of the rendezvous with a fixed port every node can reach, when "
                "launcher.nnodes > 1")
     _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
-    _check(la.start_method in START_METHODS, "launcher.start_method", la.start_method,
-           f"one of {', '.join(START_METHODS)}")
+    _check(la.start_method in schema.START_METHODS, "launcher.start_method", la.start_method,
+           f"one of {', '.join(schema.START_METHODS)}")
     _check(la.monitor_interval_s > 0, "launcher.monitor_interval_s", la.monitor_interval_s,
            "a positive number of seconds")
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
@@ -257,14 +245,14 @@ def _validate_recipe(cfg: DictConfig) -> None:
            "null (off) or a positive max L2 norm of the gradients")
     _check(t.monitor is None or str(t.monitor).startswith("val/"), "trainer.monitor", t.monitor,
            "null or a validation metric: val/loss, val/accuracy, val/<metric>")
-    _check(t.monitor_mode is None or t.monitor_mode in MONITOR_MODES, "trainer.monitor_mode",
+    _check(t.monitor_mode is None or t.monitor_mode in schema.MONITOR_MODES, "trainer.monitor_mode",
            t.monitor_mode, "null (from the metric) or one of min, max")
     patience = t.early_stopping_patience
     _check(patience is None or patience >= 1, "trainer.early_stopping_patience", patience,
            "null (off) or a positive number of epochs")
     _check(patience is None or t.monitor is not None, "trainer.early_stopping_patience",
            patience, "needs trainer.monitor (early stopping watches the monitored metric)")
-    _check(t.test_weights is None or t.test_weights in TEST_WEIGHTS, "trainer.test_weights",
+    _check(t.test_weights is None or t.test_weights in schema.TEST_WEIGHTS, "trainer.test_weights",
            t.test_weights, "null (best when a monitor exists), best or last")
     _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
            t.test_weights, "best needs trainer.monitor (which epoch is best); or last")
@@ -272,8 +260,8 @@ def _validate_recipe(cfg: DictConfig) -> None:
     _check_scheduler_keys(s)
     if s.get("_target_") is None:
         return
-    _check(s.get("interval") in SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
-           f"one of {', '.join(SCHEDULER_INTERVALS)}")
+    _check(s.get("interval") in schema.SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
+           f"one of {', '.join(schema.SCHEDULER_INTERVALS)}")
     if "warmup_steps" in s:
         _check(s.warmup_steps >= 0, "scheduler.warmup_steps", s.warmup_steps,
                "0 or a positive number of optimizer steps")
@@ -299,7 +287,7 @@ def _check_scheduler_keys(s: Mapping[str, Any]) -> None:
     """
     target = s.get("_target_")
     ours = [(name, {f.name: f.default for f in dataclasses.fields(node)})
-            for group, name, node in SCHEMAS if group == "scheduler"]
+            for group, name, node in schema.SCHEMAS if group == "scheduler"]
     found = [(name, defaults) for name, defaults in ours if defaults["_target_"] == target]
     if not found:
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +51,14 @@ def layout(tags: Iterable[str]) -> dict[str, dict[str, list]]:
         if chosen:
             out[category] = chosen
     return out
+
+
+def write_histograms(writer: Any, model: nn.Module, epoch: int, step: int, every: int) -> None:
+    """Every ``trainer.log_histograms_every_n_epochs`` (``every``; 0: never) epochs, rank 0's
+    ``writer`` (:class:`ddp_exp.metrics.MetricsWriter`) adds :func:`histograms` of ``model``
+    after (0-based) ``epoch`` at x = ``step``."""
+    if every and (epoch + 1) % every == 0 and writer.enabled:
+        writer.histograms(step, histograms(model))
 
 
 def histograms(model: nn.Module) -> dict[str, torch.Tensor]:

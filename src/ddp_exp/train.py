@@ -282,15 +282,6 @@ class Trainer:
             self.layout_written = True
         progress.interval(loss, rate)
 
-    def _epoch_dashboards(self) -> None:
-        """End of an epoch: the straggler line (``trainer.perf_metrics``) and, every
-        ``trainer.log_histograms_every_n_epochs``, parameter and gradient histograms."""
-        if self.perf is not None:
-            self.perf.end_epoch(self.epoch)
-        every = self.cfg["trainer"]["log_histograms_every_n_epochs"]
-        if every and (self.epoch + 1) % every == 0 and self.writer.enabled:
-            self.writer.histograms(self.global_step, dashboard.histograms(self.model))
-
     def _lr_used(self) -> float:
         """The learning rate of the last optimizer step (a per-step scheduler has already set
         the next one)."""
@@ -311,7 +302,10 @@ class Trainer:
             last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
                                seconds, self.evaluator.validate(self.epoch, self.global_step))
             log.info(epoch_line(last, trainer["epochs"]))
-            self._epoch_dashboards()
+            if self.perf is not None:  # the straggler line (trainer.perf_metrics)
+                self.perf.end_epoch(self.epoch)
+            dashboard.write_histograms(self.writer, self.model, self.epoch, self.global_step,
+                                       trainer["log_histograms_every_n_epochs"])
             improved = self.monitor.update(last.val, self.epoch)  # the reduced value: all agree
             if self.scheduler is not None and self.step_scheduler is None:  # per epoch
                 schedule.step_epoch(self.scheduler, last.val, self.monitor.metric)
