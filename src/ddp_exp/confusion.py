@@ -4,6 +4,8 @@ Each rank counts (true class, predicted class) pairs of its unpadded validation 
 ``rank, rank + world_size, ...``) during validation (:func:`pair_counts`); the all-reduce (SUM)
 of the validation sums adds the counts too, so the matrix is the single-process one for any
 world size and sums to ``val/num_samples``.
+
+Uses torch and Pillow only; :mod:`ddp_exp.evaluation` uses it.
 """
 
 from __future__ import annotations

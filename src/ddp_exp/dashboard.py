@@ -5,6 +5,8 @@ The layout (``SummaryWriter.add_custom_scalars``, TensorBoard's "Custom Scalars"
 related curves on one chart. It is built from the tags the run actually writes, so it never
 shows an empty chart: a run without ``perf/*`` (``trainer.perf_metrics=false``) has no "ranks"
 chart, a CPU run no CUDA memory, a run without ``train/grad_norm`` no gradient chart.
+
+Uses torch only; the loop uses it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ Options (``conf/scheduler/``):
 optimizer step (never per micro-batch: accumulation steps it once per group), or once per epoch
 after validation. The run's step count ``T`` (:func:`total_steps`) knows ``trainer.max_steps``,
 ``trainer.accumulate_grad_batches`` and the world's steps per epoch.
+
+Uses :mod:`ddp_exp.config` (errors, building a ``_target_``) and :mod:`ddp_exp.models` (locating
+a class); the launcher's checks and the loop use it.
 """
 
 from __future__ import annotations

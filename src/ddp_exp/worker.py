@@ -3,6 +3,10 @@
 :func:`run_rank` is the module-level function the elastic launcher starts ``world_size`` times;
 it receives the already composed config as plain data (:class:`RankInputs`), never ``sys.argv``,
 so a rank can neither re-compose the config, nor make its own output folder, nor start a sweep.
+
+Uses the loop (:mod:`ddp_exp.train`, :mod:`ddp_exp.train_state`), :mod:`ddp_exp.checkpoint`,
+:mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.data`
+and :mod:`ddp_exp.config`; the launcher starts it.
 """
 
 from __future__ import annotations
