@@ -8,7 +8,8 @@ collective). The result is the single-process one: the mean of every sample once
 
 Uses :mod:`ddp_exp.checkpoint` (``best.pt`` for the test split), :mod:`ddp_exp.confusion`,
 :mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.optimizer` (the forward's
-autocast), :mod:`ddp_exp.loaders` and :mod:`ddp_exp.objective`; the loop
+autocast), :mod:`ddp_exp.loaders` and :mod:`ddp_exp.data` (the batches and splits),
+:mod:`ddp_exp.monitor` (the best epoch) and :mod:`ddp_exp.objective`; the loop
 (:mod:`ddp_exp.train`) uses it.
 """
 
