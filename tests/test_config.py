@@ -200,6 +200,60 @@ def test_optim_lr_override(compose):
     assert optimizer.param_groups[0]["lr"] == 0.125
 
 
+@pytest.mark.parametrize("overrides,key", [
+    (["scheduler.interval=batch"], "scheduler.interval"),
+    (["scheduler.interval=epoch"], "scheduler.interval"),
+    (["+scheduler.warmup_steps=5"], "scheduler.warmup_steps"),
+    (["scheduler=none", "+scheduler.gamma=0.5"], "scheduler.gamma"),
+    (["scheduler=step", "+scheduler.warmup_steps=5"], "scheduler.warmup_steps"),
+    (["scheduler=cosine", "+scheduler.gamma=0.5"], "scheduler.gamma"),
+])
+def test_a_scheduler_key_the_scheduler_does_not_use_is_refused(compose, overrides, key):
+    """Regression: ``scheduler.interval=batch`` (any scheduler key) with ``scheduler=none`` was
+    accepted and ignored. Now one line names the key and, for ``none``, the schedules that use
+    it."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose(*overrides))
+    message = str(info.value)
+    assert message.startswith(f"{key}=") and "\n" not in message, message
+    if not any(o in overrides for o in ("scheduler=step", "scheduler=cosine")):
+        assert "scheduler=cosine|step" in message, message
+    else:
+        assert "its keys: interval, " in message, message
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["scheduler.interval=step"],  # the default, as none.yaml writes it
+    ["scheduler=cosine", "scheduler.warmup_steps=2", "scheduler.min_lr=0.001"],
+    ["scheduler=step", "scheduler.interval=step"],
+    ["scheduler._target_=torch.optim.lr_scheduler.ExponentialLR", "+scheduler.gamma=0.8",
+     "scheduler.interval=epoch"],  # a user's scheduler: its keys are its arguments (README)
+])
+def test_scheduler_keys_a_scheduler_uses_are_accepted(compose, overrides):
+    validate(compose(*overrides))
+
+
+@pytest.mark.parametrize("base", [
+    ["scheduler=step"],
+    ["scheduler._target_=torch.optim.lr_scheduler.ExponentialLR", "+scheduler.gamma=0.8"],
+])
+def test_scheduler_interval_accepts_exactly_the_schema_choices(compose, base):
+    """``scheduler.interval`` is ``step`` or ``epoch`` (the schema's SCHEDULER_INTERVALS and its
+    default), nothing else: no other spelling, no other unit."""
+    from ddp_exp.schema import SCHEDULER_INTERVALS, SchedulerConfig
+
+    assert SCHEDULER_INTERVALS == ("step", "epoch")
+    assert SchedulerConfig.interval in SCHEDULER_INTERVALS
+    for value in ("step", "epoch", "batch", "Step", "epochs", "''", "1"):
+        cfg = compose(*base, f"scheduler.interval={value}")
+        if value in SCHEDULER_INTERVALS:
+            validate(cfg)
+        else:
+            with pytest.raises(ConfigError, match=r"^scheduler\.interval=.* one of step, epoch$"):
+                validate(cfg)
+
+
 # ------------------------------------------------------------ (b) bad input through the CLI
 def _no_rank_started(run) -> None:
     for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
@@ -238,6 +292,8 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["device=cpu", "backend=nccl"], "backend=nccl", id="nccl on the CPU"),
     pytest.param(["device=gpu"], "device", id="device=gpu"),
     pytest.param(["optim=adamw", "optim.betas=[0.9]"], "optim", id="betas too short"),
+    pytest.param(["scheduler.interval=batch"], "scheduler.interval",
+                 id="scheduler key with scheduler=none"),
 ]
 
 

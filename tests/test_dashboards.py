@@ -148,8 +148,8 @@ def test_confusion_matrix_of_the_validation_pass_equals_sklearn():
     x, y = torch.randn(37, 5), torch.randint(0, 4, (37,))
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 37, 8)]
     from ddp_exp.distributed import World
+    from ddp_exp.evaluation import evaluate
     from ddp_exp.objective import Objective
-    from ddp_exp.train import evaluate
 
     world = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
     got = evaluate(model, batches, Objective(4), world, torch.device("cpu"),

@@ -95,6 +95,31 @@ def test_cpu_sync_batchnorm_equals_batchnorm_in_one_process():
     torch.testing.assert_close(synced(x), ref(x))
 
 
+# ------------------------------------------------------------- clipping under loss scaling
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_optimizer_step_unscales_before_clipping_and_measuring(clip):
+    """16-mixed's path (a GradScaler; its CPU variant here, since 16-mixed needs CUDA): the
+    norm is measured and clipped on unscaled gradients, so the step and the reported
+    ``train/grad_norm`` equal those of the unscaled run (the scale is a power of 2: exact)."""
+    from ddp_exp.optimizer import OptimizerStep, grad_scaler
+
+    assert grad_scaler("32-true", torch.device("cpu")) is None
+    runs = []
+    for scaler in (None, torch.amp.GradScaler("cpu")):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        step = OptimizerStep(optimizer, scaler, clip, list(model.parameters()))
+        loss = F.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 3))
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        norm = step.step(measure_norm=True)
+        runs.append((float(norm), [p.detach().clone() for p in model.parameters()]))
+    (norm, params), (scaled_norm, scaled_params) = runs
+    assert norm == pytest.approx(scaled_norm, rel=1e-6) and norm > (clip or 0)
+    for p, q in zip(params, scaled_params, strict=True):
+        torch.testing.assert_close(q, p)
+
+
 # ------------------------------------------------------------------------- the split, unit
 def test_test_split_is_disjoint_and_leaves_validation_unchanged():
     from ddp_exp.data import build_datasets, load_digits

@@ -314,7 +314,7 @@ def test_non_owner_task_leaves_the_shared_folder_alone(monkeypatch, tmp_path):
     from omegaconf import OmegaConf
 
     from ddp_exp import launch
-    from ddp_exp.config import LauncherConfig
+    from ddp_exp.schema import LauncherConfig
 
     cfg = OmegaConf.create({"launcher": OmegaConf.structured(LauncherConfig)})
     inputs = type("Inputs", (), {"backend": "gloo", "job_dir": str(tmp_path)})()

@@ -15,6 +15,9 @@ A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and mo
 continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
 mid-save, sees the previous complete file or the new complete one, never part of one.
+
+Uses :mod:`ddp_exp.config` (errors) and :mod:`ddp_exp.files`; what the loop puts into a
+checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ddp_exp.config import CLUSTERS, ConfigError
+from ddp_exp.config import ConfigError
+from ddp_exp.schema import CLUSTERS
 
 log = logging.getLogger("ddp_exp")
 

@@ -1,10 +1,13 @@
-"""The structured config schema, and the checks that run once before any rank starts.
+"""Checks and derived values of a composed config, run once before any rank starts.
 
-Every key a user can set lives in a dataclass here, registered in Hydra's ConfigStore under
-the ``schema`` group; the YAML options in ``conf/`` extend these schemas (see
-``conf/data/digits.yaml``), so OmegaConf checks types at composition and :func:`validate` checks
-ranges and relations. Errors for users are :class:`ConfigError`: one line naming the key, the
-bad value and what is valid.
+:func:`register_configs` hands Hydra the schema (:mod:`ddp_exp.schema`) and the resolvers the
+YAML uses; :func:`validate` checks ranges and relations of the composed config (types were
+checked by OmegaConf at composition); :func:`effective_lr`, :func:`global_batch_size` and
+:func:`ranks_per_node` are the values derived from it. Errors for users are
+:class:`ConfigError`: one line naming the key, the bad value and what is valid;
+:func:`instantiate_node` turns a failing ``_target_`` into one.
+
+Uses :mod:`ddp_exp.schema`; every module that reports a user's config error uses this one.
 """
 
 from __future__ import annotations
@@ -13,282 +16,27 @@ import dataclasses
 import datetime
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import MISSING, SI, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
-START_METHODS = ("fork", "forkserver", "spawn")
-RDZV_BACKENDS = ("c10d", "static")
-CLUSTERS = ("submitit", "slurm")  # launcher.cluster: where nodes and the rendezvous come from
-TASKS = ("auto", "classification", "regression")
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-PROGRESS_MODES = ("auto", "bar", "log", "off")
+from ddp_exp import schema
 
 
 class ConfigError(ValueError):
     """A user's configuration cannot run; the message is one line naming the key."""
 
 
-# ----------------------------------------------------------------------------------- data
-@dataclass
-class DataConfig:
-    """Keys every dataset has; ``_target_`` returns an :class:`ddp_exp.data.ArrayDataset`, a
-    map-style dataset or a ``(train, val)`` pair of them (see :mod:`ddp_exp.data`)."""
-
-    _target_: str = MISSING
-    batch_size: int = 32  # per rank; the global batch is batch_size * world_size
-    val_size: int = 297  # held-out validation samples, chosen by the top-level seed
-    shuffle: bool = True
-    num_workers: int = 0  # > 0 serves batches through torch's DataLoader with worker processes
-    persistent_workers: bool | None = None  # null: true when num_workers > 0
-    prefetch_factor: int | None = None  # batches each worker loads ahead (null: torch's 2)
-    pin_memory: Any = "auto"  # auto (on CUDA only) | true | false
-    test_size: int = 0  # held-out test samples, chosen by the seed alone (disjoint from val)
-
-
-@dataclass
-class DigitsDataConfig(DataConfig):
-    _target_: str = "ddp_exp.data.load_digits"
-
-
-@dataclass
-class SyntheticDataConfig(DataConfig):
-    _target_: str = "ddp_exp.data.make_synthetic"
-    num_samples: int = 4096
-    num_features: int = 32
-    num_classes: int = 0  # 0: regression y = x @ w + noise; k > 0: k classes from a linear teacher
-    noise_std: float = 0.1
-    seed: int = SI("${seed}")
-    val_size: int = 512
-
-
-@dataclass
-class FileDataConfig(DataConfig):
-    _target_: str = "ddp_exp.data.load_file"
-    path: str = MISSING
-    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
-    val_size: int = 0
-    standardize: bool = False  # (x - mean) / std per feature, statistics of the training split
-
-
-@dataclass
-class ImageFolderDataConfig(DataConfig):
-    """``data=image_folder``: ``data.path/<class>/<image>`` (or its train/ and val/)."""
-
-    _target_: str = "ddp_exp.images.load_image_folder"
-    path: str = MISSING
-    image_size: int | None = None  # side after resize + centre crop (null: the files' size)
-    channels: int = 3  # 1 (grey) or 3 (RGB, as torchvision's loader)
-    augment: bool = False  # training only: random resized crop + horizontal flip (Kornia)
-    mean: list[float] | None = None  # per-channel normalisation (null: none)
-    std: list[float] | None = None
-    transform: Any = None  # a _target_ node: the user's transform of each training sample
-    val_size: int = 0
-
-
-@dataclass
-class TorchDatasetConfig(DataConfig):
-    """``data=dataset``: ``data._target_`` returns any map-style Dataset or a (train, val)
-    pair; other keys given with ``+data.<key>=...`` are its arguments."""
-
-    _target_: str = MISSING
-    input_key: str | None = None  # items that are mappings: the input's key
-    target_key: str | None = None  # ... and the target's key
-    num_classes: int | None = None  # null: the dataset's `classes`, if it has them
-    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
-    val_size: int = 0
-
-
-# ---------------------------------------------------------------------------------- model
-@dataclass
-class MLPConfig:
-    _target_: str = "ddp_exp.models.MLP"
-    hidden_sizes: list[int] = field(default_factory=lambda: [128])
-    dropout: float = 0.0
-
-
-@dataclass
-class CNNConfig:
-    _target_: str = "ddp_exp.models.CNN"
-    channels: list[int] = field(default_factory=lambda: [32, 64])
-    hidden_size: int = 128
-    batch_norm: bool = False  # BatchNorm2d after each convolution
-
-
-@dataclass
-class LinearConfig:
-    _target_: str = "ddp_exp.models.Linear"
-
-
-# ---------------------------------------------------------------------------------- optim
-LR_SCALINGS = ("none", "linear", "sqrt")
-
-
-@dataclass
-class OptimConfig:
-    """Keys every optimizer has; ``lr_scaling`` and ``reference_batch_size`` are ours, the rest
-    go to the ``_target_`` optimizer class."""
-
-    _target_: str = MISSING
-    _partial_: bool = True
-    lr: float = MISSING  # base learning rate, at the reference global batch size
-    lr_scaling: str = "none"  # none | linear | sqrt: scale lr by global batch / reference
-    reference_batch_size: int = 64  # the global batch size at which lr is the base lr
-
-
-@dataclass
-class SGDConfig(OptimConfig):
-    _target_: str = "torch.optim.SGD"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    nesterov: bool = False
-
-
-@dataclass
-class AdamWConfig(OptimConfig):
-    _target_: str = "torch.optim.AdamW"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-
-
-# ------------------------------------------------------------------------------ scheduler
-SCHEDULER_INTERVALS = ("step", "epoch")
-
-
-@dataclass
-class SchedulerConfig:
-    """Keys every scheduler has (see :mod:`ddp_exp.schedule`); ``_target_: null`` is none."""
-
-    _target_: str | None = None  # a torch.optim.lr_scheduler class (or ours); null: constant lr
-    interval: str = "step"  # step: once per optimizer step | epoch: once per epoch
-
-
-@dataclass
-class CosineSchedulerConfig(SchedulerConfig):
-    _target_: str | None = "ddp_exp.schedule.warmup_cosine"
-    warmup_steps: int = 0  # optimizer steps of linear warmup
-    min_lr: float = 0.0  # the learning rate of the run's last optimizer step
-
-
-@dataclass
-class StepSchedulerConfig(SchedulerConfig):
-    _target_: str | None = "ddp_exp.schedule.step_decay"
-    step_size_epochs: int = 30
-    gamma: float = 0.1
-    interval: str = "epoch"
-
-
-# ------------------------------------------------------------------------- trainer & world
-MONITOR_MODES = ("min", "max")
-TEST_WEIGHTS = ("best", "last")
-
-
-@dataclass
-class TrainerConfig:
-    epochs: int = 10
-    max_steps: int | None = None  # stop after this many optimizer steps, even mid-epoch
-    log_every_n_steps: int = 10
-    accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
-    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
-    compile: bool = False  # torch.compile the DDP model
-    progress: str = "auto"  # auto (bar on a terminal, else log lines) | bar | log | off
-    save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
-    checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
-    keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
-    resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
-    resume_allow_changes: bool = False  # resume even with another seed / data split
-    perf_metrics: bool = True  # perf/* scalars: per-rank step timing, stragglers, memory
-    log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
-    gradient_clip_val: float | None = None  # max global L2 norm of the gradients (null: off)
-    monitor: str | None = "val/loss"  # reduced validation metric for best.pt / early stopping
-    monitor_mode: str | None = None  # min | max (null: max for val/accuracy, else min)
-    early_stopping_patience: int | None = None  # epochs without improvement (null: off)
-    test_weights: str | None = None  # best | last (null: best when a monitor exists)
-
-
-@dataclass
-class DistributedConfig:
-    backend: str = "auto"  # set through the `backend` group: auto | gloo | nccl
-    timeout_s: float = 600.0  # collective timeout of the process group, seconds
-
-
-@dataclass
-class LauncherConfig:
-    """The world's shape and how the elastic launcher starts it (torch.distributed.launcher.api)."""
-
-    nnodes: int = 1
-    max_restarts: int = 0
-    rdzv_backend: str = "c10d"  # c10d (elastic, needs rdzv_id) | static (needs node_rank)
-    rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
-    rdzv_id: str | None = None  # c10d: the same id on every node of a multi-node world
-    node_rank: int | None = None  # static: this node's index, 0..nnodes-1 (node 0 hosts it)
-    cluster: str | None = None  # null | submitit | slurm: nodes and rendezvous from the job
-    rdzv_timeout_s: int = 900
-    start_method: str = "fork"
-    monitor_interval_s: float = 0.05
-
-
-@dataclass
-class DDPConfig:
-    """Options passed to torch.nn.parallel.DistributedDataParallel."""
-
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    find_unused_parameters: bool = False
-    sync_batchnorm: bool = False  # BatchNorm statistics over the world's global batch
-
-
-@dataclass
-class Config:
-    data: Any = MISSING
-    model: Any = MISSING
-    optim: Any = MISSING
-    scheduler: Any = None  # the scheduler group: none | cosine | step (or a _target_)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
-    ddp: DDPConfig = field(default_factory=DDPConfig)
-    loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
-    metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
-    world_size: int = 2  # total number of ranks
-    device: str = "auto"  # auto | cpu | cuda (each rank on cuda:LOCAL_RANK)
-    seed: int = 0
-    print_config: bool = True
-
-
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (group ``schema``), once per process."""
+    """Store the schemas in Hydra's ConfigStore (:data:`ddp_exp.schema.SCHEMAS`, group
+    ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
+    once per process."""
     cs = ConfigStore.instance()
-    cs.store(name="ddp_exp_schema", node=Config)
-    for group, name, node in [
-        ("data", "digits", DigitsDataConfig),
-        ("data", "synthetic", SyntheticDataConfig),
-        ("data", "file", FileDataConfig),
-        ("data", "image_folder", ImageFolderDataConfig),
-        ("data", "dataset", TorchDatasetConfig),
-        ("data", "base", DataConfig),
-        ("model", "mlp", MLPConfig),
-        ("model", "cnn", CNNConfig),
-        ("model", "linear", LinearConfig),
-        ("optim", "sgd", SGDConfig),
-        ("optim", "adamw", AdamWConfig),
-        ("optim", "base", OptimConfig),
-        ("scheduler", "none", SchedulerConfig),
-        ("scheduler", "cosine", CosineSchedulerConfig),
-        ("scheduler", "step", StepSchedulerConfig),
-        ("trainer", "default", TrainerConfig),
-        ("launcher", "local", LauncherConfig),
-    ]:
+    cs.store(name="ddp_exp_schema", node=schema.Config)
+    for group, name, node in schema.SCHEMAS:
         cs.store(group=f"schema/{group}", name=name, node=node)
     OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
     OmegaConf.register_new_resolver("ddp_exp.run_stamp", run_stamp, use_cache=True,
@@ -367,7 +115,7 @@ def validate(cfg: DictConfig) -> None:
                 }.get(key, "a value")
         raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
 
-    known = {f.name for f in dataclasses.fields(Config)}
+    known = {f.name for f in dataclasses.fields(schema.Config)}
     for key in cfg:
         _check(key in known, str(key), cfg[key], f"not a ddp_exp key (top-level keys: "
                f"{', '.join(sorted(known))})")
@@ -388,7 +136,7 @@ def validate(cfg: DictConfig) -> None:
     _check(isinstance(test_size, int) and not isinstance(test_size, bool) and test_size >= 0,
            "data.test_size", test_size, "0 (no test split) or a positive count")
     if "task" in d:
-        _check(d.task in TASKS, "data.task", d.task, f"one of {', '.join(TASKS)}")
+        _check(d.task in schema.TASKS, "data.task", d.task, f"one of {', '.join(schema.TASKS)}")
     if "num_samples" in d:
         _check(d.num_samples >= 2, "data.num_samples", d.num_samples, "an integer >= 2")
     if "num_features" in d:
@@ -415,7 +163,8 @@ def validate(cfg: DictConfig) -> None:
     _check("lr" in cfg.optim and cfg.optim.lr >= 0, "optim.lr", cfg.optim.get("lr"),
            "a non-negative learning rate")
     scaling = cfg.optim.get("lr_scaling", "none")
-    _check(scaling in LR_SCALINGS, "optim.lr_scaling", scaling, f"one of {', '.join(LR_SCALINGS)}")
+    _check(scaling in schema.LR_SCALINGS, "optim.lr_scaling", scaling,
+           f"one of {', '.join(schema.LR_SCALINGS)}")
     if scaling != "none":
         ref = cfg.optim.get("reference_batch_size")
         _check(isinstance(ref, int) and ref >= 1, "optim.reference_batch_size", ref,
@@ -435,15 +184,17 @@ def validate(cfg: DictConfig) -> None:
            t.log_histograms_every_n_epochs, "0 (never) or a positive number of epochs")
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
            "a positive integer")
-    _check(t.progress in PROGRESS_MODES, "trainer.progress", t.progress,
-           f"one of {', '.join(PROGRESS_MODES)}")
-    _check(t.precision in PRECISIONS, "trainer.precision", t.precision,
-           f"one of {', '.join(PRECISIONS)}")
+    _check(t.progress in schema.PROGRESS_MODES, "trainer.progress", t.progress,
+           f"one of {', '.join(schema.PROGRESS_MODES)}")
+    _check(t.precision in schema.PRECISIONS, "trainer.precision", t.precision,
+           f"one of {', '.join(schema.PRECISIONS)}")
     _validate_recipe(cfg)
 
-    _check(cfg.device in DEVICES, "device", cfg.device, f"one of {', '.join(DEVICES)}")
+    _check(cfg.device in schema.DEVICES, "device", cfg.device,
+           f"one of {', '.join(schema.DEVICES)}")
     dist = cfg.distributed
-    _check(dist.backend in BACKENDS, "backend", dist.backend, f"one of {', '.join(BACKENDS)}")
+    _check(dist.backend in schema.BACKENDS, "backend", dist.backend,
+           f"one of {', '.join(schema.BACKENDS)}")
     _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s,
            "a positive number of seconds")
 
@@ -454,10 +205,10 @@ def validate(cfg: DictConfig) -> None:
     host, _, port = la.rdzv_endpoint.rpartition(":")
     _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
            la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
-    _check(la.rdzv_backend in RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
+    _check(la.rdzv_backend in schema.RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
            "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
-    _check(la.cluster is None or la.cluster in CLUSTERS, "launcher.cluster", la.cluster,
-           f"null (nodes from the config) or one of {', '.join(CLUSTERS)}")
+    _check(la.cluster is None or la.cluster in schema.CLUSTERS, "launcher.cluster", la.cluster,
+           f"null (nodes from the config) or one of {', '.join(schema.CLUSTERS)}")
     # As composed, a cluster preset leaves node_rank to each task of the job (ddp_exp.cluster).
     filled_per_task = la.cluster is not None and la.node_rank is None
     if la.rdzv_backend == "static" and not filled_per_task:
@@ -477,8 +228,8 @@ def validate(cfg: DictConfig) -> None:
                "HOST:PORT of the rendezvous with a fixed port every node can reach, when "
                "launcher.nnodes > 1")
     _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
-    _check(la.start_method in START_METHODS, "launcher.start_method", la.start_method,
-           f"one of {', '.join(START_METHODS)}")
+    _check(la.start_method in schema.START_METHODS, "launcher.start_method", la.start_method,
+           f"one of {', '.join(schema.START_METHODS)}")
     _check(la.monitor_interval_s > 0, "launcher.monitor_interval_s", la.monitor_interval_s,
            "a positive number of seconds")
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
@@ -494,22 +245,23 @@ def _validate_recipe(cfg: DictConfig) -> None:
            "null (off) or a positive max L2 norm of the gradients")
     _check(t.monitor is None or str(t.monitor).startswith("val/"), "trainer.monitor", t.monitor,
            "null or a validation metric: val/loss, val/accuracy, val/<metric>")
-    _check(t.monitor_mode is None or t.monitor_mode in MONITOR_MODES, "trainer.monitor_mode",
+    _check(t.monitor_mode is None or t.monitor_mode in schema.MONITOR_MODES, "trainer.monitor_mode",
            t.monitor_mode, "null (from the metric) or one of min, max")
     patience = t.early_stopping_patience
     _check(patience is None or patience >= 1, "trainer.early_stopping_patience", patience,
            "null (off) or a positive number of epochs")
     _check(patience is None or t.monitor is not None, "trainer.early_stopping_patience",
            patience, "needs trainer.monitor (early stopping watches the monitored metric)")
-    _check(t.test_weights is None or t.test_weights in TEST_WEIGHTS, "trainer.test_weights",
+    _check(t.test_weights is None or t.test_weights in schema.TEST_WEIGHTS, "trainer.test_weights",
            t.test_weights, "null (best when a monitor exists), best or last")
     _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
            t.test_weights, "best needs trainer.monitor (which epoch is best); or last")
     s = cfg.get("scheduler") or {}
+    _check_scheduler_keys(s)
     if s.get("_target_") is None:
         return
-    _check(s.get("interval") in SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
-           f"one of {', '.join(SCHEDULER_INTERVALS)}")
+    _check(s.get("interval") in schema.SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
+           f"one of {', '.join(schema.SCHEDULER_INTERVALS)}")
     if "warmup_steps" in s:
         _check(s.warmup_steps >= 0, "scheduler.warmup_steps", s.warmup_steps,
                "0 or a positive number of optimizer steps")
@@ -520,6 +272,35 @@ def _validate_recipe(cfg: DictConfig) -> None:
                "a positive number of epochs")
     if "gamma" in s:
         _check(s.gamma > 0, "scheduler.gamma", s.gamma, "a positive factor")
+
+
+def _check_scheduler_keys(s: Mapping[str, Any]) -> None:
+    """Refuse a ``scheduler.*`` key that the chosen scheduler does not use, rather than ignore
+    it: with ``scheduler=none`` (no ``_target_``: a constant learning rate, nothing is stepped)
+    any key that differs from the schema's default (``scheduler.interval=batch``,
+    ``+scheduler.warmup_steps=5``), with ``cosine`` or ``step`` a key outside its schema
+    (:data:`ddp_exp.schema.SCHEMAS`). A user's own ``_target_`` receives the keys as its
+    arguments and rejects unknown ones when built.
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    target = s.get("_target_")
+    ours = [(name, {f.name: f.default for f in dataclasses.fields(node)})
+            for group, name, node in schema.SCHEMAS if group == "scheduler"]
+    found = [(name, defaults) for name, defaults in ours if defaults["_target_"] == target]
+    if not found:
+        return
+    name, defaults = found[0]
+    for key in s:
+        if target is None:
+            unused = key != "_target_" and (key not in defaults or s.get(key) != defaults[key])
+            _check(not unused, f"scheduler.{key}", s.get(key), "scheduler=none (a constant "
+                   "learning rate) uses no scheduler key; choose a schedule: scheduler=cosine|step")
+        else:
+            keys = ", ".join(k for k in defaults if k != "_target_")
+            _check(key in defaults, f"scheduler.{key}", s.get(key),
+                   f"not a key of scheduler={name} (its keys: {keys})")
 
 
 def check_precision(precision: str, device: str) -> None:

@@ -4,6 +4,8 @@ Each rank counts (true class, predicted class) pairs of its unpadded validation 
 ``rank, rank + world_size, ...``) during validation (:func:`pair_counts`); the all-reduce (SUM)
 of the validation sums adds the counts too, so the matrix is the single-process one for any
 world size and sums to ``val/num_samples``.
+
+Uses torch and Pillow only; :mod:`ddp_exp.evaluation` uses it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def pair_counts(output: torch.Tensor, target: torch.Tensor, num_classes: int) ->
     """One batch's counts of (true, predicted) class pairs, float64 ``[C * C]`` on the batch's
     device (row-major: index ``true * C + predicted``, predicted = ``argmax`` of ``output [B, C]``).
 
-    :func:`ddp_exp.train.evaluate` adds them up over its shard and all-reduces them with the
+    :func:`ddp_exp.evaluation.evaluate` adds them up over its shard and all-reduces them with the
     loss sums, in the validation pass itself (float64 counts are exact below 2**53).
     """
     pairs = target.long() * num_classes + output.argmax(dim=1)

@@ -5,12 +5,15 @@ The layout (``SummaryWriter.add_custom_scalars``, TensorBoard's "Custom Scalars"
 related curves on one chart. It is built from the tags the run actually writes, so it never
 shows an empty chart: a run without ``perf/*`` (``trainer.perf_metrics=false``) has no "ranks"
 chart, a CPU run no CUDA memory, a run without ``train/grad_norm`` no gradient chart.
+
+Uses torch only; the loop uses it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +53,14 @@ def layout(tags: Iterable[str]) -> dict[str, dict[str, list]]:
         if chosen:
             out[category] = chosen
     return out
+
+
+def write_histograms(writer: Any, model: nn.Module, epoch: int, step: int, every: int) -> None:
+    """Every ``trainer.log_histograms_every_n_epochs`` (``every``; 0: never) epochs, rank 0's
+    ``writer`` (:class:`ddp_exp.metrics.MetricsWriter`) adds :func:`histograms` of ``model``
+    after (0-based) ``epoch`` at x = ``step``."""
+    if every and (epoch + 1) % every == 0 and writer.enabled:
+        writer.histograms(step, histograms(model))
 
 
 def histograms(model: nn.Module) -> dict[str, torch.Tensor]:

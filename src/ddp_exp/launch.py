@@ -54,7 +54,7 @@ from ddp_exp.loaders import seeded
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
-from ddp_exp.train import build_optimizer
+from ddp_exp.optimizer import build_optimizer
 from ddp_exp.worker import (
     FAILURES_ENV,
     RankInputs,

@@ -5,6 +5,9 @@ one all-reduce when asked, so the training loop never synchronises with the host
 :class:`MetricsWriter` is rank 0's TensorBoard run (scalars + HParams summaries in the run's own
 event stream, never a stray sub-run) and ``metrics.json``; every other rank gets a writer that
 does nothing, so the loop has no ``if rank == 0`` around its logging.
+
+Uses :mod:`ddp_exp.distributed` (the all-reduce) and :mod:`ddp_exp.files` (atomic writes); the
+loop, its helpers and the rank use it.
 """
 
 from __future__ import annotations

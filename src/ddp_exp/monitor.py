@@ -8,6 +8,8 @@ all-reduce hands every rank the same bits), so every rank takes the same decisio
 epoch is the new best (rank 0 then writes ``best.pt``), and whether ``trainer.
 early_stopping_patience`` epochs have passed without improvement, after which every rank stops
 after the same epoch. A strict improvement counts; a non-finite value never does.
+
+Uses :mod:`ddp_exp.config` (errors); the launcher's checks and the loop use it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ Limits: collectives inside the forward (DDP's buffer broadcast with BatchNorm, S
 count as compute; DataLoader workers' own time is only visible as ``data`` wait; a step in
 which the hooked parameter gets no gradient (``find_unused_parameters``) counts its sync wait
 as compute.
+
+Uses :mod:`ddp_exp.distributed`; the loop uses it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,11 @@
 ``off``. The bar advances every optimizer step (a counter, no device sync); its loss and
 samples/s are the reduced values of each logging interval, so progress costs no extra
 all-reduce. In ``log`` mode an interval line is written at most every ``LOG_EVERY_S`` seconds,
-so a file or CI log gets a heartbeat without a line per step; epoch summaries are logged by the
-trainer in every mode.
+so a file or CI log gets a heartbeat without a line per step. The epoch's summary line
+(:func:`epoch_line`: its reduced train and validation values) is logged by the loop in every mode.
+
+Uses :mod:`ddp_exp.metrics` (means of reduced sums) and tqdm; the loop (:mod:`ddp_exp.train`)
+uses it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_exp.metrics import mean
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -64,3 +71,36 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+@dataclass
+class EpochResult:
+    """What one epoch measured, reduced over the world."""
+
+    epoch: int
+    global_step: int
+    train_loss: float | None
+    train_samples: int
+    train_s: float
+    val: dict[str, Any]
+
+
+def epoch_line(r: EpochResult, epochs: int) -> str:
+    """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/loss ... | val/... |
+    N samples/s`` (a value that does not apply is left out)."""
+    parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
+    if r.train_loss is not None:
+        parts.append(f"train/loss {r.train_loss:.4f}")
+    if r.val["val/loss"] is not None:
+        parts.append(f"val/loss {r.val['val/loss']:.4f}")
+    if r.val["val/accuracy"] is not None:
+        correct = round(r.val["val/accuracy"] * r.val["val/num_samples"])
+        parts.append(f"val/accuracy {r.val['val/accuracy']:.4f} "
+                     f"({correct}/{r.val['val/num_samples']})")
+    for key, value in r.val.items():
+        if key not in ("val/loss", "val/accuracy", "val/num_samples") and value is not None:
+            parts.append(f"{key} {value:.4f}")
+    rate = mean(r.train_samples, r.train_s)
+    if rate is not None:
+        parts.append(f"{rate:,.0f} samples/s")
+    return " | ".join(parts)

@@ -29,6 +29,9 @@ Options (``conf/scheduler/``):
 optimizer step (never per micro-batch: accumulation steps it once per group), or once per epoch
 after validation. The run's step count ``T`` (:func:`total_steps`) knows ``trainer.max_steps``,
 ``trainer.accumulate_grad_batches`` and the world's steps per epoch.
+
+Uses :mod:`ddp_exp.config` (errors, building a ``_target_``) and :mod:`ddp_exp.models` (locating
+a class); the launcher's checks and the loop use it.
 """
 
 from __future__ import annotations
@@ -138,6 +141,18 @@ def build_scheduler(node: Mapping[str, Any] | None, optimizer: torch.optim.Optim
 def is_plateau(scheduler: Any) -> bool:
     """``ReduceLROnPlateau`` steps with a metric value, once per epoch."""
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def step_epoch(scheduler: Any, val: Mapping[str, Any], metric: str | None) -> None:
+    """Step a per-epoch scheduler once, after the epoch's validation: ``ReduceLROnPlateau``
+    with the monitored reduced value ``val[metric]`` (the same on every rank; not stepped when
+    it is missing), any other without an argument."""
+    if is_plateau(scheduler):
+        value = val.get(metric)
+        if value is not None:
+            scheduler.step(value)
+    else:
+        scheduler.step()
 
 
 def check(cfg: Mapping[str, Any], run_steps: int) -> None:

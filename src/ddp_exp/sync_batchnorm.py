@@ -16,8 +16,10 @@ reduces the statistics over the world first (Ioffe & Szegedy 2015 on the global 
   from the global mean and unbiased variance, so they are the same on every rank.
 
 In ``eval()`` mode both use the running statistics and run no collective (evaluation goes through
-the unwrapped model on uneven shards, see :mod:`ddp_exp.train`). The state-dict keys are those of
-BatchNorm: checkpoints and ``model.pt`` load into the plain model.
+the unwrapped model on uneven shards, see :mod:`ddp_exp.evaluation`). The state-dict keys are
+those of BatchNorm: checkpoints and ``model.pt`` load into the plain model.
+
+Uses :mod:`ddp_exp.distributed` (the all-reduce); the loop converts the model with it.
 """
 
 from __future__ import annotations

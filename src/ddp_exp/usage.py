@@ -1,7 +1,7 @@
 """``python -m ddp_exp --help``: the resolvers behind ``conf/hydra/help/ddp_exp.yaml``.
 
 Hydra's help template offers ``$APP_CONFIG_GROUPS``, which lists every config group, ddp_exp's
-internal ``schema/*`` groups (the structured configs in :mod:`ddp_exp.config`) included. The
+internal ``schema/*`` groups (the structured configs in :mod:`ddp_exp.schema`) included. The
 ``ddp_exp.help_groups`` resolver lists the same groups through Hydra's own formatter, without
 those; ``ddp_exp.help_keys`` lists the composed config's top-level keys and their values.
 

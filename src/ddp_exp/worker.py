@@ -3,6 +3,10 @@
 :func:`run_rank` is the module-level function the elastic launcher starts ``world_size`` times;
 it receives the already composed config as plain data (:class:`RankInputs`), never ``sys.argv``,
 so a rank can neither re-compose the config, nor make its own output folder, nor start a sweep.
+
+Uses the loop (:mod:`ddp_exp.train`, :mod:`ddp_exp.train_state`), :mod:`ddp_exp.checkpoint`,
+:mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.data`
+and :mod:`ddp_exp.config`; the launcher starts it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ddp_exp import checkpoint
+from ddp_exp import checkpoint, train_state
 from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
@@ -152,7 +156,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             writer.write_json("standardization.json", data.standardization)
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
         if state is not None:
-            trainer.load_state_dict(state, source)
+            train_state.load_state_dict(trainer, state, source)
         final = trainer.fit()
         peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
                                            device=device))
