@@ -86,11 +86,11 @@ def not_a_dataset():
 
 def write_digits_folder(root: Path, split: bool = False, size_of: dict | None = None,
                         limit: int | None = None) -> Path:
-    """:func:`ddp_exp.images.write_digits`, then ``size_of``: index -> (w, h) rewrites those
+    """:func:`ddp_exp.data.images.write_digits`, then ``size_of``: index -> (w, h) rewrites those
     images at another size. Returns ``root``."""
     from PIL import Image
 
-    from ddp_exp.images import write_digits
+    from ddp_exp.data.images import write_digits
 
     write_digits(str(root), split, limit)
     for i, size in (size_of or {}).items():

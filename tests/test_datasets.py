@@ -18,9 +18,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
-from ddp_exp.images import ImageFolder, decode, load_image_folder
-from ddp_exp.lazy import ItemReader, TorchSplit
-from ddp_exp.loaders import BatchKeys, KeyedLoader, batch_seed
+from ddp_exp.data.images import ImageFolder, decode, load_image_folder
+from ddp_exp.data.lazy import ItemReader, TorchSplit
+from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
 
 TESTS = Path(__file__).parent
 QUIET = "print_config=false"
@@ -380,7 +380,7 @@ def test_split_folders_need_not_all_be_there(tmp_path):
     (tmp_path / "tt").mkdir()
     (tmp_path / "all" / "train").rename(tmp_path / "tt" / "train")
     (tmp_path / "all" / "val").rename(tmp_path / "tt" / "test")
-    cfg = {"_target_": "ddp_exp.images.load_image_folder", "path": str(tmp_path / "tt"),
+    cfg = {"_target_": "ddp_exp.data.images.load_image_folder", "path": str(tmp_path / "tt"),
            "image_size": None, "channels": 1, "augment": False, "mean": None, "std": None,
            "transform": None, "val_size": 100, "test_size": 0, "batch_size": 8,
            "shuffle": True, "num_workers": 0}
@@ -407,7 +407,7 @@ def test_a_class_folder_without_images_is_refused(tmp_path):
 def test_validation_and_test_batches_draw_their_own_numbers():
     """N03: batch n of validation or test never repeats batch n of training's draws, and
     validation draws differ between epochs."""
-    from ddp_exp.loaders import TEST, TRAIN, VAL
+    from ddp_exp.data.loaders import TEST, TRAIN, VAL
 
     seeds = {(stream, epoch): batch_seed(0, 1, epoch, 3, stream)
              for stream in (TRAIN, VAL, TEST) for epoch in (0, 1)}

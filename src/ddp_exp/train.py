@@ -50,8 +50,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_exp import checkpoint, confusion, dashboard, schedule
 from ddp_exp.config import OPTIM_OWN_KEYS, ConfigError, effective_lr, instantiate_node
 from ddp_exp.data import Datasets
+from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World, broadcast_from_main
-from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective

@@ -6,13 +6,13 @@ Runs in the launching process, once (no torch compute beyond reading one item; s
 * an :class:`ArrayDataset` (digits, synthetic data, a user's .pt/.npz/.csv file): held whole in
   memory, the fast path for small data;
 * a map-style dataset (``data=image_folder``, or ``data=dataset`` with any
-  ``torch.utils.data.Dataset``): read item by item when indexed (:mod:`ddp_exp.lazy`);
+  ``torch.utils.data.Dataset``): read item by item when indexed (:mod:`ddp_exp.data.lazy`);
 * a ``(train, val)`` or ``(train, val, test)`` tuple of map-style datasets.
 
 :func:`load` turns it into :class:`Datasets`: with one dataset, ``data.val_size`` samples are
 held out by the seed alone (never by ``world_size``). Both kinds of split offer the same
 interface (``len``, ``input_shape``, ``num_classes``, ``num_outputs``, ``batch(positions)``,
-``subset``), which the rank side (:mod:`ddp_exp.loaders`) serves to the loop.
+``subset``), which the rank side (:mod:`ddp_exp.data.loaders`) serves to the loop.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ddp_exp.config import ConfigError
-from ddp_exp.loaders import seeded
+from ddp_exp.data.loaders import seeded
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class ArrayDataset:
 @dataclass
 class Datasets:
     """The training, validation and test split handed to every rank: :class:`ArrayDataset` or
-    :class:`ddp_exp.lazy.TorchSplit` (the training one carrying the augmentation); ``test`` is
+    :class:`ddp_exp.data.lazy.TorchSplit` (the training one carrying the augmentation); ``test`` is
     empty unless ``data.test_size`` > 0 or the data comes with a test split."""
 
     train: Any
@@ -102,7 +102,7 @@ class Datasets:
 
     @property
     def in_memory(self) -> bool:
-        """True for arrays held whole in memory (the fast path of :mod:`ddp_exp.loaders`)."""
+        """True for arrays held whole in memory (the fast path of :mod:`ddp_exp.data.loaders`)."""
         return isinstance(self.train, ArrayDataset)
 
     def fingerprint(self) -> dict[str, int]:
@@ -289,7 +289,7 @@ def build_datasets(dataset, val_size: int, seed: int, world_size: int,
     """Hold out ``val_size`` validation and ``test_size`` test samples, chosen by ``seed``
     alone (never by ``world_size``).
 
-    ``dataset``: an :class:`ArrayDataset` or a :class:`ddp_exp.lazy.TorchSplit` of all samples.
+    ``dataset``: an :class:`ArrayDataset` or a :class:`ddp_exp.data.lazy.TorchSplit` of all samples.
     One seeded permutation of the samples: validation takes its first ``val_size`` entries,
     test its last ``test_size``, training the rest. So changing ``test_size`` never changes
     which samples are validation (nor ``val_size`` which are test); only training shrinks.
@@ -394,7 +394,7 @@ def _accepted_keywords(target: str) -> set[str] | None:
 
 def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
                    world_size: int) -> Datasets:
-    from ddp_exp import images, lazy
+    from ddp_exp.data import images, lazy
 
     target = data_cfg["_target_"]
     if isinstance(made, Mapping):  # {"train", "val", "test"}, None where absent: hold out
@@ -441,7 +441,7 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
 
 def _describe_and_split(parts, given, reader, task, data_cfg, train_tf, eval_tf, seed,
                         world_size) -> Datasets:
-    from ddp_exp import lazy
+    from ddp_exp.data import lazy
 
     target = data_cfg["_target_"]
     shape, num_classes, width = lazy.describe(parts[0], reader, task,

@@ -1,10 +1,10 @@
 """Lazy map-style datasets: any ``torch.utils.data.Dataset`` (or object with ``__len__`` and
-``__getitem__``: a Hugging Face dataset, an :class:`ddp_exp.images.ImageFolder`), split by index
-and read item by item when a batch is asked for.
+``__getitem__``: a Hugging Face dataset, an :class:`ddp_exp.data.images.ImageFolder`), split by
+index and read item by item when a batch is asked for.
 
 A :class:`TorchSplit` is one split of such a dataset: the dataset, the indices of its samples,
 how to read an item as ``(input, target)`` (:class:`ItemReader`) and the batch transform
-(:class:`ddp_exp.images.ImageBatch` for image folders). Nothing is materialised: the launching
+(:class:`ddp_exp.data.images.ImageBatch` for image folders). Nothing is materialised: the launching
 process reads one item to learn the input shape and the task, and ranks read the rest.
 """
 

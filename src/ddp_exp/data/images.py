@@ -204,7 +204,7 @@ class ImageBatch:
     (``data.augment``: Kornia's ``RandomResizedCrop`` to the same size, torchvision's default
     scale (0.08, 1) and ratio (3/4, 4/3), then ``RandomHorizontalFlip``); then per-channel
     ``(x - mean) / std`` if ``mean``/``std`` are given. Random draws come from the global torch
-    RNG, which the loader seeds per batch (:mod:`ddp_exp.loaders`).
+    RNG, which the loader seeds per batch (:mod:`ddp_exp.data.loaders`).
 
     Args:
         mean, std: per-channel lists of ``channels`` floats, or None.
@@ -271,7 +271,7 @@ def write_digits(root: str, split: bool = False, limit: int | None = None) -> st
     demo image folder made without a download (with ``split``: the first 1500 under
     ``root/train/``, the other 297 under ``root/val/``). Pixel values: ``round(255 * p / 16)``.
 
-    ``python -m ddp_exp.images ROOT [--split]`` does the same. Returns ``root``.
+    ``python -m ddp_exp.data.images ROOT [--split]`` does the same. Returns ``root``.
     """
     from PIL import Image
 
