@@ -123,6 +123,37 @@ class Subrange(Dataset):
         return self.base[self.start + i]
 
 
+class Counted(Computed):
+    """:class:`Computed` items that log every index read (``reads``): how often building the
+    splits reads item 0."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[int] = []
+
+    def __getitem__(self, i: int):
+        self.reads.append(int(i))
+        return super().__getitem__(i)
+
+
+def counted_splits(num_train: int = 200, num_val: int = 50, num_test: int = 40):
+    """What split folders return, from a user's target: ``{"train", "val", "test"}`` of
+    :class:`Counted` data (one ``classes`` list)."""
+    return {"train": Counted(num_train), "val": Counted(num_val), "test": Counted(num_test)}
+
+
+class CountedTransform:
+    """An identity per-sample transform that counts how many were built (``built``)."""
+
+    built = 0
+
+    def __init__(self):
+        CountedTransform.built += 1
+
+    def __call__(self, x):
+        return x
+
+
 class DrawProbe:
     """A batch transform that replaces each input ``[B, 3]`` by three draws per sample: torch's
     ``rand``, NumPy's ``random.rand`` and Python's ``random.random``, from the global RNGs the

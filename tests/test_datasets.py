@@ -394,6 +394,35 @@ def test_split_folders_need_not_all_be_there(tmp_path):
         load(cfg, seed=0, world_size=2)
 
 
+def test_given_splits_are_read_once_and_their_transform_built_once(digits_folder,
+                                                                  monkeypatch):
+    """Item 0 of each split is read once, and data.transform built once, however many splits
+    are given (the training set's item 0 was read, and the transform built, again per split)."""
+    from lazy_data import CountedTransform
+
+    from ddp_exp.data import load
+
+    common = {"val_size": 0, "test_size": 0, "batch_size": 8, "shuffle": True,
+              "num_workers": 0, "input_key": None, "target_key": None}
+    data = load({"_target_": "lazy_data.counted_splits", "task": "auto", "num_classes": None,
+                 **common}, seed=0, world_size=2)
+    assert [part.dataset.reads for part in (data.train, data.val, data.test)] == [[0]] * 3
+    assert (len(data.train), len(data.val), len(data.test)) == (200, 50, 40)
+
+    reads: list[tuple[str, int]] = []
+    read = ImageFolder.__getitem__
+    monkeypatch.setattr(ImageFolder, "__getitem__",
+                        lambda self, i: reads.append((Path(self.root).name, i)) or read(self, i))
+    monkeypatch.setattr(CountedTransform, "built", 0)
+    cfg = {"_target_": "ddp_exp.data.images.load_image_folder", "path": str(digits_folder),
+           "image_size": None, "channels": 1, "augment": False, "mean": None, "std": None,
+           "transform": {"_target_": "lazy_data.CountedTransform"}, **common}
+    data = load(cfg, seed=0, world_size=2)
+    assert sorted(reads) == [("train", 0), ("val", 0)]
+    assert CountedTransform.built == 1
+    assert data.train.transform.transform is not None and data.val.transform.transform is None
+
+
 def test_a_class_folder_without_images_is_refused(tmp_path):
     from lazy_data import write_digits_folder
 

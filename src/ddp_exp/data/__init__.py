@@ -96,107 +96,132 @@ def _accepted_keywords(target: str) -> set[str] | None:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+SPLITS = ("train", "val", "test")  # the keys of split folders' mapping, in a tuple's order
+_SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
+
+
 def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
                    world_size: int) -> Datasets:
-    from ddp_exp.data import images, lazy
+    """Map-style data -> :class:`Datasets` of :class:`ddp_exp.data.lazy.TorchSplit`.
 
-    target = data_cfg["_target_"]
-    if isinstance(made, Mapping):  # {"train", "val", "test"}, None where absent: hold out
-        return _named_splits(made, data_cfg, seed, world_size)
-    given = isinstance(made, (tuple, list))
-    parts = list(made) if given else [made]
-    if given and len(parts) not in (2, 3) or not all(lazy.is_map_style(p) for p in parts):
-        got = (f"a {type(made).__name__} of {len(parts)}: "
-               f"{', '.join(type(p).__name__ for p in parts)}" if given else type(made).__name__)
-        hint = (" (an IterableDataset cannot be sharded exactly: give a map-style one)"
-                if any(isinstance(p, _iterable_dataset()) for p in parts) else "")
-        raise ConfigError(f"data._target_={target!r} returned {got}, not a map-style dataset "
-                          f"(an object with __len__ and __getitem__, e.g. a torch.utils.data."
-                          f"Dataset) or a (train, val) or (train, val, test) tuple of them{hint}")
-    for key, index in (("val_size", 1), ("test_size", 2)):
-        if len(parts) > index and data_cfg.get(key):
-            split = key.split("_")[0]
-            raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: the data comes with "
-                              f"its own {split} split (a {split}/ folder or a dataset of the "
-                              f"tuple data._target_ returned), so nothing is held out; set "
-                              f"data.{key}=0")
-    reader = lazy.ItemReader(data_cfg.get("input_key"), data_cfg.get("target_key"))
-    is_folder = isinstance(parts[0], images.ImageFolder)
-    train_tf = eval_tf = None
-    if is_folder:
-        mean, std = data_cfg.get("mean"), data_cfg.get("std")
-        _check_normalisation(mean, std, parts[0].channels)
-        user = data_cfg.get("transform")
-        transform = None
-        if user is not None:
-            from ddp_exp.config import instantiate_node
+    ``made`` is one dataset (validation and test held out by the seed), a ``(train, val)`` or
+    ``(train, val, test)`` tuple (the splits as given; no test split unless given), or a
+    mapping ``{"train", "val", "test"}`` (split folders: a split that is None is held out of
+    ``train`` by ``data.val_size`` / ``data.test_size`` and the seed). Item 0 of each given
+    split is read once and ``data.transform`` is instantiated once, whatever the splits.
 
-            transform = instantiate_node(user, "data.transform")
-            if not callable(transform):
-                raise ConfigError(f"data.transform._target_={user.get('_target_')!r} built a "
-                                  f"{type(transform).__name__}, which is not callable")
-        train_tf = images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform)
-        eval_tf = images.ImageBatch(mean, std)
-    task = "classification" if is_folder else data_cfg.get("task", "auto")
-    with seeded(seed):  # item 0 read here draws the same numbers in every rerun
-        return _describe_and_split(parts, given, reader, task, data_cfg, train_tf, eval_tf,
-                                   seed, world_size)
-
-
-def _describe_and_split(parts, given, reader, task, data_cfg, train_tf, eval_tf, seed,
-                        world_size) -> Datasets:
+    Raises:
+        ConfigError: data that is not map-style; ``data.val_size`` or ``data.test_size`` set
+            for a split that is given; splits whose items differ in shape; anything
+            :func:`ddp_exp.data.lazy.describe` refuses.
+    """
     from ddp_exp.data import lazy
 
     target = data_cfg["_target_"]
-    shape, num_classes, width = lazy.describe(parts[0], reader, task,
-                                              data_cfg.get("num_classes"), train_tf,
-                                              "training" if given else "data._target_'s")
-    splits = [lazy.TorchSplit(p, np.arange(len(p), dtype=np.int64), reader, shape, num_classes,
-                              width) for p in parts]
-    for part, name in zip(parts[1:], ("validation", "test")[:len(parts) - 1], strict=True):
-        other = lazy.describe(part, reader, task, num_classes, eval_tf, name)
+    if isinstance(made, Mapping):  # {"train", "val", "test"}, None where absent: hold out
+        parts, mode = {k: made.get(k) for k in SPLITS}, "named"
+        for key, split in (("val_size", "val"), ("test_size", "test")):
+            if parts[split] is not None and data_cfg.get(key):
+                raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: data.path has a "
+                                  f"{split}/ folder, the {split} split, so nothing is held out; "
+                                  f"set data.{key}=0")
+        listed = [p for p in parts.values() if p is not None]
+        got = "a mapping {" + ", ".join(f"{k!r}: {type(v).__name__}" for k, v in made.items())
+        got += "}"
+        bad = parts["train"] is None or not all(lazy.is_map_style(p) for p in listed)
+    else:
+        given = isinstance(made, (tuple, list))
+        listed = list(made) if given else [made]
+        parts = dict(zip(SPLITS, listed + [None] * (3 - len(listed)), strict=False))
+        mode = "given" if given else "single"
+        got = (f"a {type(made).__name__} of {len(listed)}: "
+               f"{', '.join(type(p).__name__ for p in listed)}" if given else type(made).__name__)
+        bad = given and len(listed) not in (2, 3) or not all(lazy.is_map_style(p) for p in listed)
+    if bad:
+        hint = (" (an IterableDataset cannot be sharded exactly: give a map-style one)"
+                if any(isinstance(p, _iterable_dataset()) for p in listed) else "")
+        raise ConfigError(f"data._target_={target!r} returned {got}, not a map-style dataset "
+                          f"(an object with __len__ and __getitem__, e.g. a torch.utils.data."
+                          f"Dataset) or a (train, val) or (train, val, test) tuple of them{hint}")
+    if mode == "given":
+        for key, index in (("val_size", 1), ("test_size", 2)):
+            if len(listed) > index and data_cfg.get(key):
+                split = key.split("_")[0]
+                raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: the data comes "
+                                  f"with its own {split} split (a {split}/ folder or a dataset of "
+                                  f"the tuple data._target_ returned), so nothing is held out; "
+                                  f"set data.{key}=0")
+    reader = lazy.ItemReader(data_cfg.get("input_key"), data_cfg.get("target_key"))
+    is_folder, train_tf, eval_tf = _transforms(parts["train"], data_cfg)
+    task = "classification" if is_folder else data_cfg.get("task", "auto")
+    with seeded(seed):  # item 0 read here draws the same numbers in every rerun
+        return _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf,
+                                   seed, world_size)
+
+
+def _transforms(train: Any, data_cfg: Mapping[str, Any]):
+    """``(is_folder, train_tf, eval_tf)``: for an image folder, the training and evaluation
+    batch transforms (:class:`ddp_exp.data.images.ImageBatch`), ``data.transform`` built once
+    and shared by every split; None and None for other data."""
+    from ddp_exp.data import images
+
+    if not isinstance(train, images.ImageFolder):
+        return False, None, None
+    mean, std = data_cfg.get("mean"), data_cfg.get("std")
+    _check_normalisation(mean, std, train.channels)
+    user = data_cfg.get("transform")
+    transform = None
+    if user is not None:
+        from ddp_exp.config import instantiate_node
+
+        transform = instantiate_node(user, "data.transform")
+        if not callable(transform):
+            raise ConfigError(f"data.transform._target_={user.get('_target_')!r} built a "
+                              f"{type(transform).__name__}, which is not callable")
+    return (True, images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform),
+            images.ImageBatch(mean, std))
+
+
+def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, seed,
+                        world_size) -> Datasets:
+    import dataclasses
+
+    from ddp_exp.data import lazy
+
+    target = data_cfg["_target_"]
+    train = parts["train"]
+    shape, num_classes, width = lazy.describe(train, reader, task, data_cfg.get("num_classes"),
+                                              train_tf,
+                                              "data._target_'s" if mode == "single" else "training")
+
+    def whole(dataset) -> lazy.TorchSplit:
+        return lazy.TorchSplit(dataset, np.arange(len(dataset), dtype=np.int64), reader, shape,
+                               num_classes, width)
+
+    own = {}  # the given validation and test splits
+    for key in ("val", "test"):
+        if parts[key] is None:
+            continue
+        name = _SPLIT_NAMES[key]
+        other = lazy.describe(parts[key], reader, task, num_classes, eval_tf, name)
         if (other[0], other[2]) != (shape, width):
             raise ConfigError(f"data._target_={target!r}: {name} items have input shape "
                               f"{list(other[0])} but training items {list(shape)}")
-    if given:
-        test = splits[2] if len(splits) == 3 else splits[0].subset(np.arange(0))
-        datasets = Datasets(train=splits[0], val=splits[1], test=test)
+        own[key] = whole(parts[key])
+    if mode == "given":
+        datasets = Datasets(train=whole(train), val=own["val"],
+                            test=own.get("test", whole(train).subset(np.arange(0))))
         if world_size > len(datasets.train):
             raise ConfigError(f"world_size={world_size} is invalid: the training split has "
                               f"only {len(datasets.train)} samples and every rank needs one")
-    else:
-        datasets = build_datasets(splits[0], data_cfg["val_size"], seed, world_size,
-                                  data_cfg.get("test_size", 0))
-    import dataclasses
-
+    else:  # one dataset, or split folders: hold out what is not given
+        held = build_datasets(whole(train), 0 if "val" in own else data_cfg["val_size"], seed,
+                              world_size, 0 if "test" in own else data_cfg.get("test_size", 0))
+        datasets = Datasets(train=held.train, val=own.get("val", held.val),
+                            test=own.get("test", held.test))
     return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
                     val=dataclasses.replace(datasets.val, transform=eval_tf),
                     test=dataclasses.replace(datasets.test, transform=eval_tf))
-
-
-def _named_splits(made: Mapping[str, Any], data_cfg: Mapping[str, Any], seed: int,
-                  world_size: int) -> Datasets:
-    """Split folders: the given splits as they are; a missing validation or test split is held
-    out of the training folder by ``data.val_size`` / ``data.test_size`` and the seed."""
-    import dataclasses
-
-    train, val, test = (made.get(k) for k in ("train", "val", "test"))
-    given = {"val_size": val is not None, "test_size": test is not None}
-    cfg = {**data_cfg, **{k: 0 for k, v in given.items() if v}}
-    for key, present in given.items():
-        if present and data_cfg.get(key):
-            split = key.split("_")[0]
-            raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: data.path has a "
-                              f"{split}/ folder, the {split} split, so nothing is held out; set "
-                              f"data.{key}=0")
-    held = _lazy_datasets(train, cfg, seed, world_size)
-    out = {"train": held.train, "val": held.val, "test": held.test}
-    for name, part in (("val", val), ("test", test)):
-        if part is not None:
-            own = _lazy_datasets((train, part), {**cfg, "val_size": 0, "test_size": 0}, seed,
-                                 world_size).val
-            out[name] = dataclasses.replace(own, transform=held.val.transform)
-    return Datasets(**out)
 
 
 def _iterable_dataset():
