@@ -154,6 +154,14 @@ class CountedTransform:
         return x
 
 
+def pair_with_other_classes():
+    """A ``(train, val)`` pair whose validation set lacks a class, so it numbers the others
+    differently (as torchvision's ImageFolder does for a val/ folder without ``dog/``)."""
+    train, val = computed_pair()
+    train.classes, val.classes = ["cat", "dog", "fox"], ["cat", "fox"]
+    return train, val
+
+
 class DrawProbe:
     """A batch transform that replaces each input ``[B, 3]`` by three draws per sample: torch's
     ``rand``, NumPy's ``random.rand`` and Python's ``random.random``, from the global RNGs the

@@ -128,6 +128,8 @@ BAD_INPUTS = {
                         "data.input_key is required"),
     "not a dataset": (["data=dataset", "data._target_=lazy_data.not_a_dataset"], None,
                       "returned int, not a map-style dataset"),
+    "classes differ": (["data=dataset", "data._target_=lazy_data.pair_with_other_classes"], None,
+                       "classes ['cat', 'fox'] differ from the training dataset's"),
 }
 
 
@@ -421,6 +423,23 @@ def test_given_splits_are_read_once_and_their_transform_built_once(digits_folder
     assert sorted(reads) == [("train", 0), ("val", 0)]
     assert CountedTransform.built == 1
     assert data.train.transform.transform is not None and data.val.transform.transform is None
+
+
+def test_given_splits_with_other_classes_are_refused():
+    """A (train, val) pair whose ``classes`` differ would give one label two meanings: refused
+    with one line naming both lists, as a val/ folder with a class unknown to train/ is."""
+    from ddp_exp.data import load
+
+    cfg = {"_target_": "lazy_data.pair_with_other_classes", "val_size": 0, "batch_size": 8,
+           "shuffle": True, "num_workers": 0, "task": "auto", "num_classes": None,
+           "input_key": None, "target_key": None}
+    with pytest.raises(ConfigError) as caught:
+        load(cfg, seed=0, world_size=2)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "['cat', 'fox']" in message and "['cat', 'dog', 'fox']" in message, message
+    assert "validation dataset's classes" in message and "from label 1 on" in message, message
+    load({**cfg, "_target_": "lazy_data.computed_pair"}, seed=0, world_size=2)  # same: fine
 
 
 def test_a_class_folder_without_images_is_refused(tmp_path):

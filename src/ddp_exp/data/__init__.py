@@ -112,8 +112,8 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
 
     Raises:
         ConfigError: data that is not map-style; ``data.val_size`` or ``data.test_size`` set
-            for a split that is given; splits whose items differ in shape; anything
-            :func:`ddp_exp.data.lazy.describe` refuses.
+            for a split that is given; splits whose items differ in shape or whose ``classes``
+            differ; anything :func:`ddp_exp.data.lazy.describe` refuses.
     """
     from ddp_exp.data import lazy
 
@@ -207,6 +207,7 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
         if (other[0], other[2]) != (shape, width):
             raise ConfigError(f"data._target_={target!r}: {name} items have input shape "
                               f"{list(other[0])} but training items {list(shape)}")
+        _check_same_classes(train, parts[key], name, target)
         own[key] = whole(parts[key])
     if mode == "given":
         datasets = Datasets(train=whole(train), val=own["val"],
@@ -222,6 +223,39 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
     return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
                     val=dataclasses.replace(datasets.val, transform=eval_tf),
                     test=dataclasses.replace(datasets.test, transform=eval_tf))
+
+
+def _check_same_classes(train: Any, part: Any, name: str, target: str) -> None:
+    """Given splits that both say their ``classes`` must say the same, in the same order: label
+    ``i`` names ``classes[i]`` in every split (torchvision numbers a folder's classes by its own
+    sorted names, so a split missing a class would renumber the rest silently).
+
+    Raises:
+        ConfigError: the lists differ; one line naming both.
+    """
+    mine, theirs = getattr(train, "classes", None), getattr(part, "classes", None)
+    if mine is None or theirs is None:
+        return
+    try:
+        mine, theirs = list(mine), list(theirs)
+        same = bool(mine == theirs)
+    except Exception:  # not a list of comparable names: nothing to compare
+        return
+    if not same:
+        pairs = zip(mine, theirs, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(mine), len(theirs)))
+        raise ConfigError(f"data._target_={target!r}: the {name} dataset's classes "
+                          f"{_class_list(theirs)} differ from the training dataset's "
+                          f"{_class_list(mine)} (from label {first} on), so a label would name "
+                          f"another class in each split; build the {name} dataset with the "
+                          "training dataset's classes")
+
+
+def _class_list(classes: list) -> str:
+    """A class list for a one-line message: whole up to 10 names, else its head and length."""
+    if len(classes) <= 10:
+        return repr(classes)
+    return f"[{', '.join(map(repr, classes[:5]))}, ... ({len(classes)} classes)]"
 
 
 def _iterable_dataset():
