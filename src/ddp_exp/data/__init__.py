@@ -96,7 +96,7 @@ def _accepted_keywords(target: str) -> set[str] | None:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-SPLITS = ("train", "val", "test")  # the keys of split folders' mapping, in a tuple's order
+_SPLITS = ("train", "val", "test")  # the keys of split folders' mapping, in a tuple's order
 _SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
 
 
@@ -119,7 +119,7 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
 
     target = data_cfg["_target_"]
     if isinstance(made, Mapping):  # {"train", "val", "test"}, None where absent: hold out
-        parts, mode = {k: made.get(k) for k in SPLITS}, "named"
+        parts, mode = {k: made.get(k) for k in _SPLITS}, "named"
         for key, split in (("val_size", "val"), ("test_size", "test")):
             if parts[split] is not None and data_cfg.get(key):
                 raise ConfigError(f"data.{key}={data_cfg[key]} is invalid here: data.path has a "
@@ -132,7 +132,7 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
     else:
         given = isinstance(made, (tuple, list))
         listed = list(made) if given else [made]
-        parts = dict(zip(SPLITS, listed + [None] * (3 - len(listed)), strict=False))
+        parts = dict(zip(_SPLITS, listed + [None] * (3 - len(listed)), strict=False))
         mode = "given" if given else "single"
         got = (f"a {type(made).__name__} of {len(listed)}: "
                f"{', '.join(type(p).__name__ for p in listed)}" if given else type(made).__name__)
@@ -210,8 +210,9 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
         _check_same_classes(train, parts[key], name, target)
         own[key] = whole(parts[key])
     if mode == "given":
-        datasets = Datasets(train=whole(train), val=own["val"],
-                            test=own.get("test", whole(train).subset(np.arange(0))))
+        datasets = Datasets(train=whole(train), val=own["val"], test=own.get("test"))
+        if datasets.test is None:  # no test split unless given
+            datasets.test = datasets.train.subset(np.arange(0))
         if world_size > len(datasets.train):
             raise ConfigError(f"world_size={world_size} is invalid: the training split has "
                               f"only {len(datasets.train)} samples and every rank needs one")
