@@ -186,7 +186,7 @@ def check_image_folder(root: str) -> None:
     from ddp_exp.models import CNN
 
     w = spec("image_folder")
-    theirs = data.load({"_target_": "ddp_exp.images.load_image_folder", "path": root,
+    theirs = data.load({"_target_": "ddp_exp.data.images.load_image_folder", "path": root,
                         "image_size": None, "channels": 1, "val_size": w["val_size"],
                         "batch_size": w["batch_size"], "num_workers": 0}, SEED, 1)
     for mine, part in zip(image_folder_split(root), (theirs.train, theirs.val), strict=True):

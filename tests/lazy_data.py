@@ -86,11 +86,11 @@ def not_a_dataset():
 
 def write_digits_folder(root: Path, split: bool = False, size_of: dict | None = None,
                         limit: int | None = None) -> Path:
-    """:func:`ddp_exp.images.write_digits`, then ``size_of``: index -> (w, h) rewrites those
+    """:func:`ddp_exp.data.images.write_digits`, then ``size_of``: index -> (w, h) rewrites those
     images at another size. Returns ``root``."""
     from PIL import Image
 
-    from ddp_exp.images import write_digits
+    from ddp_exp.data.images import write_digits
 
     write_digits(str(root), split, limit)
     for i, size in (size_of or {}).items():
@@ -121,6 +121,45 @@ class Subrange(Dataset):
         if not 0 <= i < len(self):
             raise IndexError(i)
         return self.base[self.start + i]
+
+
+class Counted(Computed):
+    """:class:`Computed` items that log every index read (``reads``): how often building the
+    splits reads item 0."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: list[int] = []
+
+    def __getitem__(self, i: int):
+        self.reads.append(int(i))
+        return super().__getitem__(i)
+
+
+def counted_splits(num_train: int = 200, num_val: int = 50, num_test: int = 40):
+    """What split folders return, from a user's target: ``{"train", "val", "test"}`` of
+    :class:`Counted` data (one ``classes`` list)."""
+    return {"train": Counted(num_train), "val": Counted(num_val), "test": Counted(num_test)}
+
+
+class CountedTransform:
+    """An identity per-sample transform that counts how many were built (``built``)."""
+
+    built = 0
+
+    def __init__(self):
+        CountedTransform.built += 1
+
+    def __call__(self, x):
+        return x
+
+
+def pair_with_other_classes():
+    """A ``(train, val)`` pair whose validation set lacks a class, so it numbers the others
+    differently (as torchvision's ImageFolder does for a val/ folder without ``dog/``)."""
+    train, val = computed_pair()
+    train.classes, val.classes = ["cat", "dog", "fox"], ["cat", "fox"]
+    return train, val
 
 
 class DrawProbe:

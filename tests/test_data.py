@@ -18,7 +18,7 @@ from ddp_exp.data import (
     load_file,
     make_synthetic,
 )
-from ddp_exp.loaders import BatchKeys, KeyedLoader, TrainLoader, val_batches
+from ddp_exp.data.loaders import BatchKeys, KeyedLoader, TrainLoader, val_batches
 
 
 # --------------------------------------------------------------------------------- digits

@@ -18,9 +18,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
-from ddp_exp.images import ImageFolder, decode, load_image_folder
-from ddp_exp.lazy import ItemReader, TorchSplit
-from ddp_exp.loaders import BatchKeys, KeyedLoader, batch_seed
+from ddp_exp.data.images import ImageFolder, decode, load_image_folder
+from ddp_exp.data.lazy import ItemReader, TorchSplit
+from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
 
 TESTS = Path(__file__).parent
 QUIET = "print_config=false"
@@ -128,6 +128,8 @@ BAD_INPUTS = {
                         "data.input_key is required"),
     "not a dataset": (["data=dataset", "data._target_=lazy_data.not_a_dataset"], None,
                       "returned int, not a map-style dataset"),
+    "classes differ": (["data=dataset", "data._target_=lazy_data.pair_with_other_classes"], None,
+                       "classes ['cat', 'fox'] differ from the training dataset's"),
 }
 
 
@@ -380,7 +382,7 @@ def test_split_folders_need_not_all_be_there(tmp_path):
     (tmp_path / "tt").mkdir()
     (tmp_path / "all" / "train").rename(tmp_path / "tt" / "train")
     (tmp_path / "all" / "val").rename(tmp_path / "tt" / "test")
-    cfg = {"_target_": "ddp_exp.images.load_image_folder", "path": str(tmp_path / "tt"),
+    cfg = {"_target_": "ddp_exp.data.images.load_image_folder", "path": str(tmp_path / "tt"),
            "image_size": None, "channels": 1, "augment": False, "mean": None, "std": None,
            "transform": None, "val_size": 100, "test_size": 0, "batch_size": 8,
            "shuffle": True, "num_workers": 0}
@@ -392,6 +394,52 @@ def test_split_folders_need_not_all_be_there(tmp_path):
     (tmp_path / "tt" / "train").rename(tmp_path / "tt" / "val")
     with pytest.raises(ConfigError, match="but no train/"):
         load(cfg, seed=0, world_size=2)
+
+
+def test_given_splits_are_read_once_and_their_transform_built_once(digits_folder,
+                                                                  monkeypatch):
+    """Item 0 of each split is read once, and data.transform built once, however many splits
+    are given (the training set's item 0 was read, and the transform built, again per split)."""
+    from lazy_data import CountedTransform
+
+    from ddp_exp.data import load
+
+    common = {"val_size": 0, "test_size": 0, "batch_size": 8, "shuffle": True,
+              "num_workers": 0, "input_key": None, "target_key": None}
+    data = load({"_target_": "lazy_data.counted_splits", "task": "auto", "num_classes": None,
+                 **common}, seed=0, world_size=2)
+    assert [part.dataset.reads for part in (data.train, data.val, data.test)] == [[0]] * 3
+    assert (len(data.train), len(data.val), len(data.test)) == (200, 50, 40)
+
+    reads: list[tuple[str, int]] = []
+    read = ImageFolder.__getitem__
+    monkeypatch.setattr(ImageFolder, "__getitem__",
+                        lambda self, i: reads.append((Path(self.root).name, i)) or read(self, i))
+    monkeypatch.setattr(CountedTransform, "built", 0)
+    cfg = {"_target_": "ddp_exp.data.images.load_image_folder", "path": str(digits_folder),
+           "image_size": None, "channels": 1, "augment": False, "mean": None, "std": None,
+           "transform": {"_target_": "lazy_data.CountedTransform"}, **common}
+    data = load(cfg, seed=0, world_size=2)
+    assert sorted(reads) == [("train", 0), ("val", 0)]
+    assert CountedTransform.built == 1
+    assert data.train.transform.transform is not None and data.val.transform.transform is None
+
+
+def test_given_splits_with_other_classes_are_refused():
+    """A (train, val) pair whose ``classes`` differ would give one label two meanings: refused
+    with one line naming both lists, as a val/ folder with a class unknown to train/ is."""
+    from ddp_exp.data import load
+
+    cfg = {"_target_": "lazy_data.pair_with_other_classes", "val_size": 0, "batch_size": 8,
+           "shuffle": True, "num_workers": 0, "task": "auto", "num_classes": None,
+           "input_key": None, "target_key": None}
+    with pytest.raises(ConfigError) as caught:
+        load(cfg, seed=0, world_size=2)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "['cat', 'fox']" in message and "['cat', 'dog', 'fox']" in message, message
+    assert "validation dataset's classes" in message and "from label 1 on" in message, message
+    load({**cfg, "_target_": "lazy_data.computed_pair"}, seed=0, world_size=2)  # same: fine
 
 
 def test_a_class_folder_without_images_is_refused(tmp_path):
@@ -407,7 +455,7 @@ def test_a_class_folder_without_images_is_refused(tmp_path):
 def test_validation_and_test_batches_draw_their_own_numbers():
     """N03: batch n of validation or test never repeats batch n of training's draws, and
     validation draws differ between epochs."""
-    from ddp_exp.loaders import TEST, TRAIN, VAL
+    from ddp_exp.data.loaders import TEST, TRAIN, VAL
 
     seeds = {(stream, epoch): batch_seed(0, 1, epoch, 3, stream)
              for stream in (TRAIN, VAL, TEST) for epoch in (0, 1)}

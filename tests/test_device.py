@@ -13,8 +13,8 @@ import yaml
 
 from ddp_exp import distributed
 from ddp_exp.config import ConfigError, check_precision
+from ddp_exp.data.loaders import loader_options, placement
 from ddp_exp.distributed import resolve_placement
-from ddp_exp.loaders import loader_options, placement
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -76,3 +76,6 @@ def test_wheel_builds_without_warnings_and_holds_every_config(tmp_path):
                 for p in (ROOT / "conf").rglob("*.yaml")}
     assert expected and expected <= names, sorted(expected - names)
     assert "ddp_exp/__main__.py" in names
+    modules = {f"ddp_exp/{p.relative_to(ROOT / 'src' / 'ddp_exp').as_posix()}"
+               for p in (ROOT / "src" / "ddp_exp").rglob("*.py")}  # subpackages: ddp_exp.data
+    assert "ddp_exp/data/__init__.py" in modules and modules <= names, sorted(modules - names)

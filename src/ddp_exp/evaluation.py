@@ -8,7 +8,7 @@ collective). The result is the single-process one: the mean of every sample once
 
 Uses :mod:`ddp_exp.checkpoint` (``best.pt`` for the test split), :mod:`ddp_exp.confusion`,
 :mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.optimizer` (the forward's
-autocast), :mod:`ddp_exp.loaders` and :mod:`ddp_exp.data` (the batches and splits),
+autocast), :mod:`ddp_exp.data.loaders` and :mod:`ddp_exp.data` (the batches and splits),
 :mod:`ddp_exp.monitor` (the best epoch) and :mod:`ddp_exp.objective`; the loop
 (:mod:`ddp_exp.train`) uses it.
 """
@@ -24,8 +24,8 @@ from torch import nn
 
 from ddp_exp import checkpoint, confusion
 from ddp_exp.data import Datasets
+from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World, broadcast_from_main
-from ddp_exp.loaders import RankData
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
@@ -46,7 +46,7 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
 
     Args:
         batches: this rank's shard as ``(x [B, ...], y [B] or [B, k])`` batches, on ``device``
-            or the host (:meth:`ddp_exp.loaders.RankData.val_batches`).
+            or the host (:meth:`ddp_exp.data.loaders.RankData.val_batches`).
         num_classes: ``C`` > 0 to count the confusion matrix in the same pass.
 
     Returns:
@@ -93,7 +93,7 @@ class Evaluator:
 
     Args:
         model: the unwrapped model (the DDP wrapper's module: the same parameters).
-        data: this rank's batches (:class:`ddp_exp.loaders.RankData`).
+        data: this rank's batches (:class:`ddp_exp.data.loaders.RankData`).
         datasets: the splits, identical on every rank.
         objective: the loss and validation metrics.
         world: this rank's place; every rank calls every method (one all-reduce each).

@@ -42,6 +42,7 @@ from ddp_exp.config import (
     validate,
 )
 from ddp_exp.data import Datasets
+from ddp_exp.data.loaders import seeded
 from ddp_exp.distributed import (
     World,
     destroy_process_group,
@@ -50,7 +51,6 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
-from ddp_exp.loaders import seeded
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective

@@ -74,7 +74,7 @@ class FileDataConfig(DataConfig):
 class ImageFolderDataConfig(DataConfig):
     """``data=image_folder``: ``data.path/<class>/<image>`` (or its train/ and val/)."""
 
-    _target_: str = "ddp_exp.images.load_image_folder"
+    _target_: str = "ddp_exp.data.images.load_image_folder"
     path: str = MISSING
     image_size: int | None = None  # side after resize + centre crop (null: the files' size)
     channels: int = 3  # 1 (grey) or 3 (RGB, as torchvision's loader)

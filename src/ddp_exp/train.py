@@ -37,8 +37,8 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
 
 Uses the loop's helpers, none of which imports this module: :mod:`ddp_exp.optimizer`,
 :mod:`ddp_exp.train_loss`, :mod:`ddp_exp.evaluation`, :mod:`ddp_exp.train_state`,
-:mod:`ddp_exp.schedule`, :mod:`ddp_exp.monitor`, :mod:`ddp_exp.loaders`, :mod:`ddp_exp.metrics`,
-:mod:`ddp_exp.perf`, :mod:`ddp_exp.dashboard`, :mod:`ddp_exp.progress`,
+:mod:`ddp_exp.schedule`, :mod:`ddp_exp.monitor`, :mod:`ddp_exp.data.loaders`,
+:mod:`ddp_exp.metrics`, :mod:`ddp_exp.perf`, :mod:`ddp_exp.dashboard`, :mod:`ddp_exp.progress`,
 :mod:`ddp_exp.sync_batchnorm`. :mod:`ddp_exp.worker` runs it on each rank.
 """
 
@@ -56,9 +56,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_exp import dashboard, schedule, train_state
 from ddp_exp.data import Datasets
+from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World
 from ddp_exp.evaluation import Evaluator
-from ddp_exp.loaders import RankData
 from ddp_exp.metrics import MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
@@ -104,8 +104,8 @@ class Trainer:
         self.precision = trainer["precision"]
         self.accumulate = trainer["accumulate_grad_batches"]
         self.objective = objective
-        # The data path (ddp_exp.loaders): in-memory batches are cut on the device from one copy
-        # of the set; DataLoader workers and lazy datasets serve host batches, pinned on CUDA
+        # The data path (ddp_exp.data.loaders): in-memory batches are cut on the device from one
+        # copy of the set; DataLoader workers and lazy datasets serve host batches, pinned on CUDA
         # so that each step's copy is asynchronous (non_blocking=True in _step).
         self.data = RankData(datasets, data_cfg, cfg["seed"], world.rank, world.world_size,
                              device)

@@ -28,6 +28,9 @@ Training policy for a training set not divisible by ``world_size``: DistributedS
 i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are seen twice,
 so every rank runs the same number of steps and DDP's all-reduces line up. Validation is never
 padded: each sample is evaluated exactly once across the world.
+
+May use: torch, NumPy; the splits it serves come from :mod:`ddp_exp.data.splits`, by interface
+(nothing of ddp_exp is imported).
 """
 
 from __future__ import annotations
@@ -247,7 +250,7 @@ class RankData:
     """This rank's view of the data: the training sampler and loader, and its validation batches.
 
     Args:
-        datasets: the training/validation split (:class:`ddp_exp.data.Datasets`).
+        datasets: the training/validation split (:class:`ddp_exp.data.splits.Datasets`).
         data_cfg: ``cfg.data`` as plain data.
         seed: the run's seed (sampler permutations, batch seeds).
         rank, world_size: this rank's place.

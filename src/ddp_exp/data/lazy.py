@@ -1,11 +1,13 @@
 """Lazy map-style datasets: any ``torch.utils.data.Dataset`` (or object with ``__len__`` and
-``__getitem__``: a Hugging Face dataset, an :class:`ddp_exp.images.ImageFolder`), split by index
-and read item by item when a batch is asked for.
+``__getitem__``: a Hugging Face dataset, an :class:`ddp_exp.data.images.ImageFolder`), split by
+index and read item by item when a batch is asked for.
 
 A :class:`TorchSplit` is one split of such a dataset: the dataset, the indices of its samples,
 how to read an item as ``(input, target)`` (:class:`ItemReader`) and the batch transform
-(:class:`ddp_exp.images.ImageBatch` for image folders). Nothing is materialised: the launching
-process reads one item to learn the input shape and the task, and ranks read the rest.
+(:class:`ddp_exp.data.images.ImageBatch` for image folders). Nothing is materialised: the
+launching process reads one item to learn the input shape and the task, and ranks read the rest.
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), NumPy, torch.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class ItemReader:
 
 @dataclasses.dataclass
 class TorchSplit:
-    """One split of a lazy dataset; the interface :class:`ddp_exp.data.ArrayDataset` has too.
+    """One split of a lazy dataset; the interface :class:`ddp_exp.data.arrays.ArrayDataset` has
+    too.
 
     Attributes:
         dataset: the map-style dataset (all splits share it).

@@ -5,14 +5,18 @@ model inputs.
 Layout (the one torchvision, timm and most papers' code use): ``root/<class>/<image>``, classes
 sorted by name and numbered from 0, images sorted by path within a class. If ``root`` holds
 ``train/`` and ``val/`` sub-folders (and ``test/``), they are the splits and must use the same
-class names
-(the training folder's list numbers them: a class missing from ``val/`` is fine, an extra one is
-an error, since torchvision would silently renumber it).
+class names (the training folder's list numbers them: a class missing from ``val/`` is fine, an
+extra one is an error, since torchvision would silently renumber it).
 
 Only a file list is built in the launching process; pixels are read when an item is indexed,
 in the rank or in its DataLoader workers. Items are ``(uint8 tensor [C, H, W], class index)``:
 uint8 keeps the workers' shared-memory batches four times smaller than float32, and
 :class:`ImageBatch` converts once per batch.
+
+``python -m ddp_exp.data.images ROOT [--split]`` writes the bundled digits as such a folder.
+
+May use: :mod:`ddp_exp.data.arrays` (the digits, for :func:`write_digits`), :mod:`ddp_exp.config`
+(``ConfigError``), NumPy, Pillow, torch, Kornia.
 """
 
 from __future__ import annotations
@@ -204,7 +208,7 @@ class ImageBatch:
     (``data.augment``: Kornia's ``RandomResizedCrop`` to the same size, torchvision's default
     scale (0.08, 1) and ratio (3/4, 4/3), then ``RandomHorizontalFlip``); then per-channel
     ``(x - mean) / std`` if ``mean``/``std`` are given. Random draws come from the global torch
-    RNG, which the loader seeds per batch (:mod:`ddp_exp.loaders`).
+    RNG, which the loader seeds per batch (:mod:`ddp_exp.data.loaders`).
 
     Args:
         mean, std: per-channel lists of ``channels`` floats, or None.
@@ -271,11 +275,11 @@ def write_digits(root: str, split: bool = False, limit: int | None = None) -> st
     demo image folder made without a download (with ``split``: the first 1500 under
     ``root/train/``, the other 297 under ``root/val/``). Pixel values: ``round(255 * p / 16)``.
 
-    ``python -m ddp_exp.images ROOT [--split]`` does the same. Returns ``root``.
+    ``python -m ddp_exp.data.images ROOT [--split]`` does the same. Returns ``root``.
     """
     from PIL import Image
 
-    from ddp_exp.data import load_digits
+    from ddp_exp.data.arrays import load_digits
 
     data = load_digits()
     for i in range(len(data) if limit is None else limit):
