@@ -24,14 +24,17 @@ from omegaconf import DictConfig
 
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
-from ddp_exp.launch import (
-    MULTIRUN_UNDER_TORCHRUN,
+from ddp_exp.jobdir import (
     AlreadyComplete,
     LeaveFolderAlone,
-    asks_for_multirun,
     job_folder_lock,
     job_log_file,
     remove_refused_folder,
+    write_status,
+)
+from ddp_exp.launch import (
+    MULTIRUN_UNDER_TORCHRUN,
+    asks_for_multirun,
     run_job,
     torchrun_overrides,
     under_torchrun,
@@ -42,7 +45,6 @@ from ddp_exp.sweep import (
     raise_if_failed,
     recorded_val_loss,
     summarize_interrupted,
-    write_status,
 )
 from ddp_exp.usage import register_resolvers
 

@@ -107,12 +107,6 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     return state
 
 
-def remove_partial_files(job_dir: str) -> list[str]:
-    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
-    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
-    return remove_partial(job_dir) + remove_partial(checkpoint_dir(job_dir))
-
-
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:
     """The checkpoint to continue from: ``resume`` as a path, or ``<job_dir>/checkpoints/
     last.pt`` for ``resume=auto`` and after an elastic restart (when it exists)."""

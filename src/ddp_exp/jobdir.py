@@ -1,0 +1,221 @@
+"""The job folder's lifecycle: one Hydra job's output folder from Hydra's ``mkdir`` to its status.
+
+What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training, in order:
+
+* :func:`job_folder_lock`: the entry holds ``.ddp_exp.lock`` while a world uses the folder, and
+  keeps in it a copy of the ``.hydra/`` record of the run that last held it, put back when a run
+  is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
+* :func:`earlier_outputs`: what an earlier run left (the build step refuses to train afresh over
+  it, :class:`FolderHoldsRun`);
+* :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
+  (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
+* :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
+  sweep summary (:mod:`ddp_exp.sweep`);
+* :func:`remove_refused_folder`: a single run refused before any rank started leaves nothing.
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes, temp-file
+clean-up), :mod:`ddp_exp.checkpoint` (the checkpoints folder's name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+
+from ddp_exp import checkpoint
+from ddp_exp.config import ConfigError
+from ddp_exp.files import atomic_write, remove_partial
+
+LOCK_FILE = ".ddp_exp.lock"
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
+STATUS_FILE = "status.json"
+ERRORS_DIR = "errors"
+
+
+class LeaveFolderAlone(ConfigError):
+    """An error after which this job must not write into its folder (another run's)."""
+
+
+class AlreadyComplete(LeaveFolderAlone):
+    """``trainer.resume`` points at a run that has already trained all its epochs."""
+
+
+class JobFolderBusy(LeaveFolderAlone):
+    """Another running job holds the job folder."""
+
+
+class FolderHoldsRun(LeaveFolderAlone):
+    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
+
+
+def earlier_outputs(job_dir: str) -> list[str]:
+    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files."""
+    found = [name for name in ("metrics.json", "model.pt")
+             if os.path.isfile(os.path.join(job_dir, name))]
+    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
+        folder = os.path.join(job_dir, sub)
+        if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
+            found.append(f"{sub}/")
+    return found
+
+
+def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None,
+                          stop_at: str) -> bool:
+    """Delete the folder of a single run refused before any rank started, when it holds only
+    what this run's start made: Hydra's ``.hydra/`` record, the job log and the lock file.
+    Parent folders left empty go too (``outputs/runs/<date>/``), up to ``stop_at`` (the
+    launch directory) and never above it. A folder that holds anything else (an earlier run's
+    outputs, ``status.json``, the user's own files) stays as it was.
+
+    Returns:
+        True when the folder was removed.
+    """
+    job_dir = os.path.abspath(job_dir)
+    made = {LOCK_FILE}
+    if hydra_subdir:
+        made.add(hydra_subdir)
+    if log_file and os.path.dirname(os.path.abspath(log_file)) == job_dir:
+        made.add(os.path.basename(log_file))
+    try:
+        names = set(os.listdir(job_dir))
+        record = (set(os.listdir(os.path.join(job_dir, hydra_subdir)))
+                  if hydra_subdir and hydra_subdir in names else set())
+    except OSError:
+        return False
+    if not names <= made or not record <= set(HYDRA_RECORD):
+        return False
+    shutil.rmtree(job_dir, ignore_errors=True)
+    stop_at = os.path.abspath(stop_at)
+    parent = os.path.dirname(job_dir)
+    while parent.startswith(stop_at + os.sep):  # empty folders Hydra made on the way
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return not os.path.exists(job_dir)
+
+
+@contextlib.contextmanager
+def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
+    """Hold an exclusive lock on the job folder while a world uses it.
+
+    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
+    the lock file also keeps a copy of the record of the run that last held it: a run refused
+    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
+    describing what was trained in it.
+
+    Raises:
+        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
+            mix their event streams, checkpoints and metrics).
+    """
+    import fcntl
+
+    os.makedirs(job_dir, exist_ok=True)
+    with open(os.path.join(job_dir, LOCK_FILE), "a+") as fh:  # a+: keep the record
+        fh.seek(0)
+        previous = _parse_record(fh.read())
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            _restore_record(hydra_dir, previous)
+            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
+                                "give this run its own folder") from None
+        try:
+            _write_record(fh, _read_record(hydra_dir))
+            yield
+        except ConfigError as exc:  # refused before training: the folder's record stays
+            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
+                _restore_record(hydra_dir, previous)
+                _write_record(fh, previous)
+                exc.folder_kept = True  # __main__ then writes no status.json either
+            raise
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _read_record(hydra_dir: str | None) -> dict[str, str]:
+    if not hydra_dir or not os.path.isdir(hydra_dir):
+        return {}
+    record = {}
+    for name in sorted(os.listdir(hydra_dir)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(hydra_dir, name)) as f:
+                record[name] = f.read()
+    return record
+
+
+def _parse_record(text: str) -> dict[str, str]:
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(fh, record: dict[str, str]) -> None:
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps(record))
+    fh.flush()
+
+
+def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
+    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
+    if not hydra_dir or not record:
+        return
+    for name, text in record.items():
+        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
+                     lambda f, text=text: f.write(text.encode()))
+
+
+def job_log_file() -> str | None:
+    """The job log (the root logger's file handler, set up by Hydra), or None."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return handler.baseFilename
+    return None
+
+
+def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
+                 error: str | None = None) -> None:
+    """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
+    ``interrupted``."""
+    payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
+               "error": error}
+    text = json.dumps(payload, indent=2) + "\n"
+    atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
+
+
+def clear_errors(job_dir: str) -> None:
+    """Delete ``<job_dir>/errors/`` at the start of a run: an earlier attempt's error files
+    would contradict this run's status."""
+    shutil.rmtree(os.path.join(job_dir, ERRORS_DIR), ignore_errors=True)
+
+
+def keep_error_files(exc, job_dir: str) -> None:
+    """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
+    from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
+    failure table at the copy: the temporary folder is gone once the launch returns.
+
+    Args:
+        exc: torch's ``ChildFailedError`` (its ``failures``: global rank -> ``ProcessFailure``).
+    """
+    for rank, failure in exc.failures.items():
+        if os.path.isfile(failure.error_file):
+            kept = os.path.join(job_dir, ERRORS_DIR, f"rank{rank}.json")
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            shutil.copyfile(failure.error_file, kept)
+            failure.error_file = kept
+        else:  # killed by a signal, or exited without raising: nothing was written
+            failure.error_file = "<none: the rank wrote no error file>"
+
+
+def remove_partial_files(job_dir: str) -> list[str]:
+    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
+    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
+    return remove_partial(job_dir) + remove_partial(checkpoint.checkpoint_dir(job_dir))
