@@ -18,8 +18,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from ddp_exp.build import load_data
 from ddp_exp.config import ConfigError, register_configs, validate
-from ddp_exp.launch import load_data
 from ddp_exp.models import build_model
 
 # What issue 2 promises; the package may offer more options, never fewer.
