@@ -5,8 +5,8 @@ What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training,
 * :func:`job_folder_lock`: the entry holds ``.ddp_exp.lock`` while a world uses the folder, and
   keeps in it a copy of the ``.hydra/`` record of the run that last held it, put back when a run
   is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
-* :func:`earlier_outputs`: what an earlier run left (the build step refuses to train afresh over
-  it, :class:`FolderHoldsRun`);
+* :func:`earlier_outputs`: what an earlier run left; :func:`refuse_earlier_run` (called by the
+  build step) will not train afresh over it (:class:`FolderHoldsRun`);
 * :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
   (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
 * :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
@@ -61,6 +61,24 @@ def earlier_outputs(job_dir: str) -> list[str]:
         if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
             found.append(f"{sub}/")
     return found
+
+
+def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
+    """Refuse to train afresh in a folder that holds an earlier run: its event streams and
+    files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
+    ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``.
+
+    Raises:
+        FolderHoldsRun: naming what the earlier run left and how to continue it.
+    """
+    no_checkpoint = resume == "auto" and not os.path.isfile(
+        os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
+    earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
+    if earlier:  # training afresh here would mix two runs' event streams and files
+        how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
+               if no_checkpoint else "continue it with trainer.resume=auto")
+        raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
+                             f"({', '.join(earlier)}): {how}; or give this run its own folder")
 
 
 def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None,
