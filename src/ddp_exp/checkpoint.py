@@ -15,6 +15,8 @@ A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and mo
 continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
 mid-save, sees the previous complete file or the new complete one, never part of one.
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""From one composed Hydra job to one training world.
+"""Start a world: from one composed Hydra job to ``world_size`` running ranks.
 
-:func:`run_job` validates the config, builds the data and the seeded model **once** in this
-process, and starts ``world_size`` ranks through PyTorch's elastic launcher
-(``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun), every field of
-its ``LaunchConfig`` set explicitly: c10d rendezvous on ``127.0.0.1:0`` (a free port, so parallel
-jobs cannot collide or merge), a fresh ``run_id``, restarts from ``launcher.max_restarts``.
+:func:`run_job` validates the config, resolves device and backend, has the data and the seeded
+model built **once** in this process (:func:`ddp_exp.build.prepare`), and starts ``world_size``
+ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``,
+the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: c10d
+rendezvous on ``127.0.0.1:0`` (a free port, so parallel jobs cannot collide or merge), a fresh
+``run_id``, restarts from ``launcher.max_restarts``.
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
 :func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
@@ -13,6 +14,11 @@ and broadcasts its resolved config, so every rank trains on the same config.
 Fork safety: the default start method is fork (fast start; ranks inherit imports, data and
 model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
 process pins itself to one intra-op thread before any torch compute (../shared/DESIGN.md).
+
+May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.cluster` (a scheduler's layout),
+:mod:`ddp_exp.distributed` (placement, the process group), :mod:`ddp_exp.build`,
+:mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.files`,
+:mod:`ddp_exp.worker` (what each rank runs).
 """
 
 from __future__ import annotations
