@@ -104,9 +104,7 @@ def _task(cfg: DictConfig) -> float | None:
         main_process = main_process and not getattr(exc, "folder_kept", False)
         if main_process and hc.mode == RunMode.MULTIRUN:  # the job's folder stays: say why
             log.error("error: %s", exc)
-        elif (main_process and cfg.launcher.get("cluster") is None
-              and remove_refused_folder(job_dir, hc.output_subdir, job_log_file(),
-                                        hc.runtime.cwd)):
+        elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
             raise SystemExit(code) from None  # a single run that never started leaves nothing
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = _rendezvous_line(exc, cfg)

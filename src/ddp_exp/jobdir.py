@@ -11,7 +11,8 @@ What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training,
   (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
 * :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
   sweep summary (:mod:`ddp_exp.sweep`);
-* :func:`remove_refused_folder`: a single run refused before any rank started leaves nothing.
+* :func:`remove_refused_folder`: a single run refused before any rank started leaves no folder
+  it created (:class:`NewFoldersCallback` notes which, before Hydra makes them).
 
 May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes, temp-file
 clean-up), :mod:`ddp_exp.checkpoint` (the checkpoints folder's name).
@@ -25,6 +26,10 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError
@@ -81,18 +86,60 @@ def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
                              f"({', '.join(earlier)}): {how}; or give this run its own folder")
 
 
-def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None,
-                          stop_at: str) -> bool:
-    """Delete the folder of a single run refused before any rank started, when it holds only
-    what this run's start made: Hydra's ``.hydra/`` record, the job log and the lock file.
-    Parent folders left empty go too (``outputs/runs/<date>/``), up to ``stop_at`` (the
-    launch directory) and never above it. A folder that holds anything else (an earlier run's
-    outputs, ``status.json``, the user's own files) stays as it was.
+# The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:
+# the run's folder (absolute) -> the topmost folder on its path that did not exist yet, None
+# when the run's folder already existed.
+_created: dict[str, str | None] = {}
+
+
+def note_new_folders(job_dir: str) -> None:
+    """Note which folders on the path to ``job_dir`` do not exist yet: those that making it
+    creates, and that :func:`remove_refused_folder` may remove. Call before the folder is made.
+    """
+    job_dir = path = os.path.abspath(job_dir)
+    top = None
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    _created[job_dir] = top
+
+
+class NewFoldersCallback(Callback):
+    """Hydra callback (``hydra.callbacks.new_folders`` in ``conf/config.yaml``): at the start of
+    a single run, before Hydra makes ``hydra.run.dir``, note which folders this process creates
+    (:func:`note_new_folders`). A folder left unnoted is kept by a refused run."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_config = HydraConfig.instance()
+        before = hydra_config.cfg
+        try:  # set as Hydra's run_job sets it next, so that ${hydra:...} resolves
+            hydra_config.set_config(config)
+            run_dir = OmegaConf.select(config, "hydra.run.dir")  # ${now:}, run_stamp: cached
+        except Exception:  # a resolver's error: Hydra reports it when it makes the folder
+            return
+        finally:
+            hydra_config.cfg = before
+        if run_dir is not None:
+            note_new_folders(str(run_dir))
+
+
+def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None) -> bool:
+    """Delete the folder of a single run refused before any rank started, when this process
+    created it (:class:`NewFoldersCallback`) and it holds only what this run's start made:
+    Hydra's ``.hydra/`` record, the job log and the lock file. Parent folders this process
+    created on the way and left empty go too (``outputs/runs/<date>/``). A folder that existed
+    before (the tasks of a ``launcher.cluster`` job share one; a ``hydra.run.dir`` given
+    again), or that holds anything else (an earlier run's outputs, ``status.json``, the user's
+    own files), stays as it was.
 
     Returns:
         True when the folder was removed.
     """
     job_dir = os.path.abspath(job_dir)
+    top = _created.get(job_dir)
+    if top is None:  # not created by this process, or not known to be
+        return False
     made = {LOCK_FILE}
     if hydra_subdir:
         made.add(hydra_subdir)
@@ -107,9 +154,8 @@ def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str 
     if not names <= made or not record <= set(HYDRA_RECORD):
         return False
     shutil.rmtree(job_dir, ignore_errors=True)
-    stop_at = os.path.abspath(stop_at)
     parent = os.path.dirname(job_dir)
-    while parent.startswith(stop_at + os.sep):  # empty folders Hydra made on the way
+    while parent == top or parent.startswith(top + os.sep):  # made on the way, if left empty
         try:
             os.rmdir(parent)
         except OSError:
