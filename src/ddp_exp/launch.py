@@ -47,7 +47,6 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
-from ddp_exp.jobdir import job_log_file
 from ddp_exp.worker import (
     FAILURES_ENV,
     RankInputs,
@@ -310,7 +309,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
         shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
-                  job_log_file()] if world.is_main else [None, None, None]
+                  jobdir.job_log_file()] if world.is_main else [None, None, None]
         dist.broadcast_object_list(shared, src=0)
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
