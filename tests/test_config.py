@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from ddp_exp.build import load_data
 from ddp_exp.config import ConfigError, register_configs, validate
-from ddp_exp.launch import load_data
 from ddp_exp.models import build_model
 
 # What issue 2 promises; the package may offer more options, never fewer.
@@ -354,6 +355,26 @@ def test_a_refused_single_run_leaves_no_folder(run_cli, tmp_path):
     run = run_cli("world_size=0", run_dir=False, timeout=60)
     assert run.returncode == 2 and "world_size" in _one_line(run.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(bool({"SLURM_JOB_ID", "SLURM_PROCID"} & set(os.environ)),
+                    reason="inside a SLURM job: launcher.cluster=slurm would not be refused")
+def test_a_refused_cluster_run_leaves_no_folder_it_created(run_cli, tmp_path):
+    """Regression: launcher.cluster=slurm outside SLURM was refused and kept the folder it made
+    (outputs/runs/<date>/<time>/). Only what the run created goes: a SLURM job's folder that
+    existed before (the job's tasks share it; a requeued job finds it again) stays."""
+    run = run_cli("launcher.cluster=slurm", "world_size=1", run_dir=False, timeout=60)
+    assert run.returncode == 2 and "not a SLURM task" in _one_line(run.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    shared = tmp_path / "outputs" / "runs" / "slurm-77"
+    shared.mkdir(parents=True)
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "3",
+             "SLURM_JOB_NUM_NODES": "2"}
+    run = run_cli("launcher.cluster=slurm", "world_size=1", run_dir=False, env=slurm,
+                  timeout=60)
+    assert run.returncode == 2 and "3 tasks on 2 nodes" in _one_line(run.stderr)
+    assert (shared / ".hydra" / "config.yaml").is_file()
+    assert json.loads((shared / "status.json").read_text())["status"] == "failed"
 
 
 def test_a_refused_sweep_job_keeps_its_folder_with_the_error(run_cli, tmp_path):

@@ -4,6 +4,9 @@ One Hydra job is one training world (:func:`ddp_exp.launch.run_job`); ``-m`` swe
 per job. Errors in the user's input end the process with one line on stderr naming the key and
 what is valid, exit status 2; a failed rank ends it with PyTorch's elastic failure summary,
 exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
+
+May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which
+task owns the folder), :mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.sweep`.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ from omegaconf import DictConfig
 
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
-from ddp_exp.launch import (
-    MULTIRUN_UNDER_TORCHRUN,
+from ddp_exp.jobdir import (
     AlreadyComplete,
     LeaveFolderAlone,
-    asks_for_multirun,
     job_folder_lock,
     job_log_file,
     remove_refused_folder,
+    write_status,
+)
+from ddp_exp.launch import (
+    MULTIRUN_UNDER_TORCHRUN,
+    asks_for_multirun,
     run_job,
     torchrun_overrides,
     under_torchrun,
@@ -42,7 +48,6 @@ from ddp_exp.sweep import (
     raise_if_failed,
     recorded_val_loss,
     summarize_interrupted,
-    write_status,
 )
 from ddp_exp.usage import register_resolvers
 
@@ -99,9 +104,7 @@ def _task(cfg: DictConfig) -> float | None:
         main_process = main_process and not getattr(exc, "folder_kept", False)
         if main_process and hc.mode == RunMode.MULTIRUN:  # the job's folder stays: say why
             log.error("error: %s", exc)
-        elif (main_process and cfg.launcher.get("cluster") is None
-              and remove_refused_folder(job_dir, hc.output_subdir, job_log_file(),
-                                        hc.runtime.cwd)):
+        elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
             raise SystemExit(code) from None  # a single run that never started leaves nothing
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = _rendezvous_line(exc, cfg)

@@ -16,8 +16,8 @@ continue exactly (the sampler's order is a function of seed and epoch). Files ar
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
 mid-save, sees the previous complete file or the new complete one, never part of one.
 
-Uses :mod:`ddp_exp.config` (errors) and :mod:`ddp_exp.files`; what the loop puts into a
-checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes); what the
+loop puts into a checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
 """
 
 from __future__ import annotations
@@ -108,12 +108,6 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
     return state
-
-
-def remove_partial_files(job_dir: str) -> list[str]:
-    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
-    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
-    return remove_partial(job_dir) + remove_partial(checkpoint_dir(job_dir))
 
 
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:

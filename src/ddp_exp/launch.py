@@ -1,10 +1,11 @@
-"""From one composed Hydra job to one training world.
+"""Start a world: from one composed Hydra job to ``world_size`` running ranks.
 
-:func:`run_job` validates the config, builds the data and the seeded model **once** in this
-process, and starts ``world_size`` ranks through PyTorch's elastic launcher
-(``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun), every field of
-its ``LaunchConfig`` set explicitly: c10d rendezvous on ``127.0.0.1:0`` (a free port, so parallel
-jobs cannot collide or merge), a fresh ``run_id``, restarts from ``launcher.max_restarts``.
+:func:`run_job` validates the config, resolves device and backend, has the data and the seeded
+model built **once** in this process (:func:`ddp_exp.build.prepare`), and starts ``world_size``
+ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``,
+the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: c10d
+rendezvous on ``127.0.0.1:0`` (a free port, so parallel jobs cannot collide or merge), a fresh
+``run_id``, restarts from ``launcher.max_restarts``.
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
 :func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
@@ -13,6 +14,11 @@ and broadcasts its resolved config, so every rank trains on the same config.
 Fork safety: the default start method is fork (fast start; ranks inherit imports, data and
 model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
 process pins itself to one intra-op thread before any torch compute (../shared/DESIGN.md).
+
+May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.cluster` (a scheduler's layout),
+:mod:`ddp_exp.distributed` (placement, the process group), :mod:`ddp_exp.build`,
+:mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.files`,
+:mod:`ddp_exp.worker` (what each rank runs).
 """
 
 from __future__ import annotations
@@ -21,10 +27,8 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
 import tempfile
-import time
 import uuid
 from typing import Any
 
@@ -32,17 +36,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, cluster, monitor, schedule
-from ddp_exp import data as data_module
-from ddp_exp.config import (
-    ConfigError,
-    check_precision,
-    effective_lr,
-    global_batch_size,
-    validate,
-)
-from ddp_exp.data import Datasets
-from ddp_exp.data.loaders import seeded
+from ddp_exp import cluster, jobdir
+from ddp_exp.build import prepare
+from ddp_exp.config import ConfigError, check_precision, validate
 from ddp_exp.distributed import (
     World,
     destroy_process_group,
@@ -51,10 +47,6 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
-from ddp_exp.metrics import flatten_hparams
-from ddp_exp.models import build_model
-from ddp_exp.objective import Objective
-from ddp_exp.optimizer import build_optimizer
 from ddp_exp.worker import (
     FAILURES_ENV,
     RankInputs,
@@ -70,147 +62,6 @@ _FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 MULTIRUN_UNDER_TORCHRUN = ("multirun (-m) cannot run under torchrun: start the sweep with "
                            "python -m ddp_exp -m ..., which launches one world per job")
-
-
-class LeaveFolderAlone(ConfigError):
-    """An error after which this job must not write into its folder (another run's)."""
-
-
-class AlreadyComplete(LeaveFolderAlone):
-    """``trainer.resume`` points at a run that has already trained all its epochs."""
-
-
-class JobFolderBusy(LeaveFolderAlone):
-    """Another running job holds the job folder."""
-
-
-class FolderHoldsRun(LeaveFolderAlone):
-    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
-
-
-def earlier_outputs(job_dir: str) -> list[str]:
-    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files."""
-    found = [name for name in ("metrics.json", "model.pt")
-             if os.path.isfile(os.path.join(job_dir, name))]
-    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
-        folder = os.path.join(job_dir, sub)
-        if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
-            found.append(f"{sub}/")
-    return found
-
-
-LOCK_FILE = ".ddp_exp.lock"
-HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
-
-
-def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None,
-                          stop_at: str) -> bool:
-    """Delete the folder of a single run refused before any rank started, when it holds only
-    what this run's start made: Hydra's ``.hydra/`` record, the job log and the lock file.
-    Parent folders left empty go too (``outputs/runs/<date>/``), up to ``stop_at`` (the
-    launch directory) and never above it. A folder that holds anything else (an earlier run's
-    outputs, ``status.json``, the user's own files) stays as it was.
-
-    Returns:
-        True when the folder was removed.
-    """
-    job_dir = os.path.abspath(job_dir)
-    made = {LOCK_FILE}
-    if hydra_subdir:
-        made.add(hydra_subdir)
-    if log_file and os.path.dirname(os.path.abspath(log_file)) == job_dir:
-        made.add(os.path.basename(log_file))
-    try:
-        names = set(os.listdir(job_dir))
-        record = (set(os.listdir(os.path.join(job_dir, hydra_subdir)))
-                  if hydra_subdir and hydra_subdir in names else set())
-    except OSError:
-        return False
-    if not names <= made or not record <= set(HYDRA_RECORD):
-        return False
-    shutil.rmtree(job_dir, ignore_errors=True)
-    stop_at = os.path.abspath(stop_at)
-    parent = os.path.dirname(job_dir)
-    while parent.startswith(stop_at + os.sep):  # empty folders Hydra made on the way
-        try:
-            os.rmdir(parent)
-        except OSError:
-            break
-        parent = os.path.dirname(parent)
-    return not os.path.exists(job_dir)
-
-
-@contextlib.contextmanager
-def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
-    """Hold an exclusive lock on the job folder while a world uses it.
-
-    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
-    the lock file also keeps a copy of the record of the run that last held it: a run refused
-    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
-    describing what was trained in it.
-
-    Raises:
-        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
-            mix their event streams, checkpoints and metrics).
-    """
-    import fcntl
-
-    os.makedirs(job_dir, exist_ok=True)
-    with open(os.path.join(job_dir, LOCK_FILE), "a+") as fh:  # a+: keep the record
-        fh.seek(0)
-        previous = _parse_record(fh.read())
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            _restore_record(hydra_dir, previous)
-            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
-                                "give this run its own folder") from None
-        try:
-            _write_record(fh, _read_record(hydra_dir))
-            yield
-        except ConfigError as exc:  # refused before training: the folder's record stays
-            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
-                _restore_record(hydra_dir, previous)
-                _write_record(fh, previous)
-                exc.folder_kept = True  # __main__ then writes no status.json either
-            raise
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _read_record(hydra_dir: str | None) -> dict[str, str]:
-    if not hydra_dir or not os.path.isdir(hydra_dir):
-        return {}
-    record = {}
-    for name in sorted(os.listdir(hydra_dir)):
-        if name.endswith(".yaml"):
-            with open(os.path.join(hydra_dir, name)) as f:
-                record[name] = f.read()
-    return record
-
-
-def _parse_record(text: str) -> dict[str, str]:
-    try:
-        record = json.loads(text) if text.strip() else {}
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _write_record(fh, record: dict[str, str]) -> None:
-    fh.seek(0)
-    fh.truncate()
-    fh.write(json.dumps(record))
-    fh.flush()
-
-
-def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
-    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
-    if not hydra_dir or not record:
-        return
-    for name, text in record.items():
-        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
-                     lambda f, text=text: f.write(text.encode()))
 
 
 def under_torchrun() -> bool:
@@ -232,126 +83,6 @@ def torchrun_overrides(argv: list[str]) -> list[str]:
         return []
     return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
             "hydra/hydra_logging=none"]
-
-
-def load_data(cfg: DictConfig) -> Datasets:
-    """Build ``cfg.data``'s training, validation and test split (:func:`ddp_exp.data.load`): arrays
-    read once, or lazy datasets of which one item is read.
-
-    Raises:
-        ConfigError: unreadable data, or ``data.val_size`` / ``data.test_size`` too large.
-    """
-    return data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
-                            cfg.world_size)
-
-
-def job_log_file() -> str | None:
-    """The job log (the root logger's file handler, set up by Hydra), or None."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            return handler.baseFilename
-    return None
-
-
-def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
-    """The config flattened, plus the group choices and the derived global batch size."""
-    hparams = flatten_hparams(plain)
-    if HydraConfig.initialized():
-        for group, choice in HydraConfig.get().runtime.choices.items():
-            if not group.startswith(("hydra", "schema")) and choice is not None:
-                hparams[group] = str(choice)
-    hparams["global_batch_size"] = global_batch_size(plain)
-    hparams["optim.effective_lr"] = effective_lr(plain)
-    return hparams
-
-
-def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend: str
-            ) -> RankInputs:
-    """Validate-and-build step shared by both launch paths; raises ConfigError on bad input."""
-    t_start = time.time()
-    resume = cfg.trainer.resume
-    no_checkpoint = resume == "auto" and not os.path.isfile(
-        os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
-    earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
-    if earlier:  # training afresh here would mix two runs' event streams and files
-        how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
-               if no_checkpoint else "continue it with trainer.resume=auto")
-        raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
-                             f"({', '.join(earlier)}): {how}; or give this run its own folder")
-    datasets = load_data(cfg)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
-    model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
-                        datasets.train.input_shape, datasets.train.num_outputs)
-    source = checkpoint.find_resume(job_dir, cfg.trainer.resume, restarted=False)
-    if source is not None:  # check the file and that it fits, before ranks start
-        state = checkpoint.load(source)
-        try:
-            model.load_state_dict(state["model"])
-        except (RuntimeError, KeyError) as exc:
-            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
-                              "does not fit this model ("
-                              f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
-        if (state.get("monitor") or {}).get("stopped_early"):
-            raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} stopped "
-                                  "early (trainer.early_stopping_patience): nothing left to "
-                                  "train; the job folder is unchanged")
-        if state["epoch"] + 1 >= cfg.trainer.epochs:
-            raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
-                                  f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
-                                  f"{cfg.trainer.epochs}: nothing left to train (raise "
-                                  "trainer.epochs to continue); the job folder is unchanged")
-        if state.get("world_size") not in (None, world_size):
-            log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
-                        "batch differ from the interrupted run", state["world_size"], world_size)
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    if source is not None:
-        checkpoint.check_same_split(state.get("config"), plain, cfg.trainer.resume,
-                                    cfg.trainer.resume_allow_changes)
-    plain["world_size"] = world_size
-    plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
-    objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
-    try:
-        with seeded(cfg.seed):  # an augmented probe draws nothing from this process's RNG
-            probe_x, probe_y = datasets.train.batch(range(min(2, len(datasets.train))))
-    except ConfigError:
-        raise
-    except Exception as exc:  # an unreadable file, an item of another shape, a transform's bug
-        first = (str(exc).splitlines() or [""])[0][:300]
-        raise ConfigError(f"data: reading the first training samples failed: "
-                          f"{type(exc).__name__}: {first}") from None
-    objective.check(model, probe_x, probe_y)
-    note = monitor.resolve(plain, objective.metrics, len(datasets.val))
-    if note:
-        log.info(note)
-    optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
-    t = plain["trainer"]
-    per_epoch = schedule.steps_per_epoch(len(datasets.train), world_size,
-                                         plain["data"]["batch_size"],
-                                         t["accumulate_grad_batches"])
-    run_steps = schedule.total_steps(t["epochs"], t["max_steps"], per_epoch)
-    schedule.check(plain, run_steps)
-    scheduler, _ = schedule.build_scheduler(plain.get("scheduler"), optimizer, run_steps,
-                                            per_epoch)  # a bad scheduler fails here too
-    if source is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's "
-                              f"optimizer state does not fit optim ({plain['optim']['_target_']}"
-                              f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-                              ) from None
-        if state.get("scheduler") and scheduler is not None:
-            try:
-                scheduler.load_state_dict(state["scheduler"])
-            except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's "
-                                  f"scheduler state does not fit scheduler ("
-                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-                                  ) from None
-    return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
-                      backend=backend,
-                      datasets=datasets, model=model, objective=objective,
-                      hparams=_hparams(plain), t_start=t_start)
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any] | None:
@@ -391,7 +122,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
     owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
     if owner:  # an earlier attempt's errors/ would contradict this run's status
-        shutil.rmtree(os.path.join(inputs.job_dir, "errors"), ignore_errors=True)
+        jobdir.clear_errors(inputs.job_dir)
     la = cfg.launcher
     if la.nnodes > 1:
         log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
@@ -506,26 +237,12 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             with _environ(env):
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
-            _keep_error_files(exc, inputs.job_dir)
+            jobdir.keep_error_files(exc, inputs.job_dir)
             raise
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             agent_log.removeFilter(failures)
             if owns_folder:
-                checkpoint.remove_partial_files(inputs.job_dir)
-
-
-def _keep_error_files(exc, job_dir: str) -> None:
-    """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
-    from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
-    failure table at the copy: the temporary folder is gone once the launch returns."""
-    for rank, failure in exc.failures.items():
-        if os.path.isfile(failure.error_file):
-            kept = os.path.join(job_dir, "errors", f"rank{rank}.json")
-            os.makedirs(os.path.dirname(kept), exist_ok=True)
-            shutil.copyfile(failure.error_file, kept)
-            failure.error_file = kept
-        else:  # killed by a signal, or exited without raising: nothing was written
-            failure.error_file = "<none: the rank wrote no error file>"
+                jobdir.remove_partial_files(inputs.job_dir)
 
 
 def _default_run_id(rdzv_backend: str) -> str:
@@ -592,7 +309,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
         shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
-                  job_log_file()] if world.is_main else [None, None, None]
+                  jobdir.job_log_file()] if world.is_main else [None, None, None]
         dist.broadcast_object_list(shared, src=0)
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)

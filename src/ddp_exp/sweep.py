@@ -1,13 +1,17 @@
-"""Sweeps: each job's outcome on disk, and one summary per multirun.
+"""Sweeps: one summary per multirun, the sweep's failure, and what a job returns to the sweeper.
 
-Every job writes ``status.json`` into its own folder (:func:`write_status`): completed or failed,
-its overrides, wall seconds and, on failure, the error. At the end of a multirun, Hydra calls
-:class:`SummaryCallback` (``hydra.callbacks`` in ``conf/config.yaml``), which reads every job
-folder of the sweep (whichever launcher ran them: sequential, joblib processes, submitit) and
-writes ``summary.csv``, ``summary.md`` and ``summary.png`` into the sweep folder. A failed job
-does not take the others' rows with it; the callback then records the failure, and the entry
-point (which runs the sweep) raises :class:`SweepFailed` from it, so the sweep still exits
-non-zero. (Hydra turns exceptions raised inside callbacks into warnings.)
+Every job writes ``status.json`` into its own folder (:func:`ddp_exp.jobdir.write_status`):
+completed or failed, its overrides, wall seconds and, on failure, the error. At the end of a
+multirun, Hydra calls :class:`SummaryCallback` (``hydra.callbacks`` in ``conf/config.yaml``),
+which reads every job folder of the sweep (whichever launcher ran them: sequential, joblib
+processes, submitit) and writes ``summary.csv``, ``summary.md`` and ``summary.png`` into the
+sweep folder. A failed job does not take the others' rows with it; the callback then records
+the failure, and the entry point (which runs the sweep) raises :class:`SweepFailed` from it, so
+the sweep still exits non-zero. (Hydra turns exceptions raised inside callbacks into warnings.)
+:func:`objective` is what a job returns to Hydra's sweeper (Optuna's worst value for a failed
+job).
+
+May use: :mod:`ddp_exp.files` (atomic writes), :mod:`ddp_exp.jobdir` (``status.json``'s name).
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddp_exp.files import atomic_write
+from ddp_exp.jobdir import STATUS_FILE
 
 log = logging.getLogger("ddp_exp")
 
-STATUS_FILE = "status.json"
 COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
            "samples_per_sec", "error")
 # The recipe's final values (issue 15), columns when some job has them: best/<monitor>,
@@ -64,16 +68,6 @@ def raise_if_failed() -> None:
     failure, _failure = _failure, None
     if failure:
         raise SweepFailed(failure)
-
-
-def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
-                 error: str | None = None) -> None:
-    """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
-    ``interrupted``."""
-    payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
-               "error": error}
-    text = json.dumps(payload, indent=2) + "\n"
-    atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
 
 
 def objective(value: float | None, sweeper: Any) -> float | None:

@@ -1,0 +1,285 @@
+"""The job folder's lifecycle: one Hydra job's output folder from Hydra's ``mkdir`` to its status.
+
+What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training, in order:
+
+* :func:`job_folder_lock`: the entry holds ``.ddp_exp.lock`` while a world uses the folder, and
+  keeps in it a copy of the ``.hydra/`` record of the run that last held it, put back when a run
+  is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
+* :func:`earlier_outputs`: what an earlier run left; :func:`refuse_earlier_run` (called by the
+  build step) will not train afresh over it (:class:`FolderHoldsRun`);
+* :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
+  (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
+* :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
+  sweep summary (:mod:`ddp_exp.sweep`);
+* :func:`remove_refused_folder`: a single run refused before any rank started leaves no folder
+  it created (:class:`NewFoldersCallback` notes which, before Hydra makes them).
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes, temp-file
+clean-up), :mod:`ddp_exp.checkpoint` (the checkpoints folder's name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp import checkpoint
+from ddp_exp.config import ConfigError
+from ddp_exp.files import atomic_write, remove_partial
+
+LOCK_FILE = ".ddp_exp.lock"
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
+STATUS_FILE = "status.json"
+ERRORS_DIR = "errors"
+
+
+class LeaveFolderAlone(ConfigError):
+    """An error after which this job must not write into its folder (another run's)."""
+
+
+class AlreadyComplete(LeaveFolderAlone):
+    """``trainer.resume`` points at a run that has already trained all its epochs."""
+
+
+class JobFolderBusy(LeaveFolderAlone):
+    """Another running job holds the job folder."""
+
+
+class FolderHoldsRun(LeaveFolderAlone):
+    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
+
+
+def earlier_outputs(job_dir: str) -> list[str]:
+    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files."""
+    found = [name for name in ("metrics.json", "model.pt")
+             if os.path.isfile(os.path.join(job_dir, name))]
+    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
+        folder = os.path.join(job_dir, sub)
+        if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
+            found.append(f"{sub}/")
+    return found
+
+
+def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
+    """Refuse to train afresh in a folder that holds an earlier run: its event streams and
+    files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
+    ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``.
+
+    Raises:
+        FolderHoldsRun: naming what the earlier run left and how to continue it.
+    """
+    no_checkpoint = resume == "auto" and not os.path.isfile(
+        os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
+    earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
+    if earlier:  # training afresh here would mix two runs' event streams and files
+        how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
+               if no_checkpoint else "continue it with trainer.resume=auto")
+        raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
+                             f"({', '.join(earlier)}): {how}; or give this run its own folder")
+
+
+# The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:
+# the run's folder (absolute) -> the topmost folder on its path that did not exist yet, None
+# when the run's folder already existed.
+_created: dict[str, str | None] = {}
+
+
+def note_new_folders(job_dir: str) -> None:
+    """Note which folders on the path to ``job_dir`` do not exist yet: those that making it
+    creates, and that :func:`remove_refused_folder` may remove. Call before the folder is made.
+    """
+    job_dir = path = os.path.abspath(job_dir)
+    top = None
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    _created[job_dir] = top
+
+
+class NewFoldersCallback(Callback):
+    """Hydra callback (``hydra.callbacks.new_folders`` in ``conf/config.yaml``): at the start of
+    a single run, before Hydra makes ``hydra.run.dir``, note which folders this process creates
+    (:func:`note_new_folders`). A folder left unnoted is kept by a refused run."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_config = HydraConfig.instance()
+        before = hydra_config.cfg
+        try:  # set as Hydra's run_job sets it next, so that ${hydra:...} resolves
+            hydra_config.set_config(config)
+            run_dir = OmegaConf.select(config, "hydra.run.dir")  # ${now:}, run_stamp: cached
+        except Exception:  # a resolver's error: Hydra reports it when it makes the folder
+            return
+        finally:
+            hydra_config.cfg = before
+        if run_dir is not None:
+            note_new_folders(str(run_dir))
+
+
+def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None) -> bool:
+    """Delete the folder of a single run refused before any rank started, when this process
+    created it (:class:`NewFoldersCallback`) and it holds only what this run's start made:
+    Hydra's ``.hydra/`` record, the job log and the lock file. Parent folders this process
+    created on the way and left empty go too (``outputs/runs/<date>/``). A folder that existed
+    before (the tasks of a ``launcher.cluster`` job share one; a ``hydra.run.dir`` given
+    again), or that holds anything else (an earlier run's outputs, ``status.json``, the user's
+    own files), stays as it was.
+
+    Returns:
+        True when the folder was removed.
+    """
+    job_dir = os.path.abspath(job_dir)
+    top = _created.get(job_dir)
+    if top is None:  # not created by this process, or not known to be
+        return False
+    made = {LOCK_FILE}
+    if hydra_subdir:
+        made.add(hydra_subdir)
+    if log_file and os.path.dirname(os.path.abspath(log_file)) == job_dir:
+        made.add(os.path.basename(log_file))
+    try:
+        names = set(os.listdir(job_dir))
+        record = (set(os.listdir(os.path.join(job_dir, hydra_subdir)))
+                  if hydra_subdir and hydra_subdir in names else set())
+    except OSError:
+        return False
+    if not names <= made or not record <= set(HYDRA_RECORD):
+        return False
+    shutil.rmtree(job_dir, ignore_errors=True)
+    parent = os.path.dirname(job_dir)
+    while parent == top or parent.startswith(top + os.sep):  # made on the way, if left empty
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return not os.path.exists(job_dir)
+
+
+@contextlib.contextmanager
+def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
+    """Hold an exclusive lock on the job folder while a world uses it.
+
+    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
+    the lock file also keeps a copy of the record of the run that last held it: a run refused
+    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
+    describing what was trained in it.
+
+    Raises:
+        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
+            mix their event streams, checkpoints and metrics).
+    """
+    import fcntl
+
+    os.makedirs(job_dir, exist_ok=True)
+    with open(os.path.join(job_dir, LOCK_FILE), "a+") as fh:  # a+: keep the record
+        fh.seek(0)
+        previous = _parse_record(fh.read())
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            _restore_record(hydra_dir, previous)
+            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
+                                "give this run its own folder") from None
+        try:
+            _write_record(fh, _read_record(hydra_dir))
+            yield
+        except ConfigError as exc:  # refused before training: the folder's record stays
+            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
+                _restore_record(hydra_dir, previous)
+                _write_record(fh, previous)
+                exc.folder_kept = True  # __main__ then writes no status.json either
+            raise
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _read_record(hydra_dir: str | None) -> dict[str, str]:
+    if not hydra_dir or not os.path.isdir(hydra_dir):
+        return {}
+    record = {}
+    for name in sorted(os.listdir(hydra_dir)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(hydra_dir, name)) as f:
+                record[name] = f.read()
+    return record
+
+
+def _parse_record(text: str) -> dict[str, str]:
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(fh, record: dict[str, str]) -> None:
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps(record))
+    fh.flush()
+
+
+def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
+    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
+    if not hydra_dir or not record:
+        return
+    for name, text in record.items():
+        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
+                     lambda f, text=text: f.write(text.encode()))
+
+
+def job_log_file() -> str | None:
+    """The job log (the root logger's file handler, set up by Hydra), or None."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return handler.baseFilename
+    return None
+
+
+def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
+                 error: str | None = None) -> None:
+    """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
+    ``interrupted``."""
+    payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
+               "error": error}
+    text = json.dumps(payload, indent=2) + "\n"
+    atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
+
+
+def clear_errors(job_dir: str) -> None:
+    """Delete ``<job_dir>/errors/`` at the start of a run: an earlier attempt's error files
+    would contradict this run's status."""
+    shutil.rmtree(os.path.join(job_dir, ERRORS_DIR), ignore_errors=True)
+
+
+def keep_error_files(exc, job_dir: str) -> None:
+    """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
+    from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
+    failure table at the copy: the temporary folder is gone once the launch returns.
+
+    Args:
+        exc: torch's ``ChildFailedError`` (its ``failures``: global rank -> ``ProcessFailure``).
+    """
+    for rank, failure in exc.failures.items():
+        if os.path.isfile(failure.error_file):
+            kept = os.path.join(job_dir, ERRORS_DIR, f"rank{rank}.json")
+            os.makedirs(os.path.dirname(kept), exist_ok=True)
+            shutil.copyfile(failure.error_file, kept)
+            failure.error_file = kept
+        else:  # killed by a signal, or exited without raising: nothing was written
+            failure.error_file = "<none: the rank wrote no error file>"
+
+
+def remove_partial_files(job_dir: str) -> list[str]:
+    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
+    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
+    return remove_partial(job_dir) + remove_partial(checkpoint.checkpoint_dir(job_dir))
