@@ -35,6 +35,12 @@ class Run:
         return self
 
 
+# "Fails fast, before any rank starts": an upper bound that tells an exit from a hang (a hang
+# runs into the subprocess timeout of a minute or more), not a speed target. These exits take
+# 2-5 s on an idle 2-core machine and reached 12-17 s while four other test suites shared it.
+FAILS_FAST_S = 30.0
+
+
 def tagged_processes(tag: str) -> list[int]:
     """PIDs whose environment carries ``DDP_EXP_CASE_TAG=tag``."""
     needle = f"{CASE_TAG}={tag}".encode()

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from conftest import assert_no_orphans, cli_env
+from conftest import FAILS_FAST_S, assert_no_orphans, cli_env
 
 from ddp_exp.config import ConfigError
 
@@ -115,7 +115,7 @@ def test_nodes_started_with_different_settings_fail_clearly(tmp_path, node1, key
 def test_world_shape_errors_fail_at_once(run_cli, overrides, key):
     """A world that cannot be laid out on the nodes fails before anything starts."""
     run = run_cli(*overrides)
-    assert run.returncode == 2 and run.seconds < 10
+    assert run.returncode == 2 and run.seconds < FAILS_FAST_S
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and key in lines[0], run.stderr
     assert not (run.job_dir / "tensorboard").exists()
@@ -259,7 +259,7 @@ def test_slurm_preset_rejects_a_world_that_does_not_divide(run_cli):
     """world_size=3 on 2 SLURM nodes fails at submission, before any job is queued."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     run = run_cli("-m", "launcher=slurm", "world_size=3", "launcher.nnodes=2", run_dir=False)
-    assert run.returncode != 0 and run.seconds < 15
+    assert run.returncode != 0 and run.seconds < FAILS_FAST_S
     assert "world_size=3" in run.stderr and "launcher.nnodes=2" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
 
