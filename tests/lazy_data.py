@@ -6,6 +6,7 @@ Every item is computed or read when indexed; none of these classes holds its sam
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -175,3 +176,26 @@ class DrawProbe:
         out[:, 1] = torch.from_numpy(np.random.rand(len(x)))
         out[:, 2] = torch.tensor([random.random() for _ in range(len(x))])
         return out
+
+
+class FailsOnce(DigitsDataset):
+    """Rank 1 raises once, at its 50th item read, then never again (a marker file remembers)."""
+
+    def __init__(self, marker: str):
+        super().__init__()
+        self.marker, self.reads = marker, 0
+
+    def __getitem__(self, index: int):
+        self.reads += 1
+        if os.environ.get("RANK") == "1" and self.reads > 50 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("transient failure on rank 1")
+        return super().__getitem__(index)
+
+
+class LabelOutOfRange(DigitsDataset):
+    """Digits whose sample 1000 carries label 11 of 10 classes."""
+
+    def __getitem__(self, index: int):
+        x, y = super().__getitem__(index)
+        return x, (11 if index == 1000 else y)

@@ -153,6 +153,57 @@ def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path, case):
         assert not (run.job_dir / made).exists(), made
 
 
+# ------------------------------------------- bad data found by a rank while training
+def _truncated_image_at_the_end(root: Path) -> str:
+    """A digits folder whose last image of class 9 is cut to 60 bytes: with data.image_size
+    set, headers are not read up front, so a rank finds it while training."""
+    from lazy_data import write_digits_folder
+
+    folder = write_digits_folder(root, limit=200)
+    last = sorted((folder / "9").iterdir())[-1]
+    last.write_bytes(last.read_bytes()[:60])
+    return str(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["truncated image", "label out of range"])
+def test_bad_data_found_while_training_is_one_line(run_cli, tmp_path, case):
+    """Regression (fresh-user pass): a corrupt image met mid-run printed ~80 lines of torch's
+    failure table and never named the file; a label out of range printed a traceback."""
+    if case == "truncated image":
+        path = _truncated_image_at_the_end(tmp_path / "png")
+        args = ["data=image_folder", f"data.path={path}", "data.channels=1",
+                "data.image_size=8", "data.val_size=20", "model=cnn"]
+        words = [path, "cannot read image"]
+    else:
+        args = ["data=dataset", "data._target_=lazy_data.LabelOutOfRange", "data.val_size=297"]
+        words = ["class label 11 is outside 0..9"]
+    run = run_cli(*args, "world_size=2", "trainer.epochs=1", QUIET, env=_tests_on_path(),
+                  timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: rank "), run.stderr
+    assert all(w in lines[0] for w in words), lines
+    assert "Traceback" not in run.stdout + run.stderr
+    status = json.loads((run.job_dir / "status.json").read_text())
+    assert status["status"] == "failed" and words[-1] in status["error"]
+
+
+@pytest.mark.slow
+def test_a_restarted_ranks_error_is_shown(run_cli, tmp_path):
+    """Regression (fresh-user pass): a rank that failed and was restarted showed only the
+    restart line; its exception was nowhere."""
+    marker = tmp_path / "failed-once"
+    run = run_cli("data=dataset", "data._target_=lazy_data.FailsOnce",
+                  f"+data.marker={marker}", "data.val_size=297", "launcher.max_restarts=1",
+                  "trainer.epochs=1", QUIET, env=_tests_on_path(), timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert marker.exists()
+    log_text = (run.job_dir / "ddp_exp.log").read_text()
+    assert "rank 1 failed: RuntimeError: transient failure on rank 1" in log_text
+    assert "restart 1 of launcher.max_restarts=1" in log_text
+
+
 # ---------------------------------------------------------- per-batch seeded randomness
 def _draws(rank: int, epochs, workers: int, world_size: int = 2, seed: int = 0):
     """Per epoch, the list of this rank's batches of DrawProbe draws ``[B, 3]``."""

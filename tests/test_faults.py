@@ -430,6 +430,11 @@ def test_nan_on_one_rank_stops_all_naming_the_step(run_cli, tmp_path):
     assert re.search(r"non-finite training loss at step 3\b", text), text
     assert not (run.job_dir / "metrics.json").exists()
     assert not (run.job_dir / "checkpoints").exists()  # stopped inside epoch 1
+    # Anticipated, not a bug: one line on the console, the failure table in the job log.
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: rank 1 failed: NonFiniteLoss"), lines
+    assert "Traceback" not in text
+    assert "Traceback" in (run.job_dir / "ddp_exp.log").read_text()
 
 
 # ---------------------------------------------------------------- 6. checkpoint files (C13)

@@ -3,7 +3,7 @@
 One Hydra job is one training world (:func:`ddp_exp.launch.run_job`); ``-m`` sweeps run one world
 per job. Errors in the user's input end the process with one line on stderr naming the key and
 what is valid, exit status 2; a failed rank ends it with PyTorch's elastic failure summary,
-exit status 1. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
+exit status 1, or with one line when the rank failed on the user's data or a diverged loss. ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which
 task owns the folder), :mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.sweep`.
@@ -32,6 +32,7 @@ from ddp_exp.jobdir import (
     LeaveFolderAlone,
     job_folder_lock,
     job_log_file,
+    log_to_job_log_only,
     remove_refused_folder,
     write_status,
 )
@@ -112,8 +113,13 @@ def _task(cfg: DictConfig) -> float | None:
             print(f"error: {line}", file=sys.stderr, flush=True)
         error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
-        log.error("training failed\n%s", exc.format_msg())
         error, code = _failure_line(exc), EXIT_RANK_FAILED
+        if _anticipated(exc):  # the user's data or a diverged run, not a bug: one line
+            log_to_job_log_only(logging.ERROR, f"training failed\n{exc.format_msg()}")
+            if main_process:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+        else:
+            log.error("training failed\n%s", exc.format_msg())
     except SignalException as exc:  # the elastic agent stopped every rank before raising this
         log.error("stopped by %s: every rank has ended", exc.sigval.name)
         write_status(job_dir, "interrupted", overrides, time.time() - t_start,
@@ -162,6 +168,20 @@ def _failure_line(exc) -> str:
     text = str(message).strip().splitlines()
     detail = text[-1] if text else f"exit code {failure.exitcode}"
     return f"rank {rank} failed: {detail}"
+
+
+# Errors a rank raises about the user's input or the run's outcome (a file it cannot read, a
+# label out of range, a loss that diverged): reported in one line, the traceback in the job log.
+ANTICIPATED_FAILURES = ("ConfigError", "NonFiniteLossError")
+
+
+def _anticipated(exc) -> bool:
+    """True when the first failed rank raised one of :data:`ANTICIPATED_FAILURES`."""
+    _, failure = exc.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return str(message).startswith(tuple(f"{name}: " for name in ANTICIPATED_FAILURES))
 
 
 def _one_line(exc: BaseException) -> str | None:

@@ -245,6 +245,15 @@ def job_log_file() -> str | None:
     return None
 
 
+def log_to_job_log_only(level: int, text: str) -> None:
+    """Write ``text`` to the job log (``ddp_exp.log``), not to the console."""
+    logger = logging.getLogger("ddp_exp")
+    record = logger.makeRecord(logger.name, level, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
                  error: str | None = None) -> None:
     """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or

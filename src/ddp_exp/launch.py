@@ -160,8 +160,9 @@ class _AgentLogFilter(logging.Filter):
       the entry point prints: the error is shown once. The failure (local rank, exit code) is
       appended to ``failures_file`` (JSON list, one entry per failed attempt), where rank 0 of
       the restarted world reads it (:func:`ddp_exp.worker.restart_line`).
-    * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart,
-      shows only when that logger is set to DEBUG (``hydra.verbose=torch.distributed``).
+    * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart, and
+      torch.multiprocessing's "Terminating process <pid> via signal SIGTERM" when a rank fails,
+      show only when their logger is set to DEBUG (``hydra.verbose=torch``).
     """
 
     def __init__(self, failures_file: str, first_rank: int | None) -> None:
@@ -170,7 +171,7 @@ class _AgentLogFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        if message.startswith("Closing process"):
+        if message.startswith(("Closing process", "Terminating process")):
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         if not message.startswith("failed (exitcode"):
             return True
@@ -216,6 +217,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
         rdzv_configs["rank"] = la.node_rank
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process" lines
     # Global rank of this node's local rank 0: known on one node and with static node ranks.
     first_rank = (0 if la.nnodes == 1 else
                   la.node_rank * nproc if la.rdzv_backend == "static" else None)
@@ -233,6 +235,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             local_addr="127.0.0.1" if on_loopback else None,
         )
         agent_log.addFilter(failures)
+        spawn_log.addFilter(failures)
         try:
             with _environ(env):
                 return elastic_launch(config, run_rank)(inputs)
@@ -241,6 +244,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             raise
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             agent_log.removeFilter(failures)
+            spawn_log.removeFilter(failures)
             if owns_folder:
                 jobdir.remove_partial_files(inputs.job_dir)
 

@@ -277,6 +277,10 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
             # Our collective broke because another rank died first. Exit after it, so that the
             # launcher reports that rank's error as the root cause (it stops us when it sees it).
             time.sleep(PEER_FAILURE_GRACE_S)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < inputs.cfg["launcher"][
+                "max_restarts"]:  # the agent restarts the world and raises nothing: say why here
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            log.error("rank %d failed: %s: %s", world.rank, type(exc).__name__, first)
         raise
     finally:
         destroy_process_group()

@@ -131,8 +131,17 @@ def decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
     ``image_size`` if given (torchvision ``Resize(s)`` then ``CenterCrop(s)`` semantics).
 
     Raises:
-        OSError: the file is not an image Pillow can read.
+        ConfigError: the file is not an image Pillow can read (named; found while training when
+            ``image_size`` is set, since only then are the headers not all read up front).
     """
+    try:
+        return _decode(path, image_size, channels)
+    except (OSError, ValueError, SyntaxError) as exc:  # what Pillow raises for a bad file
+        raise ConfigError(f"data.path: cannot read image {path!r} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+def _decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
     from PIL import Image
 
     with Image.open(path) as img:

@@ -106,7 +106,8 @@ class TorchSplit:
         targets ``[B]`` int64 (classification) or ``[B, k]`` float32 (regression).
 
         Raises:
-            ValueError: an item of another shape, or a class label outside ``0..C-1``.
+            ConfigError: an item of another shape, or a class label outside ``0..C-1`` (the
+                user's data: reported in one line even when found by a rank while training).
         """
         import torch
 
@@ -118,15 +119,15 @@ class TorchSplit:
         try:
             x = torch.stack(xs)
         except RuntimeError as exc:
-            raise ValueError(f"dataset items have different input shapes ({exc}); resize them "
-                             "in the dataset (data.image_size for image folders)") from None
+            raise ConfigError(f"data: dataset items have different input shapes ({exc}); resize "
+                              "them in the dataset (data.image_size for image folders)") from None
         x = self.transform(x) if self.transform is not None else x.to(torch.float32)
         y = torch.stack(ys)
         if self.num_classes:
             y = y.reshape(len(y)).to(torch.int64)
             low, high = int(y.min()), int(y.max())
             if low < 0 or high >= self.num_classes:
-                raise ValueError(f"class label {low if low < 0 else high} is outside 0.."
+                raise ConfigError(f"data: class label {low if low < 0 else high} is outside 0.."
                                  f"{self.num_classes - 1} (data.num_classes={self.num_classes})")
         else:
             y = y.reshape(len(y), -1).to(torch.float32)
