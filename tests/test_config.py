@@ -202,6 +202,14 @@ def test_optim_lr_override(compose):
     assert optimizer.param_groups[0]["lr"] == 0.125
 
 
+def test_prefetch_factor_without_workers_is_refused(compose):
+    """Regression (fresh-user pass): ``data.prefetch_factor=4`` with ``data.num_workers=0`` was
+    silently ignored; torch's DataLoader refuses the pair."""
+    with pytest.raises(ConfigError, match=r"^data\.prefetch_factor=4 .*num_workers=0"):
+        validate(compose("data.prefetch_factor=4"))
+    validate(compose("data.prefetch_factor=4", "data.num_workers=2"))
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["scheduler.interval=batch"], "scheduler.interval"),
     (["scheduler.interval=epoch"], "scheduler.interval"),

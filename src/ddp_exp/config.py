@@ -147,6 +147,8 @@ def validate(cfg: DictConfig) -> None:
     if d.get("prefetch_factor") is not None:
         _check(d.prefetch_factor >= 1, "data.prefetch_factor", d.prefetch_factor,
                "null (torch's default, 2) or a positive number of batches per worker")
+        _check(d.num_workers > 0, "data.prefetch_factor", d.prefetch_factor,
+               "null with data.num_workers=0 (no workers load ahead; torch refuses it too)")
     if "pin_memory" in d:
         _check(d.pin_memory in ("auto", True, False), "data.pin_memory", d.pin_memory,
                "auto (on CUDA only), true or false")
