@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +153,26 @@ def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path, case):
     assert "rank0" not in run.stdout  # no rank started
     for made in ("tensorboard", "checkpoints", "metrics.json"):
         assert not (run.job_dir / made).exists(), made
+
+
+@pytest.mark.parametrize("target", ["file", "non-empty folder"])
+def test_the_demo_folder_writer_refuses_a_file_or_a_used_folder(tmp_path, target):
+    """``python -m ddp_exp.data.images ROOT`` writes into a new or empty folder only: one line,
+    exit 1, and what was there is untouched."""
+    root = tmp_path / "root"
+    if target == "file":
+        root.write_text("keep me")
+    else:
+        root.mkdir()
+        (root / "notes.txt").write_text("keep me")
+    run = subprocess.run([sys.executable, "-m", "ddp_exp.data.images", str(root)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    what = "is a file" if target == "file" else "is not empty"
+    assert run.stderr.strip() == f"error: {root} {what}: give a new or empty folder", run.stderr
+    kept = root if target == "file" else root / "notes.txt"
+    assert kept.read_text() == "keep me"
+    assert target == "file" or sorted(p.name for p in root.iterdir()) == ["notes.txt"]
 
 
 # ------------------------------------------- bad data found by a rank while training

@@ -303,7 +303,8 @@ def write_digits(root: str, split: bool = False, limit: int | None = None) -> st
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="Write the bundled digits as an image folder.")
+    parser = argparse.ArgumentParser(prog="python -m ddp_exp.data.images",
+                                     description="Write the bundled digits as an image folder.")
     parser.add_argument("root", help="the folder to write, e.g. outputs/digits_png")
     parser.add_argument("--split", action="store_true", help="train/ and val/ sub-folders")
     args = parser.parse_args()
