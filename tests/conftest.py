@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,6 +41,42 @@ class Run:
 # 2-5 s on an idle 2-core machine and reached 12-17 s while four other test suites shared it.
 FAILS_FAST_S = 30.0
 
+
+
+@dataclass
+class Watched:
+    """A ``python -m ddp_exp`` started in its own session (so a test can signal its whole
+    process group) whose stdout a thread collects line by line."""
+
+    proc: subprocess.Popen
+    lines: list[str]
+    seen: threading.Event  # set once a line contains the awaited text
+    reader: threading.Thread
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def start_watched(cmd: list[str], cwd: Path, tag: str, awaited: str,
+                  stderr: int = subprocess.STDOUT) -> Watched:
+    """Start ``cmd`` tagged with ``tag`` (see :func:`cli_env`), stdin closed, and read its
+    stdout in a thread that sets ``seen`` at the first line containing ``awaited``."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag), stdout=subprocess.PIPE,
+                            stderr=stderr, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if awaited in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return Watched(proc, lines, seen, reader)
 
 def tagged_processes(tag: str) -> list[int]:
     """PIDs whose environment carries ``DDP_EXP_CASE_TAG=tag``."""

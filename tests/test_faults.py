@@ -18,14 +18,20 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAILS_FAST_S, Run, assert_no_orphans, cli_env, tagged_processes
+from conftest import (
+    FAILS_FAST_S,
+    Run,
+    assert_no_orphans,
+    cli_env,
+    start_watched,
+    tagged_processes,
+)
 from faulty import write_model_yaml
 
 TESTS = Path(__file__).resolve().parent
@@ -313,22 +319,10 @@ def test_signal_ends_every_rank_and_leaves_complete_checkpoint(run_cli, tmp_path
     job = tmp_path / "sig"
     cmd = [sys.executable, "-m", "ddp_exp", "backend=gloo", "world_size=2",
            "data.num_workers=2", "trainer.epochs=200", QUIET, f"hydra.run.dir={job}"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    lines: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if "epoch 1/200" in line:
-                started.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    watched = start_watched(cmd, tmp_path, tag, "epoch 1/200")
+    proc, lines, reader = watched.proc, watched.lines, watched.reader
     try:
-        assert started.wait(120), "".join(lines)
+        assert watched.seen.wait(120), "".join(lines)
         # The epoch line comes before that epoch's checkpoint: wait for the first last.pt, so
         # that a complete one must survive the signal.
         deadline = time.monotonic() + 60

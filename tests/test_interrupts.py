@@ -13,12 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
-from conftest import assert_no_orphans, cli_env
+from conftest import assert_no_orphans, cli_env, start_watched
 
 QUIET = "print_config=false"
 
@@ -34,22 +33,10 @@ def test_interrupted_sweep_writes_its_summary(tmp_path, target, sig, code):
     tag, sweep = uuid.uuid4().hex, tmp_path / "sweep"
     cmd = [sys.executable, "-m", "ddp_exp", "-m", "world_size=1", "trainer.epochs=1,400,1",
            QUIET, f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    lines: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if "epoch 1/400" in line:
-                started.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    watched = start_watched(cmd, tmp_path, tag, "epoch 1/400", stderr=subprocess.PIPE)
+    proc, lines, reader = watched.proc, watched.lines, watched.reader
     try:
-        assert started.wait(120), "".join(lines)
+        assert watched.seen.wait(120), "".join(lines)
         if target == "group":
             os.killpg(proc.pid, sig)
         else:
