@@ -240,7 +240,7 @@ def validate(cfg: DictConfig) -> None:
 def _validate_recipe(cfg: DictConfig) -> None:
     """The recipe keys (issue 15) that need no data: clipping, monitor, patience, test weights,
     the scheduler's own ranges. What needs the data's size or metrics is checked by the
-    launcher (``ddp_exp.launch.prepare``)."""
+    build step (``ddp_exp.build.prepare``)."""
     t = cfg.trainer
     clip = t.gradient_clip_val
     _check(clip is None or clip > 0, "trainer.gradient_clip_val", clip,

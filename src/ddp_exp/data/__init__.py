@@ -3,7 +3,7 @@ rank receives (:func:`load` and its dispatch), and the names users and the built
 ``data._target_``s import from ``ddp_exp.data``.
 
 Runs in the launching process, once (no torch compute beyond reading one item; see
-:mod:`ddp_exp.launch`). ``data._target_`` returns one of:
+:mod:`ddp_exp.build`). ``data._target_`` returns one of:
 
 * an :class:`ArrayDataset` (digits, synthetic data, a user's .pt/.npz/.csv file): held whole in
   memory, the fast path for small data;
