@@ -275,6 +275,13 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
     assert not (run.job_dir / "metrics.json").exists()
 
 
+def _ctrl_c_reaches_python() -> None:
+    """In the child before exec: SIGINT as a terminal gives it. A shell starts background jobs
+    with SIGINT ignored, the child inherits that, and Python then installs no KeyboardInterrupt
+    handler: the test timed out whenever the suite itself ran in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_before_the_ranks_start_is_one_line(tmp_path):
     """Regression: Ctrl-C while the launcher loaded the data printed a KeyboardInterrupt
     traceback and left no status.json."""
@@ -283,7 +290,7 @@ def test_ctrl_c_before_the_ranks_start_is_one_line(tmp_path):
                              f"hydra.run.dir={job}"], cwd=tmp_path,
                             env=cli_env(tag, **faulty_env(), DDP_EXP_TEST_LOAD_S="30"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, preexec_fn=_ctrl_c_reaches_python)
     try:
         deadline = time.monotonic() + 60
         while not (job / "ddp_exp.log").exists() and time.monotonic() < deadline:
