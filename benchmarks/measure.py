@@ -24,7 +24,7 @@ def measure(v: Variant, repeat: int, timeout_s: float, keep: str | None) -> dict
            "repeat": repeat, "loadavg_1m": round(os.getloadavg()[0], 2), "note": ""}
     workdir = tempfile.mkdtemp(prefix="ddp_exp-bench-")
     try:
-        run = timed_process(v.argv(workdir), v.tree, timeout_s, pss=v.world_pss)
+        run = timed_process(v.argv(workdir), v.tree, timeout_s, pss_poll_s=v.world_pss)
         row.update(rc=run.rc, wall_s=run.wall_s, ranks_seen=len(run.rank_rss_mib),
                    other_cpu_cores=run.other_cpu, world_pss_mib=run.world_pss_mib,
                    peak_rss_mib_per_rank=max(run.rank_rss_mib) if run.rank_rss_mib else None)

@@ -133,10 +133,11 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
               "image_folder": "Issue 11: image folder (digits as 8x8 PNG files, Pillow, 2 "
                               "DataLoader workers per rank, model=cnn, 32 per rank)"}
     titles["scaling"] = "Scaling: how cost grows with the work (issue 13 point 3)"
+    titles["memory"] = "Memory: the data's copies by world size (issue 13 point 3)"
     for name, variants in groups.items():
         md += ["", f"## {titles.get(name, name)}", ""]
-        md += (scaling.table(rows, variants) if name == "scaling"
-               else group_table(rows, variants))
+        tables = {"scaling": scaling.table, "memory": scaling.memory_table}
+        md += tables.get(name, group_table)(rows, variants)
     md += ["", "## How each figure is measured", "",
            "- **train samples/s**: training loop only, all ranks together. ddp_exp: "
            "`train/samples_per_sec` of `metrics.json` (samples of all ranks / rank 0's seconds in "

@@ -32,6 +32,9 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
   data's size. Not in the default set: its 5 repeats take ~20 minutes on a quiet machine,
   most of it the 100x rows (10 epochs of 409,088 samples), which would make ``make bench``
   (~30 minutes) about 1.6 times as long.
+* ``memory`` (``benchmarks/scaling.py``; only with ``--only``): world_size 1, 2 and 4 on the
+  synthetic data at 1x (100 epochs) and 100x (1 epoch): the data's copies per world size (~3
+  minutes per repeat).
 
 Each run is one process started from here with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``
 removed from its environment. Figures: training samples/s of the loop only (ddp_exp:
@@ -64,7 +67,7 @@ from report import write_csv, write_markdown  # noqa: E402
 from targets import build_targets, stat, threads_check  # noqa: E402
 from variants import IMPL_LABELS, build_variants  # noqa: E402
 
-OPT_IN = ("scaling",)  # groups run only when --only names them
+OPT_IN = ("scaling", "memory")  # groups run only when --only names them
 
 
 def compare_startup(repeats: int) -> int:
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
                    help="comma-separated groups: digits,compute,startup,c17,perf,image_folder "
-                        "(the default set) and scaling (only when named)")
+                        "(the default set); scaling and memory only when named")
     p.add_argument("--impls", default=None,
                    help="comma-separated variants to keep in the chosen groups, by key suffix: "
                         "e.g. 'defaults/ddp_exp,tight' (default: all)")
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 1
     groups = build_variants(args.quick)
     groups["scaling"] = scaling.variants(args.quick)
+    groups["memory"] = scaling.memory_variants(args.quick)
     if args.only:
         wanted = args.only.split(",")
         unknown = set(wanted) - set(groups)

@@ -12,6 +12,11 @@ finite) with the default trainer keys off as in the other ddp_exp variants. Thre
   each at world_size 1 and 2: ws2 / ws1 samples/s per size, where the all-reduce starts to
   dominate.
 
+A second opt-in group, ``memory`` (:func:`memory_variants`, :func:`memory_table`): runs at
+world size 1, 2 and 4 on the data at 1x and 100x (the same samples trained), whose world PSS
+shows what the data costs at each world size (one copy per node, shared by fork, is the rule)
+and what an extra rank costs with small and with large data.
+
 Every run also records the world's proportional set size (``timed.RssSampler``: the sum of
 ``Pss`` over the launcher and its ranks, largest over the polls), reported beside the data's
 size. Not in ``make bench``'s default groups (5 repeats take ~20 minutes on a quiet machine, the
@@ -36,6 +41,11 @@ MODEL_SCALES = (4, 16)
 DATA_WORLD_SIZE = 2
 OUTPUTS = 1  # data=synthetic's default is regression: one output
 FLOAT32 = 4  # bytes
+MEMORY_WORLD_SIZES = (1, 2, 4)
+MEMORY_SCALE, QUICK_MEMORY_SCALE = 100, 4
+# Seconds between reads of the world's PSS: once a second where the runs are timed (reading
+# smaps_rollup costs CPU), five times a second in the memory group (only memory is read).
+SCALING_PSS_POLL_S, MEMORY_PSS_POLL_S = 1.0, 0.2
 MIN_DATA_MIB = 10  # less added data than this is lost in the world PSS, which moves by tens of MiB
 
 
@@ -73,8 +83,70 @@ def variants(quick: bool) -> list[Variant]:
     wanted += [(ws, n, hidden_for(k)) for k in MODEL_SCALES for ws in (1, 2)]
     return [Variant("scaling", "ddp_exp", "synthetic", ws, BASE["batch_size"], epochs,
                     overrides=(f"data.num_samples={num}", f"model.hidden_sizes=[{hidden}]"),
-                    label=f"n{num}-h{hidden}", world_pss=True)
+                    label=f"n{num}-h{hidden}", world_pss=SCALING_PSS_POLL_S)
             for ws, num, hidden in dict.fromkeys(wanted)]
+
+
+def memory_variants(quick: bool) -> list[Variant]:
+    """The ``memory`` group: each of :data:`MEMORY_WORLD_SIZES` on the data at 1x and at
+    :data:`MEMORY_SCALE` x (``quick``: 4x), the default model; 1 epoch of the large data and as
+    many epochs of the small, so that both train the same samples and live as long; the PSS is
+    read every :data:`MEMORY_PSS_POLL_S` (nothing here is timed)."""
+    n, h = BASE["num_samples"], BASE["hidden"][0]
+    scale = QUICK_MEMORY_SCALE if quick else MEMORY_SCALE
+    return [Variant("memory", "ddp_exp", "synthetic", ws, BASE["batch_size"], epochs,
+                    overrides=(f"data.num_samples={num}", f"model.hidden_sizes=[{h}]"),
+                    label=f"n{num}-h{h}", world_pss=MEMORY_PSS_POLL_S)
+            for ws in MEMORY_WORLD_SIZES for num, epochs in ((n, scale), (scale * n, 1))]
+
+
+def memory_table(rows: list[dict], vs: list[Variant]) -> list[str]:
+    """The ``memory`` group's markdown: per world size, the world's PSS with the data at 1x and
+    at the large scale, what the added data cost, in copies of it; then what one more rank
+    costs with each."""
+    def pss(v: Variant | None) -> float | None:
+        s = v and stat(rows, v.key, "world_pss_mib")
+        return s.median if s else None
+
+    sizes_seen = sorted({sizes(v)[0] for v in vs})
+    small, large = sizes_seen[0], sizes_seen[-1]
+    more = data_mib(large) - data_mib(small)
+    out = ["ddp_exp only, `data=synthetic` (32 features, regression), the default MLP, 1 epoch "
+           "of the large data and as many of the small (the same samples trained), default "
+           "trainer keys off. `world PSS`: the sum of `Pss` over the launcher and its "
+           "ranks (each page shared by fork counted once), largest over polls every "
+           f"{MEMORY_PSS_POLL_S} s.", "",
+           f"| ws | world PSS MiB, {small:,} samples ({data_mib(small):.1f} MiB) | world PSS MiB, "
+           f"{large:,} samples ({data_mib(large):.1f} MiB) | grew MiB | copies of the added "
+           "data | other cores busy | runs |", "|---|---|---|---|---|---|---|"]
+    by_ws: dict[int, dict[int, Variant]] = {}
+    for v in vs:
+        by_ws.setdefault(v.world_size, {})[sizes(v)[0]] = v
+    for ws in sorted(by_ws):
+        a, b = pss(by_ws[ws].get(small)), pss(by_ws[ws].get(large))
+        cells = [str(ws)] + [stat(rows, by_ws[ws][k].key, "world_pss_mib").fmt(".0f")
+                             if pss(by_ws[ws].get(k)) is not None else "failed"
+                             for k in (small, large)]
+        grew = b - a if a is not None and b is not None else None
+        cells += [f"{grew:+.0f}" if grew is not None else "-",
+                  f"{grew / more:.2f}" if grew is not None and more >= MIN_DATA_MIB else "-"]
+        busy = [stat(rows, v.key, "other_cpu_cores") for v in by_ws[ws].values()]
+        cells.append(", ".join(s.fmt(".2f") for s in busy if s))
+        runs = [r for v in by_ws[ws].values() for r in rows if r["variant"] == v.key]
+        cells.append(f"{sum(r['status'] == 'ok' for r in runs)}/{len(runs)}")
+        out.append("| " + " | ".join(cells) + " |")
+    first, last = min(by_ws), max(by_ws)
+    for k in (small, large):
+        a, b = pss(by_ws[first].get(k)), pss(by_ws[last].get(k))
+        if a is not None and b is not None and last > first:
+            out.append(f"- one more rank, {k:,} samples: {(b - a) / (last - first):+.0f} MiB "
+                       f"(ws={first} to ws={last})")
+    out.append("- The rule: the data is one copy per node (the launcher's arrays, which forked "
+               "ranks share), so the copies column stays near 1 at every world size and an extra "
+               "rank costs the same with small and large data. Each rank adds its own gather of "
+               "a few batches (`GATHER_BYTES`, 4 MiB) and its epoch order (8 bytes per sample of "
+               "its shard).")
+    return out
 
 
 def _layout(vs: list[Variant]) -> list[tuple[str, Variant]]:
@@ -127,9 +199,9 @@ LIMITS = [
     "every rank waits for a time slice, and the all-reduce waits for the slowest rank); the "
     "batch is 32 per rank, so the global batch grows with the world.",
     "**data**: memory bandwidth and the cores. Each sample costs the same forward, backward and "
-    "optimizer work, and the epoch's shard is gathered once per epoch (one pass over the data "
-    "in memory), so train seconds per sample stay flat as long as the data fits in memory "
-    f"({data_mib(DATA_SCALES[-1] * BASE['num_samples']):.0f} MiB at {DATA_SCALES[-1]}x).",
+    "optimizer work, and the epoch's shard is gathered 4 MiB at a time (one pass over the "
+    "data in memory per epoch), so train seconds per sample stay flat as long as the data fits "
+    f"in memory ({data_mib(DATA_SCALES[-1] * BASE['num_samples']):.0f} MiB at {DATA_SCALES[-1]}x).",
     "**model**: one all-reduce per step. At world size 2 each rank computes its 32 samples on "
     "one core and then all-reduces every gradient (4 bytes a parameter) through gloo on the "
     "same cores; world size 1 computes 32 samples with 2 threads and no all-reduce. The "

@@ -22,7 +22,6 @@ ROOT = common.ROOT
 POLL_S = 0.05
 # smaps_rollup walks the process's page tables: ~10 ms for a 300 MiB rank on this machine,
 # so the world's PSS is read 20x less often than VmHWM, and only where a variant asks for it.
-PSS_POLL_S = 1.0
 DROPPED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 HELPERS = ("resource_tracker", "semaphore_tracker", "forkserver")  # not ranks
 
@@ -79,13 +78,13 @@ class RssSampler(threading.Thread):
     peak-RSS mark, so a sample misses only growth in a process's last ``POLL_S``). The ranks'
     own children (DataLoader workers, compile workers) are not ranks and are not read.
 
-    ``pss``: also, every ``PSS_POLL_S``, the sum of ``Pss`` over ``root`` and its children
-    (multiprocessing's helpers excluded): the world's memory with each page shared by fork
-    counted once; ``world_pss_kib`` is the largest sum seen (None: never read)."""
+    ``pss_poll_s`` > 0: also, every ``pss_poll_s`` seconds, the sum of ``Pss`` over ``root``
+    and its children (multiprocessing's helpers excluded): the world's memory with each page
+    shared by fork counted once; ``world_pss_kib`` is the largest sum seen (None: never read)."""
 
-    def __init__(self, root: int, pss: bool = False):
+    def __init__(self, root: int, pss_poll_s: float = 0.0):
         super().__init__(daemon=True)
-        self.root, self.stop, self.pss = root, threading.Event(), pss
+        self.root, self.stop, self.pss_poll_s = root, threading.Event(), pss_poll_s
         self.peak: dict[int, int] = {}
         self.cmd: dict[int, str] = {}
         self.world_pss_kib: int | None = None
@@ -109,9 +108,9 @@ class RssSampler(threading.Thread):
         next_pss = 0.0
         while not self.stop.is_set():
             self.sample()
-            if self.pss and time.monotonic() >= next_pss:
+            if self.pss_poll_s and time.monotonic() >= next_pss:
                 self.sample_pss()
-                next_pss = time.monotonic() + PSS_POLL_S
+                next_pss = time.monotonic() + self.pss_poll_s
             self.stop.wait(POLL_S)
 
     def rank_peaks_mib(self, root_is_rank: bool) -> list[float]:
@@ -129,7 +128,7 @@ class Run:
     stderr: str
     timed_out: bool = False
     other_cpu: float | None = None  # cores busy with other work meanwhile (noise indicator)
-    world_pss_mib: float | None = None  # largest sum of Pss over the world (pss=True only)
+    world_pss_mib: float | None = None  # largest sum of Pss over the world (pss_poll_s > 0)
 
 
 def _busy_cpu_s() -> float:
@@ -141,9 +140,9 @@ def _busy_cpu_s() -> float:
 
 
 def timed_process(argv: list[str], root_is_rank: bool, timeout_s: float,
-                  cwd: str = ROOT, pss: bool = False) -> Run:
+                  cwd: str = ROOT, pss_poll_s: float = 0.0) -> Run:
     """Start ``argv`` (its own session), time it to its exit, sample its ranks' peak RSS (and
-    with ``pss`` the world's PSS: :class:`RssSampler`), and estimate how many cores other
+    with ``pss_poll_s`` > 0 the world's PSS: :class:`RssSampler`), and estimate how many cores other
     processes kept busy meanwhile (all busy CPU time minus the run's own, from ``wait4``, over
     the wall time; the sampler's own reads count as other work)."""
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
@@ -153,7 +152,7 @@ def timed_process(argv: list[str], root_is_rank: bool, timeout_s: float,
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        sampler = RssSampler(proc.pid, pss)
+        sampler = RssSampler(proc.pid, pss_poll_s)
         sampler.start()
         done: dict = {}
 

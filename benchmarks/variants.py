@@ -46,7 +46,7 @@ class Variant:
     label: str | None = None  # in the key and the tables, for variants of one impl
     data_path: str | None = None  # the image folder (workload image_folder), made by main()
     user_defaults: bool = False  # ddp_exp: default trainer keys (checkpoint, progress, perf)
-    world_pss: bool = False  # also read the world's PSS while it runs (group scaling)
+    world_pss: float = 0.0  # > 0: also read the world's PSS every this many seconds (scaling)
 
     @property
     def key(self) -> str:

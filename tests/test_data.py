@@ -18,7 +18,7 @@ from ddp_exp.data import (
     load_file,
     make_synthetic,
 )
-from ddp_exp.data.loaders import BatchKeys, KeyedLoader, TrainLoader, val_batches
+from ddp_exp.data.loaders import BatchKeys, KeyedLoader, TrainLoader, shard_order, val_batches
 
 
 # --------------------------------------------------------------------------------- digits
@@ -320,6 +320,28 @@ def _epochs(loader, sampler, epochs):
     return out
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n,world_size", [(1, 1), (2, 3), (3, 8), (37, 3), (40, 4), (41, 5)])
+def test_shard_order_is_distributed_samplers_order(n, world_size, drop_last, shuffle):
+    """The tensor order equals DistributedSampler's own list, padding (also when the padding is
+    longer than the data) and dropping included, every rank and epoch."""
+    if drop_last and n < world_size:
+        return  # DistributedSampler would give ranks nothing: not a configuration we run
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank,
+                                     shuffle=shuffle, seed=7, drop_last=drop_last)
+        for epoch in (0, 1, 5):
+            sampler.set_epoch(epoch)
+            order = shard_order(sampler)
+            assert order.dtype == torch.long
+            assert order.tolist() == list(sampler)
+
+
+def test_shard_order_lists_any_other_sampler():
+    assert shard_order([4, 2, 9]).tolist() == [4, 2, 9]
+
+
 @pytest.mark.parametrize("n,world_size,batch_size", [(37, 1, 5), (37, 2, 4), (37, 3, 5),
                                                      (40, 4, 3)])
 def test_train_loader_batched_equals_dataloader(n, world_size, batch_size):
@@ -365,6 +387,27 @@ def test_train_loader_batched_equals_dataloader(n, world_size, batch_size):
     for r in range(world_size):
         orders = [torch.cat([yb for _, yb in per_rank[r][e]]).tolist() for e in range(3)]
         assert orders[0] != orders[1] and orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("gather_bytes", [1, 3 * 8 * 2, 7 * 8 * 2, 2**20])
+def test_train_loader_gathers_in_chunks_of_whole_batches(monkeypatch, gather_bytes):
+    """Gathering the shard a chunk at a time (one batch, several, or the whole shard per chunk)
+    yields the batches of a single whole-shard gather, in order."""
+    import ddp_exp.data.loaders as loaders
+
+    n, batch_size = 53, 3
+    x, y = _index_tensors(n)  # 8 bytes of x and 8 of y per row
+    sampler = DistributedSampler(range(n), num_replicas=2, rank=1, shuffle=True, seed=3,
+                                 drop_last=False)
+    sampler.set_epoch(4)
+    order = torch.tensor(list(sampler))
+    expected = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    monkeypatch.setattr(loaders, "GATHER_BYTES", gather_bytes)
+    loader = TrainLoader(x, y, sampler, batch_size)
+    assert loader.chunk_rows() % batch_size == 0 and loader.chunk_rows() >= batch_size
+    batches = list(loader)
+    assert [yb.tolist() for _, yb in batches] == expected
+    assert all(torch.equal(xb[:, 0].long(), yb) for xb, yb in batches)
 
 
 def test_train_loader_unshuffled_is_strided():
