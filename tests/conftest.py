@@ -109,6 +109,18 @@ def cli_env(tag: str, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """``make test-fast`` (``-m "not slow"``) runs what runs in this process and a smoke set of
+    CLI runs: a test that starts the CLI (the ``run_cli`` or ``start_cli`` fixture, ~2-5 s each)
+    is ``slow`` unless it is marked ``smoke``."""
+    del config
+    for item in items:
+        starts_cli = {"run_cli", "start_cli"} & set(getattr(item, "fixturenames", ()))
+        if starts_cli and item.get_closest_marker("smoke") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def run_cli(tmp_path):
     """``run_cli(*overrides, job="run", timeout=180, env=None)`` runs ``python -m ddp_exp`` with

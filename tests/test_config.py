@@ -344,6 +344,7 @@ def test_unknown_group_option_lists_the_valid_ones(run_cli, group, bad):
     _no_rank_started(run)
 
 
+@pytest.mark.smoke
 def test_comma_list_without_multirun_suggests_it(run_cli, tmp_path):
     run = run_cli("world_size=1", "data=digits,synthetic", "trainer.epochs=1", timeout=60)
     assert run.returncode == 2

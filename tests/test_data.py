@@ -506,6 +506,7 @@ def _check_frozen_run(run, dataset: ArrayDataset, val_size: int, batch_size: int
         assert m["val/accuracy"] is None
 
 
+@pytest.mark.smoke
 def test_cli_data_file_csv(run_cli, tmp_path):
     features, labels, _ = _arrays(n=64, f=4, seed=3, classes=3)
     path = _write(tmp_path / "train.csv", "csv", features, labels, header=True)

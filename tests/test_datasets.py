@@ -155,6 +155,7 @@ def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path, case):
         assert not (run.job_dir / made).exists(), made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["file", "non-empty folder"])
 def test_the_demo_folder_writer_refuses_a_file_or_a_used_folder(tmp_path, target):
     """``python -m ddp_exp.data.images ROOT`` writes into a new or empty folder only: one line,

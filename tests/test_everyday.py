@@ -36,6 +36,7 @@ def test_progress_bar_mode_draws_a_bar_on_stderr(run_cli):
     assert not ANSI_OR_CR.search((run.job_dir / "ddp_exp.log").read_text())
 
 
+@pytest.mark.smoke
 def test_user_project_trains_its_own_model_data_loss_and_metric(run_cli, tmp_path):
     """examples/user_project through the public entry, from its own folder."""
     project = tmp_path / "user_project"

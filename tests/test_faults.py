@@ -282,6 +282,7 @@ def _ctrl_c_reaches_python() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.smoke
 def test_ctrl_c_before_the_ranks_start_is_one_line(tmp_path):
     """Regression: Ctrl-C while the launcher loaded the data printed a KeyboardInterrupt
     traceback and left no status.json."""

@@ -65,6 +65,7 @@ def test_interrupted_sweep_writes_its_summary(tmp_path, target, sig, code):
     assert (sweep / "summary.md").is_file() and (sweep / "summary.png").is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_before_the_ranks_start_is_recorded_as_interrupted(tmp_path):
     """U06: SIGTERM while the launcher loads the data (no rank yet): exit 143, one line on
     stderr, status.json says interrupted (Python's default would end the process silently,

@@ -18,6 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_help_shows_the_users_groups_keys_and_an_example(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ddp_exp", "--help"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)

@@ -134,6 +134,7 @@ def sequential_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Pat
 
 
 # ------------------------------------------------------- 1. the 3-job batch-size sweep
+@pytest.mark.smoke
 def test_batch_size_sweep_folders_event_streams_and_summary(sequential_sweep):
     proc, sweep_dir = sequential_sweep
     ok(proc)
@@ -226,6 +227,7 @@ def test_joblib_sweep_gives_same_summary_as_sequential(sequential_sweep, tmp_pat
 
 
 # ------------------------------------------------------------ 3. one failing job
+@pytest.mark.slow
 def test_failed_job_reported_others_complete(tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_sweep(tmp_path, "-m", "world_size=2", "trainer.epochs=1", "data.batch_size=16,0",
