@@ -31,7 +31,7 @@ run: $(VENV)/.installed-run  ## the main job: digits, MLP, 2 gloo ranks (extra o
 test: install  ## the whole suite, as CI runs it
 	$(BIN)/python -m pytest
 
-test-fast: install  ## the suite without the slow multi-world tests
+test-fast: install  ## in-process tests and a smoke set of CLI runs (about 1 minute)
 	$(BIN)/python -m pytest -m "not slow"
 
 test-cuda: install  ## the CUDA/NCCL tests alone (they skip without a GPU)
