@@ -3,9 +3,10 @@
 :func:`run_job` validates the config, resolves device and backend, has the data and the seeded
 model built **once** in this process (:func:`ddp_exp.build.prepare`), and starts ``world_size``
 ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``,
-the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: c10d
-rendezvous on ``127.0.0.1:0`` (a free port, so parallel jobs cannot collide or merge), a fresh
-``run_id``, restarts from ``launcher.max_restarts``.
+the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: on one node
+the agent's own rendezvous (:mod:`ddp_exp.rendezvous`: a fresh store on a free loopback port, so
+parallel jobs cannot collide or merge), across nodes c10d (or static) on
+``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``.
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
 :func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
@@ -18,7 +19,7 @@ process pins itself to one intra-op thread before any torch compute (../shared/D
 May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.cluster` (a scheduler's layout),
 :mod:`ddp_exp.distributed` (placement, the process group), :mod:`ddp_exp.build`,
 :mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.files`,
-:mod:`ddp_exp.worker` (what each rank runs).
+:mod:`ddp_exp.rendezvous` (one node's), :mod:`ddp_exp.worker` (what each rank runs).
 """
 
 from __future__ import annotations
@@ -216,6 +217,12 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
                                     "join_timeout": la.rdzv_timeout_s}
     if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
         rdzv_configs["rank"] = la.node_rank
+    rdzv_backend = la.rdzv_backend
+    if la.nnodes == 1 and rdzv_backend == "c10d" and la.rdzv_endpoint.endswith(":0"):
+        # One node on a free port: nobody to meet, so no c10d join (ddp_exp.rendezvous).
+        from ddp_exp import rendezvous
+
+        rdzv_backend = rendezvous.BACKEND
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process" lines
     # Global rank of this node's local rank 0: known on one node and with static node ranks.
@@ -227,7 +234,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
-            rdzv_backend=la.rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
+            rdzv_backend=rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
             rdzv_configs=rdzv_configs,
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),

@@ -1,0 +1,120 @@
+"""The one-node rendezvous (ddp_exp.rendezvous) and the end of the process (exit_now)."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
+
+from ddp_exp import rendezvous
+
+
+def _handler() -> rendezvous.LocalRendezvous:
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint="127.0.0.1:0",
+                                  run_id="r1", min_nodes=1, max_nodes=1, timeout=30)
+    handler = rendezvous_handler_registry.create_handler(params)
+    assert isinstance(handler, rendezvous.LocalRendezvous)
+    return handler
+
+
+def test_each_round_is_node_0_of_1_on_a_fresh_store_the_ranks_can_reach():
+    """A rank connects to the round's store as a torchrun rank does (a client at
+    MASTER_ADDR:MASTER_PORT); a restart's round has a store of its own, so a new world never
+    reads the dead one's keys."""
+    handler = _handler()
+    first = handler.next_rendezvous()
+    assert (first.rank, first.world_size) == (0, 1)
+    assert handler.use_agent_store and handler.num_nodes_waiting() == 0
+    info = first.bootstrap_store_info
+    assert info.master_addr == "127.0.0.1" and info.master_port > 0
+    client = dist.TCPStore(info.master_addr, info.master_port, is_master=False,
+                           timeout=datetime.timedelta(seconds=10))
+    client.set("attempt_0/key", b"dead world")
+    assert handler.store.get("attempt_0/key") == b"dead world"
+
+    second = handler.next_rendezvous()
+    assert second.bootstrap_store_info.master_port != info.master_port
+    client2 = dist.TCPStore("127.0.0.1", second.bootstrap_store_info.master_port,
+                            is_master=False, timeout=datetime.timedelta(seconds=10))
+    assert not client2.check(["attempt_0/key"])
+    assert handler.shutdown() and handler.is_closed()
+
+
+@pytest.mark.parametrize(("nnodes", "endpoint", "backend", "chosen"), [
+    (1, "127.0.0.1:0", "c10d", rendezvous.BACKEND),
+    (1, "127.0.0.1:29511", "c10d", "c10d"),  # a port the user chose: theirs
+    (2, "127.0.0.1:0", "c10d", "c10d"),
+    (2, "127.0.0.1:29511", "static", "static"),
+])
+def test_one_node_on_a_free_port_uses_the_local_rendezvous(monkeypatch, nnodes, endpoint,
+                                                            backend, chosen):
+    from omegaconf import OmegaConf
+
+    import ddp_exp.launch as launch
+
+    seen = {}
+
+    def fake_elastic_launch(config, entrypoint):
+        seen["backend"] = config.rdzv_backend
+        return lambda *args: {}
+
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", fake_elastic_launch)
+    cfg = OmegaConf.create({"launcher": {
+        "nnodes": nnodes, "rdzv_endpoint": endpoint, "rdzv_backend": backend, "node_rank": 0,
+        "rdzv_id": "x", "max_restarts": 0, "monitor_interval_s": 0.05, "start_method": "fork",
+        "rdzv_timeout_s": 30}})
+
+    class Inputs:
+        backend = "gloo"
+        job_dir = "/nonexistent"
+
+    launch._elastic_launch(cfg, 2, Inputs(), owns_folder=False)
+    assert seen["backend"] == chosen
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_exit_now_flushes_what_a_normal_exit_flushes(tmp_path):
+    log_file = tmp_path / "job.log"
+    run = _run(f"""
+        import atexit, logging
+        from ddp_exp.__main__ import exit_now
+        logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)
+        logging.getLogger("x").info("last line")
+        atexit.register(lambda: print("atexit ran", flush=True))
+        print("buffered", end="")
+        exit_now(3)
+        print("never")
+    """)
+    assert run.returncode == 3, run.stderr
+    assert run.stdout == "bufferedatexit ran\n"
+    assert log_file.read_text().strip().endswith("last line")
+
+    message = _run("from ddp_exp.__main__ import exit_now; exit_now('error: bad')")
+    assert message.returncode == 1 and message.stderr == "error: bad\n"
+    assert _run("from ddp_exp.__main__ import exit_now; exit_now(None)").returncode == 0
+
+
+def test_exit_now_leaves_a_process_with_work_left_to_python():
+    """A live non-daemon thread (a sweep launcher's pool) is Python's to wait for."""
+    run = _run("""
+        import threading, time
+        from ddp_exp.__main__ import exit_now
+        t = threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True)))
+        t.start()
+        exit_now(0)
+        print("returned", flush=True)
+    """)
+    assert run.returncode == 0
+    assert run.stdout.splitlines() == ["returned", "thread done"]
