@@ -195,3 +195,27 @@ def test_threads_per_rank_on_this_machine(monkeypatch):
     cores = len(os.sched_getaffinity(0))
     for lws in (1, 2, 4):
         assert distributed.threads_per_rank(lws) == max(1, cores // lws)
+
+
+# -------------------------------------------------------------------- the event stream
+def test_flush_puts_every_queued_scalar_in_the_event_file_at_once(tmp_path):
+    """After an epoch (MetricsWriter.flush) the event file holds every scalar queued so far:
+    TensorBoard's writer thread has nothing left to do during the next epoch's loop."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ddp_exp.metrics import MetricsWriter
+
+    writer = MetricsWriter(str(tmp_path), {"lr": 0.1}, enabled=True)
+    for step in (10, 20, 30):
+        writer.queue_scalars(step, {"train/loss": 1.0 / step, "train/grad_norm": None})
+    writer.scalars(30, {"train/epoch_loss": 0.5})
+    writer.flush()
+    assert writer.queued == []
+    files = list((tmp_path / "tensorboard").glob("events.out.tfevents*"))
+    acc = EventAccumulator(str(files[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (10, pytest.approx(0.1)), (20, pytest.approx(0.05)), (30, pytest.approx(1 / 30))]
+    assert [e.step for e in acc.Scalars("train/epoch_loss")] == [30]
+    assert "train/grad_norm" not in acc.Tags()["scalars"]
+    writer.close()

@@ -317,6 +317,7 @@ class Trainer:
             if max_steps is not None and self.global_step >= max_steps:
                 break  # a partial epoch: resuming it could not be exact, so no checkpoint
             train_state.save_checkpoint(self)
+            self.writer.flush()  # the epoch's events on disk before the next epoch's loop
             if self.monitor.stopped_early:
                 break
         if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
