@@ -164,7 +164,9 @@ class Trainer:
         """One optimizer step over a group of micro-batches (see the module docstring). The
         hot path: no device sync, and nothing done per step that can be done once."""
         last = len(group) - 1
-        step_samples = len(group[0][0]) if last == 0 else sum(len(xb) for xb, _ in group)
+        # shape[0], not len(): Tensor.__len__ is Python (0.54 us a call against 0.17 us)
+        step_samples = (group[0][0].shape[0] if last == 0
+                        else sum(xb.shape[0] for xb, _ in group))
         perf = self.perf  # None unless trainer.perf_metrics
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
@@ -174,9 +176,9 @@ class Trainer:
             with self.ddp.no_sync() if i < last else NO_CONTEXT:
                 with self.autocast:
                     loss = self.objective.batch_loss(self.forward(xb), yb)
-                scaled = loss if last == 0 else loss * (len(xb) / step_samples)
+                scaled = loss if last == 0 else loss * (xb.shape[0] / step_samples)
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            window.add(loss, len(xb), self.global_step + 1)
+            window.add(loss, xb.shape[0], self.global_step + 1)
         if perf is not None:
             perf.backward_done()
         # Clipped, or measured at logging steps only (train/grad_norm); then optimizer.step().
