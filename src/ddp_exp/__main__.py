@@ -269,7 +269,8 @@ def _stop_on_sigterm() -> None:
 
 
 def main() -> None:
-    """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses."""
+    """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses;
+    the process then ends through :func:`exit_now`."""
     if under_torchrun() and asks_for_multirun(sys.argv[1:]):
         # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
         # once; the others give it a moment to print before torchrun stops the world.
