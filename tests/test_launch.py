@@ -118,3 +118,28 @@ def test_exit_now_leaves_a_process_with_work_left_to_python():
     """)
     assert run.returncode == 0
     assert run.stdout.splitlines() == ["returned", "thread done"]
+
+
+def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
+    """Ctrl-C while Hydra sets up a sweep's next job reaches __main__, not the job's task: the
+    summary of the jobs that finished is written there too (fresh-user finding, session 5)."""
+    import json
+
+    import ddp_exp.__main__ as entry
+
+    done = tmp_path / "0"
+    (done / ".hydra").mkdir(parents=True)
+    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/loss": 0.4}))
+    (done / ".hydra" / "overrides.yaml").write_text("- data.batch_size=64\n")
+    started = tmp_path / "1"
+    (started / ".hydra").mkdir(parents=True)  # Hydra made its folder; the signal came first
+    entry._summarize_if_sweep()  # no multirun job ran in this process: nothing to write
+    assert not (tmp_path / "summary.md").exists()
+    entry._SWEEP_DIRS.append(str(tmp_path))  # what job 0's task noted
+    try:
+        entry._summarize_if_sweep()
+    finally:
+        entry._SWEEP_DIRS.clear()
+    table = (tmp_path / "summary.md").read_text()
+    assert "data.batch_size=64" in table and "completed" in table and "incomplete" in table
+    assert (tmp_path / "summary.csv").is_file()

@@ -55,6 +55,7 @@ from ddp_exp.usage import register_resolvers
 
 log = logging.getLogger("ddp_exp")
 
+_SWEEP_DIRS: list[str] = []  # the sweep folder of every multirun job this process ran
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
@@ -80,6 +81,8 @@ def _task(cfg: DictConfig) -> float | None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:  # for a signal that comes between this job and the next
+        _SWEEP_DIRS.append(hc.sweep.dir)
     # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
     main_process = os.environ.get("RANK", "0") == "0" and owns_folder(cfg)
     t_start = time.time()
@@ -324,6 +327,16 @@ def exit_now(code: int | str | None) -> None:
     os._exit(0 if code is None else int(code))
 
 
+def _summarize_if_sweep() -> None:
+    """A signal that reached us outside a job's task (while Hydra set up the next job of a
+    sweep, or between jobs; Hydra has then reset its config): the summary of the jobs that
+    finished is still due, in the sweep folder the last job ran in. Does nothing before a
+    sweep's first job (no folder of ours yet) or outside a multirun."""
+    if _SWEEP_DIRS:
+        with contextlib.suppress(Exception):  # the summary must not hide the interrupt
+            summarize_interrupted(_SWEEP_DIRS[-1])
+
+
 def _main() -> None:
     from hydra.errors import HydraException
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -343,9 +356,11 @@ def _main() -> None:
     except KeyboardInterrupt:
         if user_wants_traceback:
             raise
+        _summarize_if_sweep()
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+        _summarize_if_sweep()
         print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None
     except HydraException as exc:

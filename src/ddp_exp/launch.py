@@ -28,8 +28,10 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import tempfile
+import threading
 import uuid
 from typing import Any
 
@@ -244,7 +246,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         agent_log.addFilter(failures)
         spawn_log.addFilter(failures)
         try:
-            with _environ(env):
+            with _environ(env), _own_signal_handlers():
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             jobdir.keep_error_files(exc, inputs.job_dir)
@@ -254,6 +256,24 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             spawn_log.removeFilter(failures)
             if owns_folder:
                 jobdir.remove_partial_files(inputs.job_dir)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers():
+    """Put this process's signal handlers back after the launch. The agent installs torch's
+    (SIGINT, SIGTERM, SIGHUP, SIGQUIT raise ``SignalException``) and leaves them: a Ctrl-C
+    while Hydra composed a sweep's next job then raised it inside OmegaConf, which rebuilt it
+    with one argument and printed a ``TypeError`` traceback instead of the interrupt."""
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n, None) for n in names)
+             if sig is not None}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in saved.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
 
 def _default_run_id(rdzv_backend: str) -> str:
