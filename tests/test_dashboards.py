@@ -124,6 +124,28 @@ def test_straggler_line_needs_more_than_20_percent():
     assert perf.straggler_line(noise, epoch=0) is None
 
 
+def test_step_timer_rows_sum_into_the_world_table_and_the_epoch():
+    from ddp_exp.distributed import World
+
+    timers = [perf.StepTimer(World(r, r, 2, 2), torch.device("cpu")) for r in (0, 1)]
+    for timer, compute in zip(timers, (0.8, 1.0), strict=True):
+        timer.sums = [0.0, compute, 0.1, 0.0, 100.0]  # 8 and 10 ms of compute a step
+    rows = [timer.row() for timer in timers]
+    assert rows[0][7:] == [0.0] * 7 and rows[1][:7] == [0.0] * 7  # own row only
+    assert [t.sums for t in timers] == [[0.0] * 5] * 2  # the next interval started
+    world = [a + b for a, b in zip(*rows, strict=True)]  # what the all-reduce makes of them
+    for timer in timers:
+        out = timer.take(world)
+        assert out["perf/compute_ms_min"] == pytest.approx(8.0)
+        assert out["perf/compute_ms_max"] == pytest.approx(10.0)
+        assert out["perf/straggler_rank"] == 1.0
+        timer.take(world)  # a second interval of the same epoch
+        assert timer.epoch_rows[1][:5] == pytest.approx([0.0, 2.0, 0.2, 0.0, 200.0])
+        line = timer.end_epoch(0)
+        assert line is not None and line.startswith("epoch 1: rank 1 is a straggler")
+        assert timer.epoch_rows == [[0.0] * len(perf.FIELDS)] * 2  # the next epoch starts
+
+
 def test_layout_names_only_written_tags():
     tags = {"train/loss", "train/lr", "train/samples_per_sec", "val/loss", "val/accuracy",
             *perf.PERF_TAGS}

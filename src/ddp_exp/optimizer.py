@@ -38,12 +38,20 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
     """The global L2 norm of the parameters' gradients (a scalar tensor on their device, no
-    host sync), as ``torch.nn.utils.clip_grad_norm_`` computes it; None if none has a gradient.
-    Called after DDP's all-reduce, it is the same on every rank."""
-    grads = [p.grad.detach() for p in params if p.grad is not None]
+    host sync), as ``torch.nn.utils.clip_grad_norm_`` computes it (the norm of the per-tensor
+    norms, ``_foreach_norm`` where the gradients share a device and dtype); None if none has a
+    gradient. Called after DDP's all-reduce, it is the same on every rank. Not
+    ``torch.nn.utils.get_total_norm``: its grouping costs ~130 us of host time a call on a
+    small model, ~20 % of a digits step (issue 13); the value is the same."""
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        norms = torch._foreach_norm(grads)
+    else:
+        norms = [torch.linalg.vector_norm(g).to(first.device) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]

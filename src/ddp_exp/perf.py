@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ddp_exp.distributed import World, all_reduce_sum, peak_rss_mb
+from ddp_exp.distributed import World, peak_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,8 @@ class StepTimer:
             ... forward, backward of each micro-batch
             timer.backward_done()                                # after the last backward()
             timer.step_done()                                    # after optimizer.step()
-        scalars = timer.interval()                               # every rank, at logging steps
+        flat = timer.row()                       # every rank, at logging steps: its sums
+        scalars = timer.take(summed_over_world)  # that list summed over the ranks (all-reduce)
 
     Args:
         world: this rank's place.
@@ -154,7 +155,8 @@ class StepTimer:
         self.world, self.device = world, device
         self.cuda = device.type == "cuda"
         self.sums = [0.0] * 5  # data, compute, sync, optim (seconds), steps
-        self.epoch_table = torch.zeros(world.world_size, len(FIELDS), dtype=torch.float64)
+        # The epoch's sums, every rank's row (what end_epoch's straggler line reads).
+        self.epoch_rows = [[0.0] * len(FIELDS) for _ in range(world.world_size)]
         self._t_batch = self._t_grads = self._t_backward = 0.0
         self._grads_seen = False
         from torch.autograd import Variable
@@ -246,39 +248,40 @@ class StepTimer:
         self._slot = 0  # the next batch is fetched after the logging step
 
     # ---------------------------------------------------------------- per interval
-    def row(self) -> torch.Tensor:
-        """This rank's row of the interval's ``[world_size, 7]`` table (float64, on the
-        device; zeros in the other ranks' rows), and the start of the next interval: what
-        :meth:`take` needs once summed over the world. The trainer all-reduces it in the same
-        collective as the losses."""
+    def row(self) -> list[float]:
+        """This rank's row of the interval's ``[world_size, 7]`` table, flattened
+        (``world_size * 7`` floats, zeros in the other ranks' rows), and the start of the next
+        interval: what :meth:`take` needs once summed over the world. The trainer all-reduces
+        it in the same collective as the losses. Python floats: a logging step builds one
+        tensor for the whole collective, not one per part (each tensor operation costs
+        ~5-10 us of host time, a step of a small model ~700 us: issue 13)."""
         if self.cuda:
             self._read_events()
         row = [*self.sums, peak_rss_mb(),
                torch.cuda.max_memory_allocated(self.device) / 2**20 if self.cuda else 0.0]
         self.sums = [0.0] * 5  # the next interval starts
-        table = torch.zeros(self.world.world_size, len(FIELDS), dtype=torch.float64)
-        table[self.world.rank] = torch.tensor(row, dtype=torch.float64)
-        return table.to(self.device)
+        width = len(FIELDS)
+        flat = [0.0] * (self.world.world_size * width)
+        flat[self.world.rank * width:(self.world.rank + 1) * width] = row
+        return flat
 
-    def take(self, table: torch.Tensor) -> dict[str, float]:
+    def take(self, flat: list[float]) -> dict[str, float]:
         """The interval's ``perf/*`` scalars from the world's table (the sum over ranks of
-        :meth:`row`, which started the next interval); keeps the epoch's totals for
-        :meth:`end_epoch`."""
-        table = table.view(self.world.world_size, len(FIELDS)).cpu()
-        self.epoch_table[:, :5] += table[:, :5]
-        return summarize(table, self.cuda)
-
-    def interval(self) -> dict[str, float]:
-        """Every rank calls it at a logging step: one all-reduce of the ``[world_size, 7]``
-        table of every rank's sums since the last call (:meth:`row`), then :meth:`take`."""
-        return self.take(all_reduce_sum(self.row()))
+        :meth:`row`, flattened, which started the next interval); keeps the epoch's totals
+        for :meth:`end_epoch`."""
+        width = len(FIELDS)
+        rows = [flat[r * width:(r + 1) * width] for r in range(self.world.world_size)]
+        for total, row in zip(self.epoch_rows, rows, strict=True):
+            for i in range(5):
+                total[i] += row[i]
+        return summarize(rows, self.cuda)
 
     def end_epoch(self, epoch: int) -> str | None:
         """At the end of each epoch: rank 0 logs a warning naming a straggler (see
         :func:`straggler_line`); returns the line (None if no rank stands out). No collective:
         every rank holds the gathered table."""
-        line = straggler_line(self.epoch_table, epoch)
-        self.epoch_table.zero_()
+        line = straggler_line(torch.tensor(self.epoch_rows, dtype=torch.float64), epoch)
+        self.epoch_rows = [[0.0] * len(FIELDS) for _ in range(self.world.world_size)]
         if line and self.world.is_main:
             log.warning(line)
         return line

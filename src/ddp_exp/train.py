@@ -260,7 +260,7 @@ class Trainer:
             self._log(window, progress, timing, *context)
         return loss_sum, samples
 
-    def _log(self, window: LossWindow, progress: Progress, timing: torch.Tensor | None,
+    def _log(self, window: LossWindow, progress: Progress, timing: list[float] | None,
              step: int, grad_norm: torch.Tensor | None, lr: float) -> None:
         """Write the interval's scalars at x = ``step``, the logging step (rank 0), and start
         the next interval; ``timing``: the world's perf table of the interval

@@ -43,6 +43,8 @@ class LossWindow:
 
     def __init__(self, device: torch.device):
         self.device = device
+        # Sum on the host (Python floats) on the CPU; elsewhere on the device (see start).
+        self.on_host = device.type == "cpu"
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
         self.steps: list[int] = []
@@ -60,37 +62,51 @@ class LossWindow:
     def __len__(self) -> int:
         return len(self.losses)
 
-    def start(self, world: World, extra: torch.Tensor | None = None,
+    def start(self, world: World, extra: list[float] | None = None,
               context: Any = None) -> None:
         """Every rank calls it at the same step: start one all-reduce of the pending steps'
         (loss sum, sample count) without waiting for it (``async_op``), and empty the pending
         list; :meth:`finish` waits for it. A check started before must be finished first.
 
-        ``extra`` (float64 on the device, any shape) is summed over the world in the same
-        collective (the perf timer's table at logging steps); ``context`` is handed back by
-        :meth:`finish` as it was (what the logging step wrote down).
+        ``extra`` (floats) is summed over the world in the same collective (the perf timer's
+        table at logging steps); ``context`` is handed back by :meth:`finish` as it was (what
+        the logging step wrote down).
+
+        On the CPU the sum is taken in Python floats, each loss (a float32) times its batch size
+        in float64, and the collective's one tensor is built from a list: a handful of tensor
+        operations would cost more host time (~5-10 us each) than a logging interval's steps of
+        a small model can hide (issue 13). Elsewhere the losses stay on the device (reading them
+        would wait for it): one stacked product and sum in float64. Both sums are exact as long
+        as an interval's terms span less than ~2^24 in magnitude, so the two agree.
         """
         import torch.distributed as dist
 
         assert self.pending is None, "finish() the check started before"
-        if self.losses:
-            losses = torch.stack(self.losses).double()
+        losses: list[float] | torch.Tensor
+        if self.on_host:
+            losses = [float(loss) for loss in self.losses]
+            total = 0.0
+            for loss, size in zip(losses, self.sizes, strict=True):
+                total += loss * size
+            totals = torch.tensor([total, float(sum(self.sizes)), *(extra or ())],
+                                  dtype=torch.float64)
+        else:
+            losses = (torch.stack(self.losses).double() if self.losses
+                      else torch.zeros(0, dtype=torch.float64, device=self.device))
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
             totals = torch.stack([(losses * sizes).sum(), sizes.sum()])
-        else:  # a rank must still join the collective
-            losses = torch.zeros(0, dtype=torch.float64, device=self.device)
-            totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        if extra is not None:
-            totals = torch.cat([totals, extra.reshape(-1)])
+            if extra is not None:
+                totals = torch.cat([totals, torch.tensor(extra, dtype=torch.float64,
+                                                         device=self.device)])
         work = (dist.all_reduce(totals, async_op=True)
                 if dist.is_initialized() and world.world_size > 1 else None)
         self.pending = (work, totals, losses, self.steps, extra is not None, context)
         self.losses, self.sizes, self.steps = [], [], []
 
-    def finish(self, world: World) -> tuple[float, int, torch.Tensor | None, Any] | None:
+    def finish(self, world: World) -> tuple[float, int, list[float] | None, Any] | None:
         """Wait for the check :meth:`start` began (None if there is none) and add its sums to
-        the interval; returns the world's (loss sum, sample count), the reduced ``extra`` as a
-        flat vector (None without it) and the ``context``.
+        the interval; returns the world's (loss sum, sample count), the reduced ``extra`` (None
+        without it) and the ``context``.
 
         Raises:
             NonFiniteLossError: the sum is NaN or infinite (on every rank).
@@ -101,12 +117,13 @@ class LossWindow:
         self.pending = None
         if work is not None:
             work.wait()
-        loss_sum, count = totals[:2].tolist()
+        values = totals.tolist()
+        loss_sum, count = values[0], int(values[1])
         if not math.isfinite(loss_sum):
             self._raise_nonfinite(losses, steps, world)
         self.interval_sum += loss_sum
-        self.interval_count += int(count)
-        return loss_sum, int(count), totals[2:] if has_extra else None, context
+        self.interval_count += count
+        return loss_sum, count, values[2:] if has_extra else None, context
 
     def check(self, world: World) -> tuple[float, int]:
         """:meth:`start` and :meth:`finish` at once: the world's (loss sum, sample count)."""
@@ -120,10 +137,11 @@ class LossWindow:
         self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
         return taken
 
-    def _raise_nonfinite(self, losses: torch.Tensor, steps: list[int], world: World) -> None:
+    def _raise_nonfinite(self, losses: list[float] | torch.Tensor, steps: list[int],
+                         world: World) -> None:
         import torch.distributed as dist
 
-        bad = (~torch.isfinite(losses)).nonzero()
+        bad = (~torch.isfinite(torch.as_tensor(losses, dtype=torch.float64))).nonzero()
         # Encode (step, rank) in one number so one MIN all-reduce finds the earliest.
         mine = steps[int(bad[0])] * world.world_size + world.rank if len(bad) else math.inf
         code = torch.tensor([float(mine)], dtype=torch.float64, device=self.device)
