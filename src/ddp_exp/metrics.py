@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -151,7 +151,7 @@ class MetricsWriter:
         self.recipe_metrics = list(recipe_metrics)
         self.writer = None
         self.tags: set[str] = set()  # scalar tags written so far (the dashboard layout's)
-        self.queued: list[tuple[int, Mapping[str, Any]]] = []  # see queue_scalars
+        self.queued: list[tuple[int, Mapping[str, Any], Any]] = []  # see queue_scalars
         self.queued_since = 0.0
         if not enabled:
             return
@@ -183,29 +183,36 @@ class MetricsWriter:
             self.writer.file_writer.add_summary(Summary(value=entries), step)
             self.tags.update(entry.tag for entry in entries)
 
-    def queue_scalars(self, step: int, values: Mapping[str, float | torch.Tensor | None]
-                      ) -> None:
+    def queue_scalars(self, step: int, values: Mapping[str, float | torch.Tensor | None],
+                      more: Callable[[], Mapping[str, float]] | None = None,
+                      more_tags: Iterable[str] = ()) -> None:
         """:meth:`scalars`, later: keep ``values`` (numbers or one-element tensors, read when
         written) and write everything queued at :meth:`write_queued` or once the oldest entry
         is :data:`QUEUE_S` seconds old. The training loop's logging steps use it, so that
         TensorBoard's event encoding (a pure-Python CRC-32C per event, in the writer's
         thread, holding the GIL) runs after the epoch's loop, not between its steps (issue 13).
-        The event file is flushed every 120 s anyway, so TensorBoard shows the same."""
+        The event file is flushed every 120 s anyway, so TensorBoard shows the same.
+
+        ``more``: called when written, its scalars join ``values`` in the same event (work
+        that can wait, such as the perf table's summary); ``more_tags``: the tags it returns,
+        known now for the dashboard layout. Not called where nothing is written (ranks other
+        than 0)."""
         if self.writer is None:
             return
         now = time.monotonic()
         if not self.queued:
             self.queued_since = now
-        self.queued.append((step, values))
+        self.queued.append((step, values, more))
         self.tags.update(tag for tag, value in values.items() if value is not None)
+        self.tags.update(more_tags)
         if now - self.queued_since >= QUEUE_S:
             self.write_queued()
 
     def write_queued(self) -> None:
         """Write what :meth:`queue_scalars` kept, in order."""
         queued, self.queued = self.queued, []
-        for step, values in queued:
-            self.scalars(step, values)
+        for step, values, more in queued:
+            self.scalars(step, values if more is None else {**values, **more()})
 
     def flush(self) -> None:
         """Write what is queued and wait until TensorBoard's writer thread has written every

@@ -265,10 +265,16 @@ class StepTimer:
         flat[self.world.rank * width:(self.world.rank + 1) * width] = row
         return flat
 
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The tags :meth:`take` returns."""
+        return (*PERF_TAGS, CUDA_TAG) if self.cuda else PERF_TAGS
+
     def take(self, flat: list[float]) -> dict[str, float]:
         """The interval's ``perf/*`` scalars from the world's table (the sum over ranks of
         :meth:`row`, flattened, which started the next interval); keeps the epoch's totals
-        for :meth:`end_epoch`."""
+        for :meth:`end_epoch`. Rank 0 calls it when it writes the interval's scalars (after
+        the epoch's loop), in step order, before :meth:`end_epoch`."""
         width = len(FIELDS)
         rows = [flat[r * width:(r + 1) * width] for r in range(self.world.world_size)]
         for total, row in zip(self.epoch_rows, rows, strict=True):
@@ -279,7 +285,7 @@ class StepTimer:
     def end_epoch(self, epoch: int) -> str | None:
         """At the end of each epoch: rank 0 logs a warning naming a straggler (see
         :func:`straggler_line`); returns the line (None if no rank stands out). No collective:
-        every rank holds the gathered table."""
+        rank 0 holds the epoch's gathered table (:meth:`take`)."""
         line = straggler_line(torch.tensor(self.epoch_rows, dtype=torch.float64), epoch)
         self.epoch_rows = [[0.0] * len(FIELDS) for _ in range(self.world.world_size)]
         if line and self.world.is_main:

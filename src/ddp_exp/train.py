@@ -274,10 +274,12 @@ class Trainer:
             "train/samples_per_sec": rate,
             "train/grad_norm": grad_norm,
         }
-        if timing is not None:  # every rank's step timing, reduced with the losses
-            scalars.update(self.perf.take(timing))
-        # One TensorBoard event, encoded after the epoch's loop (MetricsWriter.queue_scalars).
-        self.writer.queue_scalars(step, scalars)
+        # One TensorBoard event, encoded after the epoch's loop (MetricsWriter.queue_scalars);
+        # every rank's step timing, reduced with the losses, is summarised then too.
+        perf = self.perf if timing is not None else None
+        self.writer.queue_scalars(step, scalars,
+                                  None if perf is None else lambda: perf.take(timing),
+                                  () if perf is None else perf.tags)
         if not self.layout_written:  # the Custom Scalars layout, once per run
             tags = self.writer.tags | set(self.evaluator.tags)
             self.writer.custom_scalars(dashboard.layout(tags))

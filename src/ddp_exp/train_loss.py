@@ -73,23 +73,27 @@ class LossWindow:
         the logging step wrote down).
 
         On the CPU the sum is taken in Python floats, each loss (a float32) times its batch size
-        in float64, and the collective's one tensor is built from a list: a handful of tensor
-        operations would cost more host time (~5-10 us each) than a logging interval's steps of
-        a small model can hide (issue 13). Elsewhere the losses stay on the device (reading them
-        would wait for it): one stacked product and sum in float64. Both sums are exact as long
-        as an interval's terms span less than ~2^24 in magnitude, so the two agree.
+        in float64, and the collective's one tensor is built from a list (a world of one needs
+        none): a handful of tensor operations would cost more host time (~5-10 us each) than a
+        logging interval's steps of a small model can hide (issue 13). Elsewhere the losses stay
+        on the device (reading them would wait for it): one stacked product and sum in float64.
+        Both sums are exact as long as an interval's terms span less than ~2^24 in magnitude,
+        so the two agree.
         """
         import torch.distributed as dist
 
         assert self.pending is None, "finish() the check started before"
+        collective = dist.is_initialized() and world.world_size > 1
         losses: list[float] | torch.Tensor
+        totals: list[float] | torch.Tensor
         if self.on_host:
             losses = [float(loss) for loss in self.losses]
             total = 0.0
             for loss, size in zip(losses, self.sizes, strict=True):
                 total += loss * size
-            totals = torch.tensor([total, float(sum(self.sizes)), *(extra or ())],
-                                  dtype=torch.float64)
+            totals = [total, float(sum(self.sizes)), *(extra or ())]
+            if collective:
+                totals = torch.tensor(totals, dtype=torch.float64)
         else:
             losses = (torch.stack(self.losses).double() if self.losses
                       else torch.zeros(0, dtype=torch.float64, device=self.device))
@@ -98,8 +102,7 @@ class LossWindow:
             if extra is not None:
                 totals = torch.cat([totals, torch.tensor(extra, dtype=torch.float64,
                                                          device=self.device)])
-        work = (dist.all_reduce(totals, async_op=True)
-                if dist.is_initialized() and world.world_size > 1 else None)
+        work = dist.all_reduce(totals, async_op=True) if collective else None
         self.pending = (work, totals, losses, self.steps, extra is not None, context)
         self.losses, self.sizes, self.steps = [], [], []
 
@@ -117,7 +120,7 @@ class LossWindow:
         self.pending = None
         if work is not None:
             work.wait()
-        values = totals.tolist()
+        values = totals.tolist() if isinstance(totals, torch.Tensor) else totals
         loss_sum, count = values[0], int(values[1])
         if not math.isfinite(loss_sum):
             self._raise_nonfinite(losses, steps, world)
