@@ -510,3 +510,21 @@ def test_more_config_errors_name_the_key(run_cli, tmp_path, overrides, key):
     assert run.returncode == 2
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), run.stderr
+
+
+@pytest.mark.parametrize("mode", ["run", "run-under-a-file", "sweep"])
+def test_an_output_folder_that_cannot_be_made_is_one_line(run_cli, tmp_path, mode):
+    """A hydra.run.dir / hydra.sweep.dir that is a file (or lies under one) is the user's input:
+    one line naming the path and the key, exit 2, the file untouched (fresh-user finding)."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me\n")
+    target = a_file / "sub" if mode == "run-under-a-file" else a_file
+    key = "hydra.sweep.dir" if mode == "sweep" else "hydra.run.dir"
+    multirun = ["-m"] if mode == "sweep" else []
+    run = run_cli(*multirun, "world_size=1", "trainer.epochs=1", f"{key}={target}",
+                  run_dir=False, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [_one_line(run.stderr)]
+    assert str(target) in run.stderr and key in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+    assert a_file.read_text() == "keep me\n"

@@ -234,6 +234,25 @@ def _no_slurm_here(exc: BaseException) -> str | None:
     return None
 
 
+def _output_folder_error(exc: BaseException) -> str | None:
+    """One line for Hydra failing to create the run's or the sweep's folder (the path is a
+    file, under a file, or not writable); None for any other error, an ``OSError`` of our own
+    code included (told apart by the innermost frame of Hydra's or ours)."""
+    import traceback
+
+    if not isinstance(exc, OSError) or not exc.filename:
+        return None
+    hydra_dir = os.path.dirname(hydra.__file__) + os.sep
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    owners = [f.filename for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename.startswith((hydra_dir, ours))]
+    if not owners or not owners[-1].startswith(hydra_dir):
+        return None
+    return (f"cannot create the output folder {exc.filename}: {exc.strerror}; set "
+            "hydra.run.dir (hydra.sweep.dir with -m) to a folder that can be created and "
+            "written")
+
+
 def _config_error_in(exc: BaseException) -> ConfigError | None:
     """The ConfigError that caused ``exc`` (through ``__cause__`` / ``__context__``), if any."""
     seen: set[int] = set()
@@ -381,7 +400,7 @@ def _main() -> None:
         # user's input too: the same exit status as ours.
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
-        line = _config_error_in(exc) or _no_slurm_here(exc)
+        line = _config_error_in(exc) or _no_slurm_here(exc) or _output_folder_error(exc)
         if line is None or user_wants_traceback:
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)
