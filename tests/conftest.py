@@ -40,6 +40,9 @@ class Run:
 # runs into the subprocess timeout of a minute or more), not a speed target. These exits take
 # 2-5 s on an idle 2-core machine and reached 12-17 s while four other test suites shared it.
 FAILS_FAST_S = 30.0
+# torchrun on one node with two ranks, starting ddp_exp (run_cli's ``launcher=``).
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node=2", "-m", "ddp_exp"]
 
 
 

@@ -26,6 +26,7 @@ import pytest
 import torch
 from conftest import (
     FAILS_FAST_S,
+    TORCHRUN_2,
     Run,
     assert_no_orphans,
     cli_env,
@@ -272,6 +273,33 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
     else:
         assert "SIGKILL" in cause, cause
         assert "error_file: <none" in cause and not kept.exists(), cause
+    assert not (run.job_dir / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(("fault", "line"), [
+    ("raise", "rank 1 failed: RuntimeError: injected failure at step 5"),
+    ("nan", "NonFiniteLossError: non-finite training loss at step 5 (first seen on rank 1)")])
+def test_a_failing_rank_under_torchrun_is_recorded_like_the_launchers(run_cli, tmp_path, fault,
+                                                                      line):
+    """Under torchrun a rank that raises (or a loss that diverges on every rank at once)
+    leaves what the built-in launcher leaves: status.json "failed" naming the rank, its
+    errors/rank<R>.json, the traceback in the job log, one line on stderr (once, however many
+    ranks raised it) and no rank's own traceback (fresh-user finding: ~250 lines, no record)."""
+    run = run_cli(*faulty_args(tmp_path / "conf", fault=fault, fault_step=5, fault_rank=1),
+                  "trainer.epochs=2", QUIET, env=faulty_env(), timeout=120, launcher=TORCHRUN_2)
+    text = output(run)
+    assert run.returncode == 1, text
+    status = json.loads((run.job_dir / "status.json").read_text())
+    assert status["status"] == "failed" and line in status["error"], status
+    assert [ln for ln in run.stderr.splitlines() if ln.startswith("error: ")] == [
+        f"error: {status['error']}"], text
+    assert "[rank0]: Traceback" not in text and "[rank1]: Traceback" not in text, text
+    errors = sorted(p.name for p in (run.job_dir / "errors").iterdir())
+    assert errors and set(errors) <= {"rank0.json", "rank1.json"}, errors
+    recorded = json.loads((run.job_dir / "errors" / errors[0]).read_text())["message"]
+    assert line.split(": ", 1)[1] in recorded["message"]
+    assert "Traceback" in recorded["extraInfo"]["py_callstack"]
+    assert "Traceback" in (run.job_dir / "ddp_exp.log").read_text()
     assert not (run.job_dir / "metrics.json").exists()
 
 

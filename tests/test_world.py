@@ -12,20 +12,17 @@ import math
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import scalars
+from conftest import TORCHRUN_2, scalars
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DIGITS_N = 1797  # scikit-learn's digits
 DEFAULT_VAL = 297  # conf/data/digits.yaml
-TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc_per_node=2", "-m", "ddp_exp"]
 QUIET = "print_config=false"
 
 

@@ -52,6 +52,7 @@ from ddp_exp.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.usage import register_resolvers
+from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed
 
 log = logging.getLogger("ddp_exp")
 
@@ -111,6 +112,13 @@ def _task(cfg: DictConfig) -> float | None:
             log.error("error: %s", exc)
         elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
             raise SystemExit(code) from None  # a single run that never started leaves nothing
+    except RankFailed as exc:  # under torchrun or srun: this process was a failed rank
+        if exc.report:
+            print(f"error: {exc.line}", file=sys.stderr, flush=True)
+            write_status(exc.job_dir, "failed", overrides, time.time() - t_start, exc.line)
+        else:  # let the first failed rank report and exit first: torchrun names it the cause
+            time.sleep(PEER_FAILURE_GRACE_S)
+        raise SystemExit(EXIT_RANK_FAILED) from None
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = _rendezvous_line(exc, cfg)
         if main_process:
@@ -134,9 +142,11 @@ def _task(cfg: DictConfig) -> float | None:
         raise SystemExit(128 + int(exc.sigval)) from None
     except (KeyboardInterrupt, Interrupted) as exc:  # before the ranks started (data, model)
         name = exc.sigval.name if isinstance(exc, Interrupted) else "SIGINT"
+        # Under torchrun this process is a rank: the signal may come at any point of training.
+        when = "" if under_torchrun() else " before training started"
         if main_process:
             write_status(job_dir, "interrupted", overrides, time.time() - t_start,
-                         f"stopped by {name} before training started")
+                         f"stopped by {name}{when}")
         if hc.mode == RunMode.MULTIRUN:
             summarize_interrupted(hc.sweep.dir)
         raise
@@ -376,7 +386,8 @@ def _main() -> None:
         if user_wants_traceback:
             raise
         _summarize_if_sweep()
-        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets Ctrl-C
+            print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
         _summarize_if_sweep()
@@ -390,12 +401,13 @@ def _main() -> None:
             if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it
                 print(f"error: {line}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
-        print(str(exc), file=sys.stderr)
-        if exc.__cause__ is not None:
-            print(str(exc.__cause__), file=sys.stderr)
-        hint = missing_plugin_hint(f"{exc} {exc.__cause__}")
-        if hint:
-            print(hint, file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it
+            print(str(exc), file=sys.stderr)
+            if exc.__cause__ is not None:
+                print(str(exc.__cause__), file=sys.stderr)
+            hint = missing_plugin_hint(f"{exc} {exc.__cause__}")
+            if hint:
+                print(hint, file=sys.stderr)
         # Hydra's own composition errors (an unknown option, a comma list without -m) are the
         # user's input too: the same exit status as ours.
         raise SystemExit(EXIT_CONFIG_ERROR) from None

@@ -54,6 +54,7 @@ from ddp_exp.worker import (
     FAILURES_ENV,
     RankInputs,
     configure_logging,
+    record_rank_failure,
     run_rank,
     set_threads,
     train_rank,
@@ -309,6 +310,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
 
     Raises:
         ConfigError: an explicit ``world_size=`` that is not torchrun's ``WORLD_SIZE``.
+        ddp_exp.worker.RankFailed: training failed on this rank (recorded by
+            :func:`ddp_exp.worker.record_rank_failure`).
     """
     import torch.distributed as dist
 
@@ -339,6 +342,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     try:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
+        if world.is_main:  # an earlier attempt's error files would contradict this run
+            jobdir.clear_errors(hc.runtime.output_dir)
         shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
                   jobdir.job_log_file()] if world.is_main else [None, None, None]
         dist.broadcast_object_list(shared, src=0)
@@ -348,6 +353,9 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         inputs = prepare(cfg, job_dir, world.world_size, device, backend)
         if world.is_main and cfg.print_config:
             log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
-        return train_rank(inputs, world, threads)
+        try:
+            return train_rank(inputs, world, threads)
+        except Exception as exc:  # recorded as the built-in launcher records a failed rank
+            raise record_rank_failure(exc, world.rank, job_dir) from None
     finally:
         destroy_process_group()

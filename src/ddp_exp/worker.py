@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from ddp_exp import checkpoint, train_state
+from ddp_exp import checkpoint, jobdir, train_state
 from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
@@ -61,6 +61,69 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(
         s in text for s in ("Connection closed by peer", "Connection reset by peer",
                             "Broken pipe", "NCCL communicator was aborted"))
+
+
+class RankFailed(Exception):
+    """A rank of a world that torchrun (or srun) started failed while training; see
+    :func:`record_rank_failure`.
+
+    Attributes:
+        line: ``rank R failed: <type>: <first line of the error>``.
+        job_dir: the run's folder (rank 0's).
+        report: this rank reports the failure (one line on stderr, ``status.json``): the first
+            rank of the world to record one (one per node where nodes share no folder).
+        peer: this rank's collective broke because another rank failed first.
+    """
+
+    def __init__(self, line: str, job_dir: str, report: bool, peer: bool):
+        super().__init__(line)
+        self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
+
+
+def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
+    """Call in the ``except`` block of a rank that torchrun (or srun) started, around its
+    training. Does what the built-in launcher's ``@record`` and failure table do: the traceback
+    goes to the job log; unless the error is a peer's failure (:func:`is_peer_failure`), it is
+    written to ``<job_dir>/errors/rank<R>.json`` and to torchrun's error file
+    (``TORCHELASTIC_ERROR_FILE``: its failure summary then names the cause), both in torch's
+    error-file format (``ErrorHandler.record_exception``). The rank that creates ``errors/``
+    first reports the failure (``RankFailed.report``): an error that every rank raises
+    together (a diverged loss) is reported once.
+
+    Returns:
+        The :class:`RankFailed` to raise instead of ``exc``.
+    """
+    import traceback
+
+    peer = is_peer_failure(exc)
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    line = f"rank {rank} failed: {type(exc).__name__}: {first}"
+    jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
+    report = False
+    if not peer:
+        errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
+        try:
+            os.mkdir(errors)  # atomic: exactly one rank creates it
+            report = True
+        except FileExistsError:
+            pass
+        except OSError:  # no folder to record in: rank 0 still reports
+            report = rank == 0
+        with contextlib.suppress(OSError):
+            _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
+        ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
+    return RankFailed(line, job_dir, report, peer)
+
+
+class _ErrorFile(ErrorHandler):
+    """torch's ``ErrorHandler`` writing to ``path`` instead of ``TORCHELASTIC_ERROR_FILE``."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def _get_error_file_path(self) -> str:
+        return self.path
 
 
 @dataclass
