@@ -135,11 +135,26 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     (started / ".hydra").mkdir(parents=True)  # Hydra made its folder; the signal came first
     entry._summarize_if_sweep()  # no multirun job ran in this process: nothing to write
     assert not (tmp_path / "summary.md").exists()
-    entry._SWEEP_DIRS.append(str(tmp_path))  # what job 0's task noted
+    entry._last_sweep_dir = str(tmp_path)  # what job 0's task noted
     try:
         entry._summarize_if_sweep()
     finally:
-        entry._SWEEP_DIRS.clear()
+        entry._last_sweep_dir = None
     table = (tmp_path / "summary.md").read_text()
     assert "data.batch_size=64" in table and "completed" in table and "incomplete" in table
     assert (tmp_path / "summary.csv").is_file()
+
+
+def test_a_sweep_job_lost_by_submitit_is_one_line():
+    """launcher=slurm_local, Ctrl-C reaching the jobs but not the sweep's process: submitit's
+    UncompletedJobError was a 55-line traceback (fresh-user finding); now one line, exit 1."""
+    submitit_utils = pytest.importorskip("submitit.core.utils")
+    import ddp_exp.__main__ as entry
+
+    exc = submitit_utils.UncompletedJobError(
+        "Job 123_0 (task: 0) with path /x/123_0_result.pkl\nhas not produced any output "
+        "(state: FINISHED)\nError stream produced:\n----\n" + "Traceback ...\n" * 50)
+    line = entry._lost_job_line(exc)
+    assert line is not None and "\n" not in line
+    assert "Job 123_0 (task: 0)" in line and "has not produced any output" in line
+    assert entry._lost_job_line(RuntimeError("other")) is None

@@ -56,7 +56,7 @@ from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed
 
 log = logging.getLogger("ddp_exp")
 
-_SWEEP_DIRS: list[str] = []  # the sweep folder of every multirun job this process ran
+_last_sweep_dir: str | None = None  # the sweep folder of the last multirun job run here
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
@@ -81,9 +81,10 @@ def _task(cfg: DictConfig) -> float | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
+    global _last_sweep_dir
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:  # for a signal that comes between this job and the next
-        _SWEEP_DIRS.append(hc.sweep.dir)
+        _last_sweep_dir = hc.sweep.dir
     # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
     main_process = os.environ.get("RANK", "0") == "0" and owns_folder(cfg)
     t_start = time.time()
@@ -99,9 +100,10 @@ def _task(cfg: DictConfig) -> float | None:
             # A sweep run again with trainer.resume=auto skips its finished jobs and goes on.
             log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
             return objective(recorded_val_loss(job_dir), hc.sweeper)
-        if main_process:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
+        complete = isinstance(exc, AlreadyComplete)
+        if main_process:  # a finished run is no error: a requeued finished job ends as done
+            print(str(exc) if complete else f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(0 if complete else EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
         if main_process:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -244,6 +246,17 @@ def _no_slurm_here(exc: BaseException) -> str | None:
     return None
 
 
+def _lost_job_line(exc: BaseException) -> str | None:
+    """One line for submitit's ``UncompletedJobError`` (``launcher=slurm`` / ``slurm_local``): a
+    job ended without returning a result (stopped by a signal, killed, out of memory); its
+    folder's ``status.json`` and ``ddp_exp.log`` say what happened to the run inside it."""
+    if type(exc).__name__ != "UncompletedJobError":
+        return None
+    first = " ".join(str(exc).strip().splitlines()[:2])[:400]
+    return (f"a sweep job ended without returning a result (submitit: {first}); its job "
+            "folder's status.json and ddp_exp.log say what happened to it")
+
+
 def _output_folder_error(exc: BaseException) -> str | None:
     """One line for Hydra failing to create the run's or the sweep's folder (the path is a
     file, under a file, or not writable); None for any other error, an ``OSError`` of our own
@@ -361,9 +374,9 @@ def _summarize_if_sweep() -> None:
     sweep, or between jobs; Hydra has then reset its config): the summary of the jobs that
     finished is still due, in the sweep folder the last job ran in. Does nothing before a
     sweep's first job (no folder of ours yet) or outside a multirun."""
-    if _SWEEP_DIRS:
+    if _last_sweep_dir is not None:
         with contextlib.suppress(Exception):  # the summary must not hide the interrupt
-            summarize_interrupted(_SWEEP_DIRS[-1])
+            summarize_interrupted(_last_sweep_dir)
 
 
 def _main() -> None:
@@ -413,10 +426,11 @@ def _main() -> None:
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
         line = _config_error_in(exc) or _no_slurm_here(exc) or _output_folder_error(exc)
-        if line is None or user_wants_traceback:
+        lost = _lost_job_line(exc)  # not the input's fault: a job's failure
+        if (line or lost) is None or user_wants_traceback:
             raise
-        print(f"error: {line}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
+        print(f"error: {line or lost}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR if line else EXIT_RANK_FAILED) from None
     finally:
         # The run is over: exempt torch's millions of objects from the garbage collections of
         # interpreter shutdown, which otherwise take 1-3 s after every job (measured here).

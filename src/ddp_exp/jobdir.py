@@ -46,7 +46,8 @@ class LeaveFolderAlone(ConfigError):
 
 
 class AlreadyComplete(LeaveFolderAlone):
-    """``trainer.resume`` points at a run that has already trained all its epochs."""
+    """``trainer.resume`` points at a run that has already trained all its epochs (or stopped
+    early): the single run says so and exits 0, a sweep skips the job."""
 
 
 class JobFolderBusy(LeaveFolderAlone):

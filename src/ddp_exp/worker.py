@@ -194,6 +194,11 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     global_batch = global_batch_size(cfg)
     n_train = len(data.train)
     padded = -n_train % world.world_size
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
+    state = checkpoint.load(source, map_location=device) if source else None
+    if attempt > 0 and world.is_main:
+        log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
     log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
              "(%d per rank x %d accumulated); %d training / %d validation samples",
              world.world_size, threads, inputs.backend, device.type, global_batch,
@@ -203,11 +208,6 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
                  "%d sample(s) per epoch (train/num_samples=%d)", n_train, world.world_size,
                  padded, n_train + padded)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
-    state = checkpoint.load(source, map_location=device) if source else None
-    if attempt > 0 and world.is_main:
-        log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
     test_metrics = (["loss", *inputs.objective.metrics]
                     if data.test is not None and len(data.test) else [])
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
