@@ -126,6 +126,7 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     import json
 
     import ddp_exp.__main__ as entry
+    from ddp_exp import sweep
 
     done = tmp_path / "0"
     (done / ".hydra").mkdir(parents=True)
@@ -135,11 +136,11 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     (started / ".hydra").mkdir(parents=True)  # Hydra made its folder; the signal came first
     entry._summarize_if_sweep()  # no multirun job ran in this process: nothing to write
     assert not (tmp_path / "summary.md").exists()
-    entry._last_sweep_dir = str(tmp_path)  # what job 0's task noted
+    sweep.active_sweep_dir = str(tmp_path)  # what job 0's task noted
     try:
         entry._summarize_if_sweep()
     finally:
-        entry._last_sweep_dir = None
+        sweep.active_sweep_dir = None
     table = (tmp_path / "summary.md").read_text()
     assert "data.batch_size=64" in table and "completed" in table and "incomplete" in table
     assert (tmp_path / "summary.csv").is_file()
@@ -158,3 +159,53 @@ def test_a_sweep_job_lost_by_submitit_is_one_line():
     assert line is not None and "\n" not in line
     assert "Job 123_0 (task: 0)" in line and "has not produced any output" in line
     assert entry._lost_job_line(RuntimeError("other")) is None
+
+
+def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
+    """launcher=slurm_local: the jobs' tasks are other processes, so this process never ran a
+    job; a Ctrl-C while it waited for their results wrote no summary (fresh-user finding: both
+    jobs completed). The multirun's start notes the folder (SummaryCallback)."""
+    import json
+
+    from hydra import compose, initialize_config_module
+
+    import ddp_exp.__main__ as entry
+    from ddp_exp import sweep
+
+    done = tmp_path / "0"
+    (done / ".hydra").mkdir(parents=True)
+    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/loss": 0.4}))
+    (done / ".hydra" / "overrides.yaml").write_text("- data.batch_size=32\n")
+    with initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.sweep.dir={tmp_path}"],
+                      return_hydra_config=True)
+    assert sweep.active_sweep_dir is None
+    sweep.SummaryCallback().on_multirun_start(config=cfg)
+    try:
+        entry._summarize_if_sweep()
+    finally:
+        sweep.active_sweep_dir = None
+    table = (tmp_path / "summary.md").read_text()
+    assert "data.batch_size=32" in table and "completed" in table
+
+
+@pytest.mark.parametrize("arg", ["hydra.run.dir=", "hydra.run.dir=''", 'hydra.sweep.dir=""',
+                                 "+hydra.run.dir= "])
+def test_an_empty_output_folder_is_refused_before_hydra_makes_anything(arg):
+    import ddp_exp.__main__ as entry
+
+    line = entry._empty_output_folder(["trainer.epochs=1", arg])
+    assert line is not None and "is empty" in line and "hydra." in line
+    assert entry._empty_output_folder(["hydra.run.dir=.", "hydra.run.dir=out"]) is None
+
+
+def test_a_failed_rank_is_named_by_the_last_line_of_its_error():
+    """A DataLoader worker's error starts "Caught ValueError in DataLoader worker process 0."
+    and ends with the error itself: both launchers name the rank by that last line."""
+    from ddp_exp.worker import failure_detail
+
+    wrapped = ("ValueError: Caught ValueError in DataLoader worker process 0.\n"
+               "Original Traceback (most recent call last):\n  File ...\n"
+               "ValueError: boom at index 7\n")
+    assert failure_detail(wrapped) == "ValueError: boom at index 7"
+    assert failure_detail("RuntimeError: injected") == "RuntimeError: injected"

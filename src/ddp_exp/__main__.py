@@ -26,6 +26,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
+from ddp_exp import sweep
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs
 from ddp_exp.jobdir import (
@@ -52,11 +53,10 @@ from ddp_exp.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.usage import register_resolvers
-from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed
+from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed, failure_detail
 
 log = logging.getLogger("ddp_exp")
 
-_last_sweep_dir: str | None = None  # the sweep folder of the last multirun job run here
 EXIT_CONFIG_ERROR = 2
 EXIT_RANK_FAILED = 1
 TORCHRUN_REPORT_GRACE_S = 15.0
@@ -81,10 +81,9 @@ def _task(cfg: DictConfig) -> float | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    global _last_sweep_dir
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:  # for a signal that comes between this job and the next
-        _last_sweep_dir = hc.sweep.dir
+        sweep.active_sweep_dir = hc.sweep.dir
     # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
     main_process = os.environ.get("RANK", "0") == "0" and owns_folder(cfg)
     t_start = time.time()
@@ -147,6 +146,7 @@ def _task(cfg: DictConfig) -> float | None:
         # Under torchrun this process is a rank: the signal may come at any point of training.
         when = "" if under_torchrun() else " before training started"
         if main_process:
+            log_to_job_log_only(logging.ERROR, f"stopped by {name}{when}")
             write_status(job_dir, "interrupted", overrides, time.time() - t_start,
                          f"stopped by {name}{when}")
         if hc.mode == RunMode.MULTIRUN:
@@ -181,8 +181,8 @@ def _failure_line(exc) -> str:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
-    text = str(message).strip().splitlines()
-    detail = text[-1] if text else f"exit code {failure.exitcode}"
+    detail = (failure_detail(message) if str(message).strip()
+              else f"exit code {failure.exitcode}")
     return f"rank {rank} failed: {detail}"
 
 
@@ -243,6 +243,19 @@ def _no_slurm_here(exc: BaseException) -> str | None:
         return ("launcher=slurm submits to SLURM and this machine has none (no srun on PATH): "
                 "run it on the cluster's login node, or try the layout here with "
                 "launcher=slurm_local")
+    return None
+
+
+def _empty_output_folder(argv: list[str]) -> str | None:
+    """One line for ``hydra.run.dir=''`` / ``hydra.sweep.dir=''`` on the command line: Hydra
+    would write the run into the current folder, among the user's own files. Checked before
+    Hydra creates anything."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and (
+                not value.strip().strip("'\"").strip()):
+            return (f"{key.lstrip('+')} is empty: it would write the run into the current "
+                    "folder; give a folder path, or leave the key out (outputs/...)")
     return None
 
 
@@ -371,12 +384,13 @@ def exit_now(code: int | str | None) -> None:
 
 def _summarize_if_sweep() -> None:
     """A signal that reached us outside a job's task (while Hydra set up the next job of a
-    sweep, or between jobs; Hydra has then reset its config): the summary of the jobs that
-    finished is still due, in the sweep folder the last job ran in. Does nothing before a
-    sweep's first job (no folder of ours yet) or outside a multirun."""
-    if _last_sweep_dir is not None:
+    sweep, or between jobs; Hydra has then reset its config), or while this process waited for
+    jobs that run elsewhere: the summary of the jobs that finished is still due, in the sweep
+    folder the last job ran in. Does nothing before a sweep's first job (no folder of ours yet)
+    or outside a multirun."""
+    if sweep.active_sweep_dir is not None:
         with contextlib.suppress(Exception):  # the summary must not hide the interrupt
-            summarize_interrupted(_last_sweep_dir)
+            summarize_interrupted(sweep.active_sweep_dir)
 
 
 def _main() -> None:
@@ -384,6 +398,10 @@ def _main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     sys.argv += torchrun_overrides(sys.argv)
+    empty = _empty_output_folder(sys.argv[1:])
+    if empty:
+        print(f"error: {empty}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR)
     _stop_on_sigterm()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let composition errors reach us instead of Hydra's multi-line report, so that a value of

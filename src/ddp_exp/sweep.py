@@ -60,6 +60,9 @@ class SweepFailed(RuntimeError):
 # Set by SummaryCallback.on_multirun_end in the process that ran the sweep; read and cleared by
 # raise_if_failed. A module global because Hydra swallows exceptions from callbacks.
 _failure: str | None = None
+# The sweep folder of the multirun this process takes part in: set when the multirun starts
+# (SummaryCallback) and by each job's task (a job may run in another process: slurm_local).
+active_sweep_dir: str | None = None
 
 
 def raise_if_failed() -> None:
@@ -240,8 +243,14 @@ def summarize_interrupted(sweep_dir: str) -> None:
 
 
 class SummaryCallback(Callback):
-    """Hydra callback: writes the sweep summary when a multirun ends (``on_multirun_end``),
-    and records failed or unfinished jobs for :func:`raise_if_failed`."""
+    """Hydra callback: notes the sweep folder when a multirun starts (:data:`active_sweep_dir`:
+    a Ctrl-C still writes the summary, :func:`summarize_interrupted`), writes the sweep
+    summary when it ends (``on_multirun_end``), and records failed or unfinished jobs for
+    :func:`raise_if_failed`."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global active_sweep_dir
+        active_sweep_dir = str(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _failure

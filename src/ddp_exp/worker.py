@@ -80,15 +80,23 @@ class RankFailed(Exception):
         self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
 
 
+def failure_detail(message: str) -> str:
+    """The line that names a failed rank's error in a message ``"<type>: <text>"`` (the
+    format of torch's error files): its last non-empty line, at most 300 characters."""
+    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "unknown error"
+
+
 def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
     """Call in the ``except`` block of a rank that torchrun (or srun) started, around its
     training. Does what the built-in launcher's ``@record`` and failure table do: the traceback
-    goes to the job log; unless the error is a peer's failure (:func:`is_peer_failure`), it is
-    written to ``<job_dir>/errors/rank<R>.json`` and to torchrun's error file
-    (``TORCHELASTIC_ERROR_FILE``: its failure summary then names the cause), both in torch's
-    error-file format (``ErrorHandler.record_exception``). The rank that creates ``errors/``
-    first reports the failure (``RankFailed.report``): an error that every rank raises
-    together (a diverged loss) is reported once.
+    goes to the job log (a peer's failure, :func:`is_peer_failure`, gets one warning line there
+    and nothing else: it is a knock-on effect); the error is written to
+    ``<job_dir>/errors/rank<R>.json`` and to torchrun's error file (``TORCHELASTIC_ERROR_FILE``:
+    its failure summary then names the cause), both in torch's error-file format
+    (``ErrorHandler.record_exception``). The rank that creates ``errors/`` first reports the
+    failure (``RankFailed.report``): an error that every rank raises together (a diverged
+    loss) is reported once.
 
     Returns:
         The :class:`RankFailed` to raise instead of ``exc``.
@@ -96,23 +104,26 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
     import traceback
 
     peer = is_peer_failure(exc)
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    line = f"rank {rank} failed: {type(exc).__name__}: {first}"
+    # The last line, as in the launcher's failure line: a DataLoader worker's error says
+    # "Caught ValueError in DataLoader worker process 0." first and the error itself last.
+    line = f"rank {rank} failed: {failure_detail(f'{type(exc).__name__}: {exc}')}"
+    if peer:  # a knock-on effect, not a second failure: no traceback
+        jobdir.log_to_job_log_only(logging.WARNING, f"rank {rank} stopped: another rank failed "
+                                   f"first ({line.split(': ', 1)[1]})")
+        return RankFailed(line, job_dir, False, True)
     jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
-    report = False
-    if not peer:
-        errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
-        try:
-            os.mkdir(errors)  # atomic: exactly one rank creates it
-            report = True
-        except FileExistsError:
-            pass
-        except OSError:  # no folder to record in: rank 0 still reports
-            report = rank == 0
-        with contextlib.suppress(OSError):
-            _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
-        ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
-    return RankFailed(line, job_dir, report, peer)
+    errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
+    try:
+        os.mkdir(errors)  # atomic: exactly one rank creates it
+        report = True
+    except FileExistsError:
+        report = False
+    except OSError:  # no folder to record in: rank 0 still reports
+        report = rank == 0
+    with contextlib.suppress(OSError):
+        _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
+    ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
+    return RankFailed(line, job_dir, report, False)
 
 
 class _ErrorFile(ErrorHandler):
