@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 
 import numpy as np
 import pytest
@@ -291,6 +292,18 @@ def test_load_file_non_numeric_csv(tmp_path, content):
     path = tmp_path / "d.csv"
     path.write_text(content)
     with pytest.raises(ConfigError) as info:
+        load_file(str(path))
+    _assert_data_path_error(info)
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("a,b,label\n", "no data rows (a header of 3 column(s) only)"),  # fresh-user finding
+    ("", "no data rows"),
+])
+def test_load_file_csv_without_rows_says_so(tmp_path, content, says):
+    path = tmp_path / "d.csv"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=re.escape(says)) as info:
         load_file(str(path))
     _assert_data_path_error(info)
 

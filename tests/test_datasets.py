@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path, case):
 @pytest.mark.parametrize("target", ["file", "non-empty folder"])
 def test_the_demo_folder_writer_refuses_a_file_or_a_used_folder(tmp_path, target):
     """``python -m ddp_exp.data.images ROOT`` writes into a new or empty folder only: one line,
-    exit 1, and what was there is untouched."""
+    exit 2 (bad input, as everywhere), and what was there is untouched."""
     root = tmp_path / "root"
     if target == "file":
         root.write_text("keep me")
@@ -168,7 +168,7 @@ def test_the_demo_folder_writer_refuses_a_file_or_a_used_folder(tmp_path, target
         (root / "notes.txt").write_text("keep me")
     run = subprocess.run([sys.executable, "-m", "ddp_exp.data.images", str(root)],
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1
+    assert run.returncode == 2
     what = "is a file" if target == "file" else "is not empty"
     assert run.stderr.strip() == f"error: {root} {what}: give a new or empty folder", run.stderr
     kept = root if target == "file" else root / "notes.txt"

@@ -83,8 +83,9 @@ def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
     if earlier:  # training afresh here would mix two runs' event streams and files
         how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
                if no_checkpoint else "continue it with trainer.resume=auto")
-        raise FolderHoldsRun(f"hydra.run.dir={job_dir!r} already holds a run "
-                             f"({', '.join(earlier)}): {how}; or give this run its own folder")
+        raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
+                             f"({', '.join(earlier)}): {how}; or give this run its own folder "
+                             "(hydra.run.dir; hydra.sweep.dir with -m)")
 
 
 # The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:

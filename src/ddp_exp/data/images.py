@@ -22,6 +22,7 @@ May use: :mod:`ddp_exp.data.arrays` (the digits, for :func:`write_digits`), :mod
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -310,5 +311,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if os.path.exists(args.root) and (not os.path.isdir(args.root) or os.listdir(args.root)):
         what = "is a file" if not os.path.isdir(args.root) else "is not empty"
-        raise SystemExit(f"error: {args.root} {what}: give a new or empty folder")
+        print(f"error: {args.root} {what}: give a new or empty folder", file=sys.stderr)
+        raise SystemExit(2)  # bad input, as everywhere in ddp_exp
     print(write_digits(args.root, args.split))

@@ -105,6 +105,10 @@ def _read_csv(full: str):
     with warnings.catch_warnings():  # an empty file: our error below, not numpy's warning
         warnings.simplefilter("ignore", UserWarning)
         table = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
+    if table.shape[0] == 0:  # empty, or a header and no row
+        raise ConfigError(f"data.path={full!r}: the CSV has no data rows"
+                          + (f" (a header of {len(first)} column(s) only)" if header and any(first)
+                             else ""))
     if table.shape[1] < 2:
         raise ConfigError(f"data.path={full!r}: a CSV needs feature columns and a last target "
                           f"column, found {table.shape[1]} column(s)")
