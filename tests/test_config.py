@@ -400,6 +400,22 @@ def test_a_refused_sweep_job_keeps_its_folder_with_the_error(run_cli, tmp_path):
         assert expected in (sweep / job / "ddp_exp.log").read_text()
 
 
+def test_a_sweep_refused_in_a_used_sweep_folder_leaves_it_as_it_was(run_cli, tmp_path):
+    """A second sweep into a sweep folder whose jobs hold runs is refused before its first job
+    and leaves the folder as it was: the earlier sweep's multirun.yaml and job records stay
+    (fresh-user finding: multirun.yaml was rewritten to the refused sweep's overrides)."""
+    sweep = tmp_path / "sweep"
+    first = ("-m", "world_size=1", "trainer.max_steps=2", "trainer.epochs=1",
+             "print_config=false", f"hydra.sweep.dir={sweep}")
+    run_cli(*first, "data.batch_size=16,32", run_dir=False, timeout=120).ok()
+    before = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    run = run_cli(*first, "data.batch_size=64,128", run_dir=False, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "already holds a run" in run.stderr and "hydra.sweep.dir" in run.stderr
+    after = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    assert after == before
+
+
 # -------------------------------------------------------------------- (c) --cfg and --help
 def test_cfg_job_prints_config_without_training(run_cli, tmp_path):
     run = run_cli("--cfg", "job", "model=cnn", "data=digits", "world_size=2", run_dir=False,

@@ -63,6 +63,10 @@ _failure: str | None = None
 # The sweep folder of the multirun this process takes part in: set when the multirun starts
 # (SummaryCallback) and by each job's task (a job may run in another process: slurm_local).
 active_sweep_dir: str | None = None
+# The sweep folder's multirun.yaml as it was before this multirun (Hydra's sweeper rewrites
+# it before the first job): put back when the sweep is refused there (restore_sweep_record).
+_earlier_record: bytes | None = None
+SWEEP_RECORD = "multirun.yaml"
 
 
 def raise_if_failed() -> None:
@@ -242,15 +246,30 @@ def summarize_interrupted(sweep_dir: str) -> None:
                  os.path.join(os.path.abspath(sweep_dir), "summary.md"))
 
 
+def restore_sweep_record() -> None:
+    """Put back the sweep folder's ``multirun.yaml`` of the sweep that ran there before, when
+    this one is refused before its first job (the folder holds that sweep's runs): a refused
+    run leaves the folder as it was. Does nothing if there was none."""
+    if active_sweep_dir is not None and _earlier_record is not None:
+        record = _earlier_record
+        atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
+
+
 class SummaryCallback(Callback):
-    """Hydra callback: notes the sweep folder when a multirun starts (:data:`active_sweep_dir`:
-    a Ctrl-C still writes the summary, :func:`summarize_interrupted`), writes the sweep
+    """Hydra callback: notes the sweep folder and its earlier ``multirun.yaml`` when a multirun
+    starts (:data:`active_sweep_dir`: a Ctrl-C still writes the summary,
+    :func:`summarize_interrupted`; :func:`restore_sweep_record`), writes the sweep
     summary when it ends (``on_multirun_end``), and records failed or unfinished jobs for
     :func:`raise_if_failed`."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global active_sweep_dir
+        global active_sweep_dir, _earlier_record
         active_sweep_dir = str(config.hydra.sweep.dir)
+        try:
+            with open(os.path.join(active_sweep_dir, SWEEP_RECORD), "rb") as fh:
+                _earlier_record = fh.read()
+        except OSError:
+            _earlier_record = None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _failure
