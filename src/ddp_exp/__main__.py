@@ -384,6 +384,24 @@ def exit_now(code: int | str | None) -> None:
     os._exit(0 if code is None else int(code))
 
 
+LOCAL_JOBS_GRACE_S = 60.0
+
+
+def _wait_for_local_jobs(timeout_s: float = LOCAL_JOBS_GRACE_S) -> None:
+    """After a Ctrl-C of a ``launcher=slurm_local`` sweep: wait until submitit's local jobs
+    (this process's children, which got the signal too and stop their ranks) have ended, so
+    that none outlives this process and the summary reads their final ``status.json``. Reads
+    submitit's table of the jobs it started; does nothing without submitit's local executor."""
+    local = sys.modules.get("submitit.local.local")
+    deadline = time.monotonic() + timeout_s
+    try:
+        for proc in list(getattr(local, "_PROCESSES", {}).values()):
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+        pass
+
+
 def _summarize_if_sweep() -> None:
     """A signal that reached us outside a job's task (while Hydra set up the next job of a
     sweep, or between jobs; Hydra has then reset its config), or while this process waited for
@@ -418,11 +436,13 @@ def _main() -> None:
     except KeyboardInterrupt:
         if user_wants_traceback:
             raise
+        _wait_for_local_jobs()
         _summarize_if_sweep()
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets Ctrl-C
             print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+        _wait_for_local_jobs()
         _summarize_if_sweep()
         print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None
