@@ -209,3 +209,29 @@ def test_a_failed_rank_is_named_by_the_last_line_of_its_error():
                "ValueError: boom at index 7\n")
     assert failure_detail(wrapped) == "ValueError: boom at index 7"
     assert failure_detail("RuntimeError: injected") == "RuntimeError: injected"
+
+
+def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
+    """After a Ctrl-C the sweep's process waits for submitit's local jobs (its children) to end,
+    up to a limit, so that none outlives it (fresh-user finding: it exited first)."""
+    import subprocess
+    import sys
+    import time
+    import types
+
+    import ddp_exp.__main__ as entry
+
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    fake = types.SimpleNamespace(_PROCESSES={"1": job})
+    monkeypatch.setitem(sys.modules, "submitit.local.local", fake)
+    try:
+        entry._wait_for_local_jobs(timeout_s=20)
+        assert job.poll() == 0  # waited for it to end
+        fake._PROCESSES["2"] = stuck
+        t0 = time.monotonic()
+        entry._wait_for_local_jobs(timeout_s=0.5)  # a job that does not end: the limit holds
+        assert time.monotonic() - t0 < 5 and stuck.poll() is None
+    finally:
+        stuck.kill()
+        stuck.wait()
