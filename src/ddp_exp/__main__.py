@@ -3,11 +3,13 @@
 One Hydra job is one training world (:func:`ddp_exp.launch.run_job`); ``-m`` sweeps run one world
 per job. Errors in the user's input end the process with one line on stderr naming the key and
 what is valid, exit status 2; a failed rank ends it with PyTorch's elastic failure summary,
-exit status 1, or with one line when the rank failed on the user's data or a diverged loss.
+exit status 1, or with one line when the rank failed on the user's data or a diverged loss
+(under torchrun: one line, then torchrun's table). Resuming a finished run says so, exit 0.
 ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which
-task owns the folder), :mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.sweep`.
+task owns the folder), :mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.worker` (a
+failed rank's record under torchrun), :mod:`ddp_exp.sweep`.
 """
 
 from __future__ import annotations
