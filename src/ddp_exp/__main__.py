@@ -87,7 +87,7 @@ def _task(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:  # for a signal that comes between this job and the next
         sweep.active_sweep_dir = hc.sweep.dir
     # Under torchrun rank 0 reports; in a submitit job of several tasks, task 0.
-    main_process = os.environ.get("RANK", "0") == "0" and owns_folder(cfg)
+    main_process = _is_rank0() and owns_folder(cfg)
     t_start = time.time()
     error, code = None, 0
     job_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
@@ -165,6 +165,12 @@ def _task(cfg: DictConfig) -> float | None:
     if hc.mode == RunMode.MULTIRUN:
         return objective(math.nan, hc.sweeper)
     raise SystemExit(code)
+
+
+def _is_rank0() -> bool:
+    """True in the process that reports for the world: rank 0 under torchrun (every rank
+    composes the same config and meets the same errors), the only process otherwise."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
@@ -336,7 +342,7 @@ def main() -> None:
     if under_torchrun() and asks_for_multirun(sys.argv[1:]):
         # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
         # once; the others give it a moment to print before torchrun stops the world.
-        if os.environ["RANK"] == "0":
+        if _is_rank0():
             print(f"error: {MULTIRUN_UNDER_TORCHRUN}", file=sys.stderr, flush=True)
         else:
             time.sleep(MULTIRUN_REFUSAL_GRACE_S)
@@ -344,7 +350,7 @@ def main() -> None:
     try:
         _main()
     except SystemExit as exc:
-        if exc.code == EXIT_CONFIG_ERROR and under_torchrun() and os.environ["RANK"] != "0":
+        if exc.code == EXIT_CONFIG_ERROR and under_torchrun() and not _is_rank0():
             # Every torchrun rank hits the same config error and rank 0 alone reports it; a rank
             # that left first made torchrun stop rank 0 before it printed (seen in 1 of 3 runs).
             # Rank 0's exit ends this wait: torchrun then stops the other ranks.
@@ -409,7 +415,9 @@ def _summarize_if_sweep() -> None:
     sweep, or between jobs; Hydra has then reset its config), or while this process waited for
     jobs that run elsewhere: the summary of the jobs that finished is still due, in the sweep
     folder the last job ran in. Does nothing before a sweep's first job (no folder of ours yet)
-    or outside a multirun."""
+    or outside a multirun. Waits for submitit's local jobs first (:func:`_wait_for_local_jobs`):
+    their final ``status.json`` is what the summary reads."""
+    _wait_for_local_jobs()
     if sweep.active_sweep_dir is not None:
         with contextlib.suppress(Exception):  # the summary must not hide the interrupt
             summarize_interrupted(sweep.active_sweep_dir)
@@ -438,13 +446,11 @@ def _main() -> None:
     except KeyboardInterrupt:
         if user_wants_traceback:
             raise
-        _wait_for_local_jobs()
         _summarize_if_sweep()
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets Ctrl-C
+        if _is_rank0():  # under torchrun every rank gets Ctrl-C
             print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
-        _wait_for_local_jobs()
         _summarize_if_sweep()
         print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None
@@ -453,10 +459,10 @@ def _main() -> None:
             raise
         line = _one_line(exc)
         if line is not None:
-            if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it
+            if _is_rank0():  # under torchrun every rank sees it
                 print(f"error: {line}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank sees it
+        if _is_rank0():  # under torchrun every rank sees it
             print(str(exc), file=sys.stderr)
             if exc.__cause__ is not None:
                 print(str(exc.__cause__), file=sys.stderr)

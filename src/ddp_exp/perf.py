@@ -156,7 +156,7 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self.sums = [0.0] * 5  # data, compute, sync, optim (seconds), steps
         # The epoch's sums, every rank's row (what end_epoch's straggler line reads).
-        self.epoch_rows = [[0.0] * len(FIELDS) for _ in range(world.world_size)]
+        self.epoch_rows = self._zero_rows()
         self._t_batch = self._t_grads = self._t_backward = 0.0
         self._grads_seen = False
         from torch.autograd import Variable
@@ -167,6 +167,9 @@ class StepTimer:
         self._events: list[tuple[Any, ...]] = []
         self._slot = 0
         self._grads_recorded: list[bool] = []
+
+    def _zero_rows(self) -> list[list[float]]:
+        return [[0.0] * len(FIELDS) for _ in range(self.world.world_size)]
 
     # ----------------------------------------------------------------- the four points
     def timed(self, batches: Iterable) -> Iterator:
@@ -287,7 +290,7 @@ class StepTimer:
         :func:`straggler_line`); returns the line (None if no rank stands out). No collective:
         rank 0 holds the epoch's gathered table (:meth:`take`)."""
         line = straggler_line(torch.tensor(self.epoch_rows, dtype=torch.float64), epoch)
-        self.epoch_rows = [[0.0] * len(FIELDS) for _ in range(self.world.world_size)]
+        self.epoch_rows = self._zero_rows()
         if line and self.world.is_main:
             log.warning(line)
         return line

@@ -106,10 +106,11 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
     peer = is_peer_failure(exc)
     # The last line, as in the launcher's failure line: a DataLoader worker's error says
     # "Caught ValueError in DataLoader worker process 0." first and the error itself last.
-    line = f"rank {rank} failed: {failure_detail(f'{type(exc).__name__}: {exc}')}"
+    detail = failure_detail(f"{type(exc).__name__}: {exc}")
+    line = f"rank {rank} failed: {detail}"
     if peer:  # a knock-on effect, not a second failure: no traceback
         jobdir.log_to_job_log_only(logging.WARNING, f"rank {rank} stopped: another rank failed "
-                                   f"first ({line.split(': ', 1)[1]})")
+                                   f"first ({detail})")
         return RankFailed(line, job_dir, False, True)
     jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
     errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
