@@ -1,4 +1,5 @@
-"""Shared helpers: run the real CLI in a subprocess, read its outputs, check for orphans."""
+"""Shared helpers: run the real CLI in a subprocess, read its outputs, check for orphans; compose
+and refuse a config in-process as the CLI does before any rank starts."""
 
 from __future__ import annotations
 
@@ -144,6 +145,45 @@ def run_cli(tmp_path):
         return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds)
 
     return run
+
+
+@pytest.fixture
+def compose():
+    """``compose(*overrides)`` -> the composed config (no ``hydra`` node), in this process."""
+    import hydra
+
+    from ddp_exp.config import register_configs
+
+    register_configs()
+    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        yield lambda *overrides: hydra.compose("config", overrides=list(overrides))
+
+
+def refused_before_ranks(cfg, job_dir: Path) -> str:
+    """Run, in this process, what ``python -m ddp_exp`` runs on ``cfg`` before any rank starts
+    (``ddp_exp.launch.run_job`` up to the launch, in its order: the cluster layout, validate,
+    device and backend, precision, the build in ``job_dir``), assert that one of them refuses
+    it with a one-line ``ConfigError`` and that nothing of a run was written; returns the
+    message (the CLI prints it as ``error: <message>``, exit 2)."""
+    from ddp_exp import cluster
+    from ddp_exp.build import prepare
+    from ddp_exp.config import ConfigError, check_precision, validate
+    from ddp_exp.distributed import resolve_placement
+
+    job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes the job folder before the task
+    with pytest.raises(ConfigError) as info:
+        layout = cluster.apply_layout(cfg)
+        assert layout is None or layout.ranks is None, "one task per rank: the torchrun path"
+        validate(cfg)
+        nproc = cfg.world_size // cfg.launcher.nnodes
+        device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
+        check_precision(cfg.trainer.precision, device)
+        prepare(cfg, str(job_dir), cfg.world_size, device, backend)
+    message = str(info.value)
+    assert message and "\n" not in message, message
+    for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
+        assert not (job_dir / leftover).exists(), leftover
+    return message
 
 
 def scalars(job_dir: Path, tag: str) -> list[tuple[int, float]]:

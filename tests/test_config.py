@@ -1,7 +1,9 @@
 """Config groups compose and build; bad input fails fast, once, on one line, before any rank.
 
-Composition runs in-process with Hydra's compose API; the command-line behaviour (C15, C16, issue
-2 item 6) runs the real CLI as a subprocess through the ``run_cli`` fixture (conftest.py).
+Composition runs in-process with Hydra's compose API, and so does every bad value: the steps the
+CLI runs before any rank refuse it (``refused_before_ranks``, conftest.py). The command-line
+behaviour (C15, C16, issue 2 item 6) runs the real CLI as a subprocess through the ``run_cli``
+fixture, for one refusal of each kind.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import hydra
 import numpy as np
 import pytest
 import torch
-from conftest import FAILS_FAST_S, TORCHRUN_2
+from conftest import FAILS_FAST_S, TORCHRUN_2, refused_before_ranks
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -49,14 +51,6 @@ def _options() -> dict[str, list[str]]:
 
 OPTIONS = _options()
 GROUP_OPTIONS = [(g, o) for g, opts in sorted(OPTIONS.items()) for o in opts]
-
-
-@pytest.fixture
-def compose():
-    """``compose(*overrides)`` -> the composed config (no ``hydra`` node)."""
-    register_configs()
-    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
-        yield lambda *overrides: hydra.compose("config", overrides=list(overrides))
 
 
 @pytest.fixture
@@ -270,7 +264,7 @@ def test_scheduler_interval_accepts_exactly_the_schema_choices(compose, base):
                 validate(cfg)
 
 
-# ------------------------------------------------------------ (b) bad input through the CLI
+# --------------------------- (b) bad input: in-process, and one of each kind through the CLI
 def _no_rank_started(run) -> None:
     for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
         assert not (run.job_dir / leftover).exists(), leftover
@@ -288,12 +282,11 @@ NCCL_CANNOT_RUN = pytest.mark.skipif(torch.cuda.device_count() >= 2,
 BAD_INPUT = [  # (overrides, the key the one-line error must name)
     pytest.param(["backend=nccl"], "backend", marks=NCCL_CANNOT_RUN),
     (["world_size=0"], "world_size"),
-    (["world_size=two"], "world_size"),
-    (["data.batch_size=0"], "data.batch_size"),  # other values: in-process, below
+    (["data.batch_size=0"], "data.batch_size"),  # other values: test_a_batch_size_below_one_...
     (["data.val_size=1797"], "data.val_size"),
     (["data=file"], "data.path"),
     (["data=file", "data.path={tmp}/missing.csv"], "data.path"),
-]
+]  # and world_size=two, refused by Hydra's composition: test_a_value_of_the_wrong_type_...
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["data=synthetic", "model=cnn"], "model", id="cnn on flat data"),
@@ -310,6 +303,16 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["scheduler.interval=batch"], "scheduler.interval",
                  id="scheduler key with scheduler=none"),
 ]
+# Through the real CLI: one refusal of each kind, where run_job refuses it before any rank
+# (validate; Hydra's composition; the data; a _target_ the build cannot import; the device).
+# Every value of the tables above is refused in-process, by the same steps, below.
+BAD_INPUT_CLI = [
+    pytest.param(["world_size=0"], "world_size", id="validate"),
+    pytest.param(["world_size=two"], "world_size", id="composition"),
+    pytest.param(["data=file", "data.path={tmp}/missing.csv"], "data.path", id="data"),
+    pytest.param(["model._target_=nope.Nope"], "model._target_", id="build target"),
+    pytest.param(["device=cpu", "backend=nccl"], "backend=nccl", id="device"),
+]
 
 
 def _assert_rejected_before_ranks(run, key: str) -> None:
@@ -321,8 +324,7 @@ def _assert_rejected_before_ranks(run, key: str) -> None:
     _no_rank_started(run)
 
 
-@pytest.mark.parametrize("overrides,key", BAD_INPUT,
-                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize("overrides,key", BAD_INPUT_CLI)
 def test_bad_input_fails_fast_with_one_line(run_cli, tmp_path, overrides, key):
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     if not any(o.startswith("world_size=") for o in overrides):
@@ -331,14 +333,44 @@ def test_bad_input_fails_fast_with_one_line(run_cli, tmp_path, overrides, key):
     _assert_rejected_before_ranks(run, key)
 
 
-@pytest.mark.parametrize("overrides,key", BAD_INPUT_MORE)
-def test_more_bad_input_fails_fast_with_one_line(run_cli, overrides, key):
-    run = run_cli("world_size=2", "trainer.epochs=1", *overrides, timeout=60)
-    _assert_rejected_before_ranks(run, key)
+@pytest.mark.parametrize("overrides,key", BAD_INPUT + BAD_INPUT_MORE,
+                         ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_input_is_refused_before_ranks_naming_the_key(compose, tmp_path, overrides, key):
+    cfg = compose("world_size=2", "trainer.epochs=1",
+                  *[o.format(tmp=tmp_path) for o in overrides])  # a later override wins
+    message = refused_before_ranks(cfg, tmp_path / "run")
+    assert message.startswith(key), message  # the CLI prints "error: <message>"
+
+
+def test_a_value_of_the_wrong_type_is_refused_at_composition_naming_the_key(compose):
+    """``world_size=two`` never reaches validate: Hydra's composition refuses it, and the entry
+    point turns that into one line naming the key (``ddp_exp.__main__._one_line``)."""
+    from hydra.errors import HydraException
+
+    from ddp_exp.__main__ import _one_line as entry_line
+
+    with pytest.raises(HydraException) as info:
+        compose("world_size=2", "trainer.epochs=1", "world_size=two")
+    line = entry_line(info.value)
+    assert line is not None and line.startswith("world_size: ") and "two" in line, line
+    assert "\n" not in line, line
 
 
 @pytest.mark.parametrize("group,bad", [("data", "digitz"), ("backend", "glo")])
-def test_unknown_group_option_lists_the_valid_ones(run_cli, group, bad):
+def test_unknown_group_option_is_refused_listing_the_valid_ones(compose, group, bad):
+    """Hydra's composition refuses it; the entry point prints the error and its cause."""
+    from hydra.errors import HydraException
+
+    with pytest.raises(HydraException) as info:
+        compose("world_size=1", f"{group}={bad}")
+    text = f"{info.value}\n{info.value.__cause__ or ''}"
+    assert f"{group}/{bad}" in text, text
+    for option in PROMISED[group]:
+        assert option in text, (option, text)
+
+
+def test_unknown_group_option_lists_the_valid_ones(run_cli):
+    group, bad = "data", "digitz"  # other groups: in-process, above
     run = run_cli("world_size=1", f"{group}={bad}", timeout=60)
     assert run.returncode == 2  # bad input, like every config error
     assert run.seconds < FAILS_FAST_S, (run.seconds, run.stderr[-2000:])
@@ -522,15 +554,15 @@ def test_torchrun_multirun_refused_once_and_creates_nothing(run_cli, tmp_path):
     (["+foo=1"], "foo"),
     (["data=file", "data.path={csv}", "world_size=6"], "world_size"),
 ])
-def test_more_config_errors_name_the_key(run_cli, tmp_path, overrides, key):
+def test_more_config_errors_name_the_key(compose, tmp_path, overrides, key):
     """Regressions: an unknown top-level key was accepted; a world larger than the data was
-    reported as a data.val_size problem."""
+    reported as a data.val_size problem. (Refused before any rank, in-process; the CLI's line
+    for such a refusal: test_bad_input_fails_fast_with_one_line.)"""
     csv = tmp_path / "five.csv"
     csv.write_text("1,2,0\n3,4,1\n5,6,0\n7,8,1\n9,1,0\n")
-    run = run_cli(*[o.format(csv=csv) for o in overrides])
-    assert run.returncode == 2
-    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), run.stderr
+    cfg = compose(*[o.format(csv=csv) for o in overrides])
+    message = refused_before_ranks(cfg, tmp_path / "run")
+    assert message.startswith(f"{key}="), message
 
 
 @pytest.mark.parametrize("mode", ["run-under-a-file", "sweep"])

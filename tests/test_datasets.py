@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import refused_before_ranks
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
@@ -135,15 +136,31 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path, case):
+def _bad_input_args(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    """The overrides of ``BAD_INPUTS[case]`` (its data folder built under ``tmp_path``) and the
+    words its one line must hold."""
     overrides, make_path, words = BAD_INPUTS[case]
     args = list(overrides)
     if make_path is not None:
         root = tmp_path / "data"
         root.mkdir()
         args.append(f"data.path={make_path(root)}")
-    run = run_cli(*args, "world_size=2", QUIET, env=_tests_on_path(), timeout=60)
+    return [*args, "world_size=2", QUIET], words
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_refused_before_any_rank_naming_the_key(compose, tmp_path, case):
+    args, words = _bad_input_args(tmp_path, case)
+    message = refused_before_ranks(compose(*args), tmp_path / "run")
+    assert words in message, message
+    assert re.search(r"data\.\w+", message), message  # names the key
+
+
+def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path):
+    """The CLI's side of a bad data input, for one of BAD_INPUTS (a user's dataset module on
+    PYTHONPATH); every case is refused in-process, by the same steps, above."""
+    args, words = _bad_input_args(tmp_path, "not a dataset")
+    run = run_cli(*args, env=_tests_on_path(), timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and words in errors[0], run.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import scalars
+from conftest import refused_before_ranks, scalars
 from faulty import write_model_yaml
 from test_faults import faulty_env, load_ckpt, tensorboard_series
 from test_world import _initial_model, _split, rel_close
@@ -280,17 +280,29 @@ def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli):
 
 
 # ------------------------------------------------------------------------- 7. bad input
-@pytest.mark.parametrize("override,key", [
+BAD_RECIPE = [  # (override, the key the one line must start with)
     ("trainer.monitor=val/nonexistent", "trainer.monitor"),
     ("scheduler.warmup_steps=1000", "scheduler.warmup_steps"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
     ("data.test_size=1500", "data.test_size"),
-])
-def test_bad_recipe_input_is_one_line_before_any_rank(run_cli, override, key):
-    """Must-hold 7: one line naming the key, exit 2, no rank started (the cosine run has
-    2 x 24 = 48 steps, so a 1000-step warmup is longer than the run)."""
-    run = run_cli("world_size=2", "trainer.epochs=2", "scheduler=cosine", override, QUIET,
-                  timeout=60)
+]
+RECIPE_BASE = ("world_size=2", "trainer.epochs=2", "scheduler=cosine")
+
+
+@pytest.mark.parametrize("override,key", BAD_RECIPE)
+def test_bad_recipe_input_is_refused_before_any_rank(compose, tmp_path, override, key):
+    """Must-hold 7, in-process: the steps the CLI runs before any rank refuse it, one line
+    naming the key (the cosine run has 2 x 24 = 48 steps, so a 1000-step warmup is longer
+    than the run)."""
+    message = refused_before_ranks(compose(*RECIPE_BASE, override), tmp_path / "run")
+    assert message.startswith(f"{key}="), message
+
+
+def test_bad_recipe_input_is_one_line_before_any_rank(run_cli):
+    """Must-hold 7 through the CLI, for one of BAD_RECIPE (refused by the build step): one
+    line naming the key, exit 2, no rank started."""
+    override, key = BAD_RECIPE[1]
+    run = run_cli(*RECIPE_BASE, override, QUIET, timeout=60)
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == 2, run.stdout + run.stderr
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), run.stderr

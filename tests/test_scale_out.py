@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from conftest import FAILS_FAST_S, assert_no_orphans, cli_env
+from conftest import FAILS_FAST_S, assert_no_orphans, cli_env, refused_before_ranks
 
 from ddp_exp.config import ConfigError
 
@@ -97,7 +97,7 @@ def test_nodes_started_with_different_settings_fail_clearly(tmp_path, node1, key
     assert not (tmp_path / "node0" / "tensorboard").exists()
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
+WORLD_SHAPE_ERRORS = [  # (overrides, the key the one line must name)
     (["world_size=3", "launcher.nnodes=2"], "world_size"),
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:29400"],
      "launcher.rdzv_id"),
@@ -111,9 +111,23 @@ def test_nodes_started_with_different_settings_fail_clearly(tmp_path, node1, key
     (["launcher.rdzv_backend=etcd"], "launcher.rdzv_backend"),
     (["launcher.cluster=slurm"], "launcher.cluster"),
     (["launcher.cluster=submitit"], "launcher.cluster"),  # not inside a submitit job
-])
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), WORLD_SHAPE_ERRORS)
+def test_world_shape_errors_are_refused_before_anything_starts(compose, tmp_path, overrides,
+                                                              key):
+    """A world that cannot be laid out on the nodes is refused by the steps the CLI runs
+    before any rank (in-process: validate, or the cluster's layout)."""
+    message = refused_before_ranks(compose(*overrides), tmp_path / "run")
+    assert message.startswith(key), message
+
+
+@pytest.mark.parametrize(("overrides", "key"), [WORLD_SHAPE_ERRORS[0], WORLD_SHAPE_ERRORS[-1]],
+                         ids=["validate", "cluster layout"])
 def test_world_shape_errors_fail_at_once(run_cli, overrides, key):
-    """A world that cannot be laid out on the nodes fails before anything starts."""
+    """A world that cannot be laid out on the nodes fails before anything starts, through the
+    CLI: one refusal of each kind (every case in-process, above)."""
     run = run_cli(*overrides)
     assert run.returncode == 2 and run.seconds < FAILS_FAST_S
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
