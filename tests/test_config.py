@@ -23,7 +23,14 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from ddp_exp.build import load_data
-from ddp_exp.config import ConfigError, register_configs, validate
+from ddp_exp.config import (
+    MODE_GROUPS,
+    OWN_SOURCES,
+    ConfigError,
+    mode_left_unset,
+    register_configs,
+    validate,
+)
 from ddp_exp.models import build_model
 
 # What issue 2 promises; the package may offer more options, never fewer.
@@ -581,3 +588,51 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(run_cli, tmp_path, mod
     assert str(target) in run.stderr and key in run.stderr
     assert "Traceback" not in run.stderr + run.stdout
     assert a_file.read_text() == "keep me\n"
+
+
+# ------------------------------------------------------------ Hydra's run-mode question
+@pytest.mark.parametrize("group,option", GROUP_OPTIONS)
+def test_only_the_mode_groups_set_hydra_mode(small_csv, group, option):
+    """``skip_needless_mode_composition`` answers Hydra's run-mode question without composing
+    unless an option of ``MODE_GROUPS`` is chosen: every packaged option is held to that."""
+    register_configs()
+    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        cfg = hydra.compose("config", overrides=[f"{group}={option}",
+                                                 *_file_overrides(group, option, small_csv)],
+                            return_hydra_config=True)
+    assert (cfg.hydra.mode is not None) == (group in MODE_GROUPS), (group, option,
+                                                                     cfg.hydra.mode)
+
+
+OWN = sorted(OWN_SOURCES)
+
+
+@pytest.mark.parametrize("overrides,sources,unset", [
+    (["world_size=2", "trainer.epochs=1", "hydra.run.dir=/tmp/x"], OWN, True),
+    (["data=file", "data.path=a.csv", "+experiment=digits_cnn_recipe", "~scheduler"], OWN, True),
+    (["optim=adamw", "seed=3", "++trainer.epochs=2"], OWN, True),
+    (["hydra.mode=MULTIRUN"], OWN, False),
+    (["~hydra.mode"], OWN, False),
+    (["hydra.searchpath=[file:///tmp/conf]"], OWN, False),
+    (["hydra/launcher=submitit_slurm"], OWN, False),
+    (["+hparams_search=digits_optuna"], OWN, False),
+    (["hparams_search@foo=digits_optuna"], OWN, False),
+    (["+my_group=mine"], OWN, False),  # a group from a plugin's ConfigStore entries
+    (["world_size=2"], [*OWN, ("command-line", "file:///tmp/conf")], False),  # --config-dir
+])
+def test_the_run_mode_is_known_without_composing_only_when_nothing_can_set_it(
+        overrides, sources, unset):
+    assert mode_left_unset(overrides, sources) is unset
+
+
+def test_a_sweep_chosen_by_a_config_still_runs_as_a_sweep(run_cli, tmp_path):
+    """``hydra.mode: MULTIRUN`` in a user's ``--config-dir`` config: Hydra's own question runs
+    and the job is a sweep, as without the shortcut."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "as_sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
+    run = run_cli("--config-dir", str(tmp_path / "conf"), "experiment=as_sweep",
+                  "world_size=1", "trainer.epochs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                  run_dir=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0"]

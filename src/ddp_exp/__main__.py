@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from ddp_exp import sweep
 from ddp_exp.cluster import owns_folder
-from ddp_exp.config import ConfigError, register_configs
+from ddp_exp.config import ConfigError, register_configs, skip_needless_mode_composition
 from ddp_exp.jobdir import (
     AlreadyComplete,
     LeaveFolderAlone,
@@ -433,6 +433,7 @@ def _main() -> None:
         print(f"error: {empty}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR)
     _stop_on_sigterm()
+    skip_needless_mode_composition()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let composition errors reach us instead of Hydra's multi-line report, so that a value of
     # the wrong type (world_size=two) gets one line naming the key.
