@@ -39,7 +39,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import cluster, jobdir
+from ddp_exp import agent, cluster, jobdir
 from ddp_exp.build import prepare
 from ddp_exp.config import ConfigError, check_precision, validate
 from ddp_exp.distributed import (
@@ -239,7 +239,9 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
             rdzv_backend=rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
             rdzv_configs=rdzv_configs,
-            max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
+            # The agent checks its ranks when one finishes or fails, else every
+            # launcher.monitor_interval_s (ddp_exp.agent).
+            max_restarts=la.max_restarts, monitor_interval=agent.AGENT_SLEEP_S,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
             # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
             local_addr="127.0.0.1" if on_loopback else None,
@@ -247,7 +249,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         agent_log.addFilter(failures)
         spawn_log.addFilter(failures)
         try:
-            with _environ(env), _own_signal_handlers():
+            with (_environ(env), _own_signal_handlers(),
+                  agent.wake_on_rank_events(la.monitor_interval_s)):
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             jobdir.keep_error_files(exc, inputs.job_dir)
