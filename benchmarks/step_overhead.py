@@ -64,6 +64,10 @@ def main() -> None:
                    help="intra-op threads (a world_size=1 rank gets 2 on 2 cores); with more "
                         "than 1 the figures are wall seconds, since the other thread's work "
                         "is part of the step")
+    p.add_argument("--epoch-outputs", action="store_true",
+                   help="after each epoch, what a run does between epochs (not timed): "
+                        "validation for both loops, and ddp_exp's last.pt, best.pt and "
+                        "TensorBoard flush, as Trainer.fit does")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
@@ -71,6 +75,7 @@ def main() -> None:
                    help="a second ddp_exp trainer with these overrides, e.g. "
                         "trainer.perf_metrics=false")
     args = p.parse_args()
+    from ddp_exp import train_state
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed import World, init_process_group
     from ddp_exp.metrics import MetricsWriter
@@ -115,6 +120,8 @@ def main() -> None:
     y = torch.from_numpy(datasets.train.targets)
     sampler = DistributedSampler(range(len(x)), num_replicas=1, rank=0, shuffle=True, seed=0)
     batch = cfg["data"]["batch_size"]
+    xv = torch.from_numpy(datasets.val.features)
+    yv = torch.from_numpy(datasets.val.targets)
 
     def tight_epoch(epoch: int) -> float:
         sampler.set_epoch(epoch)
@@ -130,8 +137,16 @@ def main() -> None:
     steps = trainers["ddp_exp"].steps_per_epoch
     times: dict[str, list[float]] = {"tight": [], **{name: [] for name in trainers}}
     for epoch in range(args.epochs):
+        # Each loop's epoch comes right after its own between-epoch work (of the epoch before).
+        if args.epoch_outputs and epoch:
+            common.evaluate(model, common.val_shard(xv, yv, 0, 1))
         times["tight"].append(tight_epoch(epoch) / steps)
         for name, trainer in trainers.items():
+            if args.epoch_outputs and epoch:  # Trainer.fit's work between two epochs, untimed
+                trainer.evaluator.validate(trainer.epoch - 1, trainer.global_step)
+                train_state.save_best(trainer)
+                train_state.save_checkpoint(trainer)
+                trainer.writer.flush()
             if prof and name == "ddp_exp":
                 prof.enable()
             after_loop[0] = 0.0

@@ -309,6 +309,18 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
     pytest.param(["optim=adamw", "optim.betas=[0.9]"], "optim", id="betas too short"),
     pytest.param(["scheduler.interval=batch"], "scheduler.interval",
                  id="scheduler key with scheduler=none"),
+    # Fresh-user findings: a wait too long for the agent's clock (an OverflowError in the
+    # launcher), a rendezvous that times out at once, a misspelt key added with +.
+    pytest.param(["launcher.monitor_interval_s=inf"], "launcher.monitor_interval_s",
+                 id="monitor interval inf"),
+    pytest.param(["launcher.monitor_interval_s=1e10"], "launcher.monitor_interval_s",
+                 id="monitor interval 1e10"),
+    pytest.param(["launcher.monitor_interval_s=nan"], "launcher.monitor_interval_s",
+                 id="monitor interval nan"),
+    pytest.param(["launcher.rdzv_timeout_s=0"], "launcher.rdzv_timeout_s",
+                 id="rendezvous timeout 0"),
+    pytest.param(["+trainer.epoch=1"], "trainer.epoch", id="+trainer.epoch typo"),
+    pytest.param(["+launcher.foo=1"], "launcher.foo", id="+launcher.foo"),
 ]
 # Through the real CLI: one refusal of each kind, where run_job refuses it before any rank
 # (validate; Hydra's composition; the data; a _target_ the build cannot import; the device).

@@ -336,6 +336,27 @@ def test_ctrl_c_before_the_ranks_start_is_one_line(tmp_path):
     assert_no_orphans(tag)
 
 
+@pytest.mark.smoke
+def test_ctrl_c_while_the_entry_point_imports_is_one_line(tmp_path):
+    """Fresh-user finding: Ctrl-C in the first seconds (torch's import) printed a 16-49 line
+    KeyboardInterrupt traceback from inside an import."""
+    tag, job = uuid.uuid4().hex, tmp_path / "importing"
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", f"hydra.run.dir={job}"],
+                            cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=_ctrl_c_reaches_python)
+    try:
+        time.sleep(0.6)  # torch's import takes over a second
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (SIGINT)"], err
+    assert not job.exists()
+    assert_no_orphans(tag)
+
+
 # ------------------------------------------------------------------------ 4. signals (C12)
 SIGNAL_CASES = [
     pytest.param("group", signal.SIGINT, 130, id="sigint-group"),

@@ -25,6 +25,17 @@ import sys
 import threading
 import time
 
+
+def _interrupted_while_importing(signum: int, frame: object) -> None:
+    """Ctrl-C while the imports below run (torch's takes seconds): nothing has been made yet,
+    so end at once with the line a later Ctrl-C gets, not a traceback from inside an import."""
+    print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+    os._exit(128 + signal.SIGINT)
+
+
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
 import hydra
 from omegaconf import DictConfig
 
@@ -339,6 +350,8 @@ def _stop_on_sigterm() -> None:
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses;
     the process then ends through :func:`exit_now`."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if under_torchrun() and asks_for_multirun(sys.argv[1:]):
         # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
         # once; the others give it a moment to print before torchrun stops the world.

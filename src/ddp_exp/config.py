@@ -157,6 +157,9 @@ def global_batch_size(cfg: Mapping[str, Any]) -> int:
 
 
 # ------------------------------------------------------------------------------ validation
+MAX_MONITOR_INTERVAL_S = 3600.0  # the elastic agent's longest wait between two checks
+
+
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
     """Raise ``ConfigError("<key>=<value> is invalid: <valid>")`` unless ``ok``; the value is
     written as on the command line (``null``, not Python's ``None``)."""
@@ -185,6 +188,13 @@ def validate(cfg: DictConfig) -> None:
     for key in cfg:
         _check(key in known, str(key), cfg[key], f"not a ddp_exp key (top-level keys: "
                f"{', '.join(sorted(known))})")
+    for f in dataclasses.fields(schema.Config):  # typed nodes: a +key=... typo is no new key
+        node_schema = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(node_schema) and f.name in cfg:
+            keys = [k.name for k in dataclasses.fields(node_schema)]
+            for key in cfg[f.name]:
+                _check(key in keys, f"{f.name}.{key}", cfg[f.name][key],
+                       f"not a key of {f.name} (its keys: {', '.join(keys)})")
     _check(cfg.world_size >= 1, "world_size", cfg.world_size, "a positive integer (1, 2, 3, ...)")
     _check(cfg.seed >= 0, "seed", cfg.seed, "a non-negative integer")
     d = cfg.data
@@ -298,7 +308,9 @@ def validate(cfg: DictConfig) -> None:
     _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
     _check(la.start_method in schema.START_METHODS, "launcher.start_method", la.start_method,
            f"one of {', '.join(schema.START_METHODS)}")
-    _check(la.monitor_interval_s > 0, "launcher.monitor_interval_s", la.monitor_interval_s,
+    _check(0 < la.monitor_interval_s <= MAX_MONITOR_INTERVAL_S, "launcher.monitor_interval_s",
+           la.monitor_interval_s, f"seconds, > 0 and <= {MAX_MONITOR_INTERVAL_S:g}")
+    _check(la.rdzv_timeout_s > 0, "launcher.rdzv_timeout_s", la.rdzv_timeout_s,
            "a positive number of seconds")
     _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
 
