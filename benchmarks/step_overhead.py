@@ -64,10 +64,11 @@ def main() -> None:
                    help="intra-op threads (a world_size=1 rank gets 2 on 2 cores); with more "
                         "than 1 the figures are wall seconds, since the other thread's work "
                         "is part of the step")
-    p.add_argument("--epoch-outputs", action="store_true",
-                   help="after each epoch, what a run does between epochs (not timed): "
-                        "validation for both loops, and ddp_exp's last.pt, best.pt and "
-                        "TensorBoard flush, as Trainer.fit does")
+    p.add_argument("--epoch-outputs", nargs="?", const="val,best,last,flush", default="",
+                   help="before each epoch, what a run does between epochs (not timed), a "
+                        "comma list of val (validation, both loops), and ddp_exp's best "
+                        "(best.pt), last (last.pt) and flush (TensorBoard), as Trainer.fit "
+                        "does; alone: all four")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
@@ -133,20 +134,25 @@ def main() -> None:
         totals.tolist()
         return clock() - t
 
+    outputs = set(filter(None, args.epoch_outputs.split(",")))
     prof = cProfile.Profile() if args.profile else None
     steps = trainers["ddp_exp"].steps_per_epoch
     times: dict[str, list[float]] = {"tight": [], **{name: [] for name in trainers}}
     for epoch in range(args.epochs):
         # Each loop's epoch comes right after its own between-epoch work (of the epoch before).
-        if args.epoch_outputs and epoch:
+        if "val" in outputs and epoch:
             common.evaluate(model, common.val_shard(xv, yv, 0, 1))
         times["tight"].append(tight_epoch(epoch) / steps)
         for name, trainer in trainers.items():
-            if args.epoch_outputs and epoch:  # Trainer.fit's work between two epochs, untimed
-                trainer.evaluator.validate(trainer.epoch - 1, trainer.global_step)
-                train_state.save_best(trainer)
-                train_state.save_checkpoint(trainer)
-                trainer.writer.flush()
+            if epoch:  # Trainer.fit's work between two epochs (--epoch-outputs), untimed
+                if "val" in outputs:
+                    trainer.evaluator.validate(trainer.epoch - 1, trainer.global_step)
+                if "best" in outputs:
+                    train_state.save_best(trainer)
+                if "last" in outputs:
+                    train_state.save_checkpoint(trainer)
+                if "flush" in outputs:
+                    trainer.writer.flush()
             if prof and name == "ddp_exp":
                 prof.enable()
             after_loop[0] = 0.0
