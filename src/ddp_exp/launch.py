@@ -6,7 +6,8 @@ ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elast
 the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: on one node
 the agent's own rendezvous (:mod:`ddp_exp.rendezvous`: a fresh store on a free loopback port, so
 parallel jobs cannot collide or merge), across nodes c10d (or static) on
-``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``.
+``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``;
+the agent checks its ranks when one finishes or fails (:mod:`ddp_exp.agent`).
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
 :func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
@@ -19,7 +20,8 @@ process pins itself to one intra-op thread before any torch compute (../shared/D
 May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.cluster` (a scheduler's layout),
 :mod:`ddp_exp.distributed` (placement, the process group), :mod:`ddp_exp.build`,
 :mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.files`,
-:mod:`ddp_exp.rendezvous` (one node's), :mod:`ddp_exp.worker` (what each rank runs).
+:mod:`ddp_exp.rendezvous` (one node's), :mod:`ddp_exp.agent` (the agent's wait),
+:mod:`ddp_exp.worker` (what each rank runs).
 """
 
 from __future__ import annotations
