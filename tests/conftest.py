@@ -161,24 +161,18 @@ def compose():
 
 def refused_before_ranks(cfg, job_dir: Path) -> str:
     """Run, in this process, what ``python -m ddp_exp`` runs on ``cfg`` before any rank starts
-    (``ddp_exp.launch.run_job`` up to the launch, in its order: the cluster layout, validate,
-    device and backend, precision, the build in ``job_dir``), assert that one of them refuses
-    it with a one-line ``ConfigError`` and that nothing of a run was written; returns the
-    message (the CLI prints it as ``error: <message>``, exit 2)."""
-    from ddp_exp import cluster
-    from ddp_exp.build import prepare
-    from ddp_exp.config import ConfigError, check_precision, validate
-    from ddp_exp.distributed import resolve_placement
+    (``ddp_exp.launch.run_job`` up to the launch: the cluster layout, then
+    ``launch.prepare_world`` in ``job_dir``), assert that it refuses it with a one-line
+    ``ConfigError`` and that nothing of a run was written; returns the message (the CLI prints
+    it as ``error: <message>``, exit 2)."""
+    from ddp_exp import cluster, launch
+    from ddp_exp.config import ConfigError
 
     job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes the job folder before the task
     with pytest.raises(ConfigError) as info:
         layout = cluster.apply_layout(cfg)
         assert layout is None or layout.ranks is None, "one task per rank: the torchrun path"
-        validate(cfg)
-        nproc = cfg.world_size // cfg.launcher.nnodes
-        device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
-        check_precision(cfg.trainer.precision, device)
-        prepare(cfg, str(job_dir), cfg.world_size, device, backend)
+        launch.prepare_world(cfg, str(job_dir), layout.tasks_on_host if layout else 1)
     message = str(info.value)
     assert message and "\n" not in message, message
     for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):

@@ -107,21 +107,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return run_under_torchrun(cfg)
     if layout is not None:
         _log_as_task(cfg.launcher.cluster, layout)
-    validate(cfg)
-    nproc = cfg.world_size // cfg.launcher.nnodes
+    nproc, inputs = prepare_world(cfg, HydraConfig.get().runtime.output_dir,
+                                  layout.tasks_on_host if layout is not None else 1)
     env = {}
     if layout is not None and layout.tasks_on_host > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
         # over every rank on the machine).
         cores = len(os.sched_getaffinity(0))
         env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
-    device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
-    check_precision(cfg.trainer.precision, device)
-    warning = oversubscription_warning(nproc * (layout.tasks_on_host if layout else 1))
-    if warning:
-        log.warning("%s", warning)
-    job_dir = HydraConfig.get().runtime.output_dir
-    inputs = prepare(cfg, job_dir, cfg.world_size, device, backend)
     if cfg.launcher.start_method == "fork":
         _preload_for_ranks()
     if cfg.print_config:
@@ -139,6 +132,28 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
                  sorted(results))
     return results.get(0)
+
+
+def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
+                  ) -> tuple[int, RankInputs]:
+    """Everything this launcher checks and builds before its ranks start, in order: the
+    config (:func:`ddp_exp.config.validate`), device and backend for this node's ranks, the
+    precision on that device, the oversubscription warning (over the ranks of
+    ``tasks_on_host`` tasks on this machine), then the data, model and the rest
+    (:func:`ddp_exp.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
+
+    Raises:
+        ConfigError: invalid config or data (one line naming the key).
+        FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.build.prepare`.
+    """
+    validate(cfg)
+    nproc = cfg.world_size // cfg.launcher.nnodes
+    device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
+    check_precision(cfg.trainer.precision, device)
+    warning = oversubscription_warning(nproc * tasks_on_host)
+    if warning:
+        log.warning("%s", warning)
+    return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
 
 
 def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
