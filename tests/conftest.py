@@ -159,24 +159,36 @@ def compose():
         yield lambda *overrides: hydra.compose("config", overrides=list(overrides))
 
 
+def folder_files(folder: Path) -> dict[Path, bytes]:
+    """Every file under ``folder`` (relative path -> bytes), the job folder's lock file aside
+    (each run takes it)."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file() and p.name != ".ddp_exp.lock"}
+
+
 def refused_before_ranks(cfg, job_dir: Path) -> str:
     """Run, in this process, what ``python -m ddp_exp`` runs on ``cfg`` before any rank starts
     (``ddp_exp.launch.run_job`` up to the launch: the cluster layout, then
     ``launch.prepare_world`` in ``job_dir``), assert that it refuses it with a one-line
-    ``ConfigError`` and that nothing of a run was written; returns the message (the CLI prints
-    it as ``error: <message>``, exit 2)."""
+    ``ConfigError`` and that nothing of a run was written (in a folder that holds an earlier
+    run: every file as it was, none added); returns the message (the CLI prints it as
+    ``error: <message>``, exit 2)."""
     from ddp_exp import cluster, launch
     from ddp_exp.config import ConfigError
 
     job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes the job folder before the task
+    before = folder_files(job_dir)
     with pytest.raises(ConfigError) as info:
         layout = cluster.apply_layout(cfg)
         assert layout is None or layout.ranks is None, "one task per rank: the torchrun path"
         launch.prepare_world(cfg, str(job_dir), layout.tasks_on_host if layout else 1)
     message = str(info.value)
     assert message and "\n" not in message, message
-    for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
-        assert not (job_dir / leftover).exists(), leftover
+    if before:
+        assert folder_files(job_dir) == before, "the earlier run's folder changed"
+    else:
+        for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
+            assert not (job_dir / leftover).exists(), leftover
     return message
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from conftest import (
     Run,
     assert_no_orphans,
     cli_env,
+    folder_files,
+    refused_before_ranks,
     start_watched,
     tagged_processes,
 )
@@ -113,6 +116,31 @@ def reference(tmp_path_factory) -> Path:
         stdin=subprocess.DEVNULL)
     assert_no_orphans(tag)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return job
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """One finished run of the default job (``trainer.epochs=1 print_config=false``): its job
+    folder, copied by :func:`finished_copy` for each test that starts in a used folder (the
+    tests change their copy; this one stays as the run left it)."""
+    root = tmp_path_factory.mktemp("finished")
+    job = root / "job"
+    tag = uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddp_exp", "trainer.epochs=1", QUIET, f"hydra.run.dir={job}"],
+        cwd=root, env=cli_env(tag), capture_output=True, text=True, timeout=180,
+        stdin=subprocess.DEVNULL)
+    assert_no_orphans(tag)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (job / "checkpoints" / "last.pt").is_file() and (job / "metrics.json").is_file()
+    return job
+
+
+def finished_copy(finished_run: Path, tmp_path: Path) -> Path:
+    """A copy of ``finished_run`` at ``<tmp_path>/run``: the folder ``run_cli`` runs in."""
+    job = tmp_path / "run"
+    shutil.copytree(finished_run, job, symlinks=True)
     return job
 
 
@@ -535,14 +563,28 @@ def _truncated(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("make", [_garbage, _foreign, _truncated, None],
-                         ids=["garbage", "foreign", "truncated", "missing"])
-def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path, make):
-    """A corrupt, foreign or missing ``trainer.resume=PATH``: non-zero exit within 10 s, a
-    one-line error naming trainer.resume, and no rank started (no tensorboard/)."""
+@pytest.mark.parametrize(("make", "why"), [
+    (_garbage, "cannot load it as a checkpoint"), (_foreign, "not a ddp_exp checkpoint"),
+    (_truncated, "cannot load it as a checkpoint"), (None, "no such checkpoint file")],
+    ids=["garbage", "foreign", "truncated", "missing"])
+def test_bad_resume_file_is_refused_before_any_rank_naming_it(compose, tmp_path, make, why):
+    """A corrupt, foreign, truncated or missing ``trainer.resume=PATH`` is refused by the
+    steps the CLI runs before any rank (in-process): one line naming trainer.resume, the path
+    and what is wrong with it, nothing written. (The CLI's exit and line: the test below.)"""
     path = tmp_path / "bad.pt"
     if make is not None:
         make(path)
+    message = refused_before_ranks(compose("world_size=2", f"trainer.resume={path}", QUIET),
+                                   tmp_path / "run")
+    assert message.startswith(f"trainer.resume={str(path)!r}: {why}"), message
+
+
+def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path):
+    """A corrupt ``trainer.resume=PATH`` through the CLI: non-zero exit before any rank starts,
+    a one-line error naming trainer.resume and the path, no traceback, no rank started (no
+    tensorboard/). (Every kind of bad file in-process, above.)"""
+    path = tmp_path / "bad.pt"
+    _garbage(path)
     run = run_cli("world_size=2", f"trainer.resume={path}", QUIET, timeout=60)
     assert run.returncode != 0, output(run)
     assert run.seconds < FAILS_FAST_S, run.seconds
@@ -554,39 +596,36 @@ def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path, ma
         assert not (run.job_dir / produced).exists(), produced
 
 
-def test_resuming_a_finished_run_changes_nothing(run_cli):
+def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, finished_run):
     """Regression: resume=auto on a run that trained all its epochs rewrote its metrics.json
     (train/loss null) and status.json, and added a duplicate TensorBoard point."""
-    first = run_cli("trainer.epochs=1", "print_config=false").ok()
-    before = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
-    record = {p.name: p.read_bytes() for p in (first.job_dir / ".hydra").iterdir()}
-    events = sorted((first.job_dir / "tensorboard").iterdir())
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    before = {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()}
+    record = {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()}
+    events = sorted((job / "tensorboard").iterdir())
     again = run_cli("trainer.epochs=1", "trainer.resume=auto", "optim.lr=0.5",
                     "print_config=false")
     assert again.returncode == 0 and "nothing left to train" in again.stderr  # says so
     assert "error" not in again.stderr
-    after = {p.name: p.read_bytes() for p in first.job_dir.iterdir() if p.is_file()}
+    after = {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()}
     for name in ("metrics.json", "status.json", "model.pt"):
         assert after[name] == before[name], name
     # Hydra rewrote .hydra/ before the refusal; the record of what trained here is back.
-    assert {p.name: p.read_bytes() for p in (first.job_dir / ".hydra").iterdir()} == record
-    assert sorted((first.job_dir / "tensorboard").iterdir()) == events
+    assert {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()} == record
+    assert sorted((job / "tensorboard").iterdir()) == events
 
 
-def test_a_fresh_run_into_a_finished_folder_is_refused(run_cli):
+def test_a_fresh_run_into_a_finished_folder_is_refused(run_cli, tmp_path, finished_run):
     """Regression: the same hydra.run.dir without trainer.resume retrained from scratch,
     overwrote the run's files and left two event streams plotting the same steps twice."""
-    first = run_cli("trainer.epochs=1", "print_config=false").ok()
-    before = {p.relative_to(first.job_dir): p.read_bytes()
-              for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    before = folder_files(job)
     again = run_cli("trainer.epochs=1", "optim.lr=0.5", "print_config=false")
     assert again.returncode == 2 and again.seconds < FAILS_FAST_S
     lines = [ln for ln in again.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "trainer.resume=auto" in lines[0], again.stderr
     assert "metrics.json" in lines[0] and "tensorboard/" in lines[0]
-    after = {p.relative_to(first.job_dir): p.read_bytes()
-             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
-    assert after == before  # every file, .hydra/ included, as the first run left it
+    assert folder_files(job) == before  # every file, .hydra/ included, as the first run left it
 
 
 def test_a_second_run_into_a_busy_job_folder_is_refused(run_cli, tmp_path):
@@ -639,17 +678,14 @@ def test_single_node_ranks_never_resolve_host_names(run_cli, tmp_path):
         assert env["GLOO_SOCKET_IFNAME"], env
 
 
-def test_config_error_in_a_used_folder_keeps_its_record(run_cli):
+def test_config_error_in_a_used_folder_keeps_its_record(run_cli, tmp_path, finished_run):
     """Regression: a typo rerun into a finished folder rewrote its status.json ("failed",
     with the typo) and .hydra/, next to the first run's weights and metrics."""
-    first = run_cli("trainer.epochs=1", "print_config=false").ok()
-    kept = {p.relative_to(first.job_dir): p.read_bytes()
-            for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    kept = folder_files(job)
     typo = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim.lr=-1")
     assert typo.returncode == 2 and "optim.lr" in typo.stderr
-    after = {p.relative_to(first.job_dir): p.read_bytes()
-             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
-    assert after == kept
+    assert folder_files(job) == kept
 
 
 def test_resume_auto_without_a_checkpoint_in_a_used_folder_is_refused(run_cli):
@@ -662,50 +698,70 @@ def test_resume_auto_without_a_checkpoint_in_a_used_folder_is_refused(run_cli):
     assert len(list((again.job_dir / "tensorboard").iterdir())) == 1
 
 
-def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli):
+def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli, tmp_path, finished_run):
     """Regression: errors/rankN.json of a failed attempt stayed beside a completed resume."""
-    first = run_cli("trainer.epochs=1", "print_config=false").ok()
-    (first.job_dir / "errors").mkdir()
-    (first.job_dir / "errors" / "rank1.json").write_text("{}")
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    (job / "errors").mkdir()
+    (job / "errors" / "rank1.json").write_text("{}")
     run_cli("trainer.epochs=2", "trainer.resume=auto", "print_config=false").ok()
-    assert not (first.job_dir / "errors").exists()
+    assert not (job / "errors").exists()
 
 
-def test_resume_with_another_optimizer_fails_before_the_ranks(run_cli):
+def test_resume_with_another_optimizer_fails_before_the_ranks(run_cli, tmp_path, finished_run):
     """Regression: optim=adamw on an SGD checkpoint started the ranks, which failed with the
     whole failure table; it is one line from the launcher now, the folder untouched."""
-    first = run_cli("trainer.epochs=1", "print_config=false").ok()
-    status = (first.job_dir / "status.json").read_bytes()
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of optim=sgd, finished
+    status = (job / "status.json").read_bytes()
     run = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim=adamw")
     assert run.returncode == 2 and run.seconds < FAILS_FAST_S
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "optimizer state does not fit optim" in lines[0], run.stderr
     assert "torch.optim.AdamW" in lines[0] and "Root Cause" not in run.stdout + run.stderr
-    assert (first.job_dir / "status.json").read_bytes() == status
+    assert (job / "status.json").read_bytes() == status
+
+
+def _split_refusal(key: str, value: str, before: object) -> str:
+    return (f"{key}={value} differs from the checkpoint's {key}={before} "
+            "(trainer.resume=auto): another split would move samples between training, "
+            f"validation and test; resume with {key}={before}, or add "
+            "trainer.resume_allow_changes=true to accept it")
+
+
+def test_resume_with_another_split_is_refused_unless_forced(run_cli, tmp_path, finished_run):
+    """U05: resuming with another seed would move training samples into validation: one line
+    naming the key, exit 2, the folder unchanged; trainer.resume_allow_changes=true forces it
+    and the run continues at epoch 2. (Every split key, in-process: the test below.)"""
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of seed=0, finished
+    kept = folder_files(job)
+    run = run_cli("trainer.epochs=2", "trainer.resume=auto", "seed=1", QUIET)
+    assert run.returncode == 2, run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert lines == [f"error: {_split_refusal('seed', '1', 0)}"], run.stderr
+    assert folder_files(job) == kept
+    forced = run_cli("trainer.epochs=2", "trainer.resume=auto", "seed=1",
+                     "trainer.resume_allow_changes=true", QUIET).ok()
+    assert "epoch 2/2" in forced.stdout and "epoch 1/2" not in forced.stdout
+    assert "seed=1 differs from the checkpoint's seed=0 " \
+           "(trainer.resume_allow_changes=true)" in forced.stdout
 
 
 @pytest.mark.parametrize("change", ["seed=1", "data.val_size=300"])
-def test_resume_with_another_split_is_refused_unless_forced(run_cli, change):
-    """U05: resuming with another seed or data.val_size would move training samples into
-    validation: one line naming the key, exit 2, the folder unchanged;
-    trainer.resume_allow_changes=true forces it."""
-    first = run_cli("trainer.epochs=1", QUIET).ok()
-    kept = {p.relative_to(first.job_dir): p.read_bytes()
-            for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
+def test_a_changed_split_is_refused_before_the_ranks_unless_forced(compose, tmp_path,
+                                                                   finished_run, caplog,
+                                                                   change):
+    """U05 for each split key, by the steps the CLI runs before any rank (in-process): resuming
+    with another seed or data.val_size is refused with one line naming the key, the used folder
+    unchanged; with trainer.resume_allow_changes=true the same steps accept it and warn."""
+    from ddp_exp import launch
+
+    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of seed=0, val_size=297
     key, value = change.split("=")
-    run = run_cli("trainer.epochs=2", "trainer.resume=auto", change, QUIET)
-    assert run.returncode == 2, run.stderr
-    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     before = {"seed": 0, "data.val_size": 297}[key]
-    assert lines == [f"error: {key}={value} differs from the checkpoint's {key}={before} "
-                     "(trainer.resume=auto): another split would move samples between "
-                     f"training, validation and test; resume with {key}={before}, or add "
-                     "trainer.resume_allow_changes=true to accept it"], run.stderr
-    after = {p.relative_to(first.job_dir): p.read_bytes()
-             for p in first.job_dir.rglob("*") if p.is_file() and p.name != ".ddp_exp.lock"}
-    assert after == kept
-    forced = run_cli("trainer.epochs=2", "trainer.resume=auto", change,
-                     "trainer.resume_allow_changes=true", QUIET).ok()
-    assert "epoch 2/2" in forced.stdout and "epoch 1/2" not in forced.stdout
+    overrides = ("trainer.epochs=2", "trainer.resume=auto", change, QUIET)
+    assert refused_before_ranks(compose(*overrides), job) == _split_refusal(key, value, before)
+    kept = folder_files(job)
+    with caplog.at_level("WARNING", logger="ddp_exp"):
+        launch.prepare_world(compose(*overrides, "trainer.resume_allow_changes=true"), str(job))
     assert f"{key}={value} differs from the checkpoint's {key}={before} " \
-           "(trainer.resume_allow_changes=true)" in forced.stdout
+           "(trainer.resume_allow_changes=true)" in caplog.text
+    assert folder_files(job) == kept
