@@ -5,7 +5,8 @@ YAML uses; :func:`validate` checks ranges and relations of the composed config (
 checked by OmegaConf at composition); :func:`effective_lr`, :func:`global_batch_size` and
 :func:`ranks_per_node` are the values derived from it. Errors for users are
 :class:`ConfigError`: one line naming the key, the bad value and what is valid;
-:func:`instantiate_node` turns a failing ``_target_`` into one.
+:func:`instantiate_node` turns a failing ``_target_`` into one; :func:`find_target` looks one
+up without a word.
 
 Uses :mod:`ddp_exp.schema`; every module that reports a user's config error uses this one.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -417,3 +419,31 @@ def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
         text = str(cause if cause is not None else exc).strip()
         detail = " ".join(text.split())[:300] if text else type(exc).__name__
         raise ConfigError(f"{key}._target_={node.get('_target_')!r} failed: {detail}") from exc
+
+
+def find_target(path: str) -> Any | None:
+    """The object a ``_target_`` names (``pkg.module.name``), imported as ``instantiate``
+    imports it, or None when it cannot be found or imported; :func:`instantiate_node` then
+    reports that in one line naming the key.
+
+    Unlike ``hydra.utils.get_object`` alone, says nothing: that function also logs the failure
+    at ERROR, a multi-line record that the launching process printed on stdout before the
+    one-line error (``data._target_=nosuchmodule.make``).
+    """
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    quiet = _drop_every_record
+    hydra_log.addFilter(quiet)
+    try:
+        return get_object(path)
+    except Exception:
+        return None
+    finally:
+        hydra_log.removeFilter(quiet)
+
+
+def _drop_every_record(record: logging.LogRecord) -> bool:
+    """A logging filter that lets nothing through."""
+    del record
+    return False

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ddp_exp.config import ConfigError, instantiate_node
+from ddp_exp.config import ConfigError, find_target, instantiate_node
 
 PerSample = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -61,14 +61,9 @@ def build_function(node: Mapping[str, Any], key: str) -> PerSample:
     """
     import inspect
 
-    from hydra.utils import get_object
-
     node = dict(node)
     if "_partial_" not in node:
-        try:
-            target = get_object(str(node.get("_target_")))
-        except Exception:  # instantiate_node reports it, naming the key
-            target = None
+        target = find_target(str(node.get("_target_")))  # None: instantiate_node reports it
         if target is not None and not inspect.isclass(target):
             node["_partial_"] = True
     return instantiate_node(node, key)

@@ -26,8 +26,8 @@ The package, one module per concept:
 * :mod:`~ddp_exp.data.splits`: :class:`Datasets`, the seeded hold-out, ``data.standardize``;
 * :mod:`~ddp_exp.data.loaders`: the rank side, this rank's batches.
 
-May use: the modules above, :mod:`ddp_exp.config` (``ConfigError``, ``instantiate_node``) and
-Hydra (``get_object``). No module of the package imports train, launch or worker.
+May use: the modules above and :mod:`ddp_exp.config` (``ConfigError``, ``instantiate_node``,
+``find_target``). No module of the package imports train, launch or worker.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config import ConfigError, find_target
 from ddp_exp.data.arrays import ArrayDataset, load_digits, make_synthetic
 from ddp_exp.data.loaders import seeded
 from ddp_exp.data.splits import Datasets, build_datasets, standardize
@@ -86,12 +86,12 @@ def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
 def _accepted_keywords(target: str) -> set[str] | None:
     """The keyword names ``target`` accepts; None if it cannot be inspected (then all keys
     other than the path's go to it). ``**kwargs`` accepts no *describing* key by name."""
-    from hydra.utils import get_object
-
+    obj = find_target(target)
+    if obj is None:  # instantiate reports an unknown target with its own one-line error
+        return None
     try:
-        obj = get_object(target)
         params = inspect.signature(obj).parameters.values()
-    except Exception:  # instantiate reports an unknown target with its own one-line error
+    except Exception:  # no signature to read (a builtin): every key goes to it
         return None
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 

@@ -1,0 +1,60 @@
+"""Rough edges a new user hit (fresh-user findings): bad input refused in one plain line, a
+failure named plainly, a user's Dataset read no more than it must be."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ddp_exp.config import ConfigError
+
+UNIMPORTABLE = "nosuchmodule.make"
+
+
+def _hydra_records(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("hydra")]
+
+
+@pytest.mark.parametrize("where", ["data", "loss", "metrics.m"])
+def test_an_unimportable_target_is_one_error_and_no_log_record(caplog, where):
+    """Regression: ``data._target_=nosuchmodule.make`` (and a loss or metric that cannot be
+    imported) printed Hydra's multi-line ERROR log record ("Error getting object at ...") on
+    stdout before the one-line error: the lookups that inspect a target before instantiating
+    it went through ``hydra.utils.get_object``, which logs."""
+    from ddp_exp.data import load
+    from ddp_exp.objective import Objective
+
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ConfigError) as info:
+        if where == "data":
+            load({"_target_": UNIMPORTABLE, "val_size": 0, "batch_size": 8, "num_workers": 0,
+                  "task": "auto", "num_classes": None}, seed=0, world_size=1)
+        elif where == "loss":
+            Objective(10, loss={"_target_": UNIMPORTABLE})
+        else:
+            Objective(10, metrics={"m": {"_target_": UNIMPORTABLE}})
+    message = str(info.value)
+    assert message.startswith(f"{where}._target_='{UNIMPORTABLE}'"), message
+    assert "\n" not in message and "nosuchmodule" in message
+    assert _hydra_records(caplog) == []
+
+
+def test_find_target_finds_what_instantiate_finds():
+    from ddp_exp.config import find_target
+    from ddp_exp.objective import cross_entropy
+
+    assert find_target("ddp_exp.objective.cross_entropy") is cross_entropy
+    assert find_target(UNIMPORTABLE) is None
+    assert find_target("ddp_exp.objective.no_such_name") is None
+
+
+def test_an_unimportable_data_target_prints_one_line_only(run_cli):
+    """The CLI: nothing on stdout, one line on stderr, exit 2, no folder left."""
+    run = run_cli(f"data._target_={UNIMPORTABLE}", timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stdout.strip() == "", run.stdout
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: data._target_='{UNIMPORTABLE}'"), \
+        run.stderr
+    assert not run.job_dir.exists()
