@@ -58,3 +58,49 @@ def test_an_unimportable_data_target_prints_one_line_only(run_cli):
     assert len(lines) == 1 and lines[0].startswith(f"error: data._target_='{UNIMPORTABLE}'"), \
         run.stderr
     assert not run.job_dir.exists()
+
+
+@pytest.mark.parametrize("override", ["+experiment=digits_cnn_recipe", "+data=synthetic",
+                                      "+optim=adamw", "+debug=default", "+hydra/launcher=basic"])
+def test_a_plus_on_a_group_with_a_default_says_drop_the_plus(compose, override):
+    """Regression: ``+experiment=<name>`` (any group the defaults list has already) got Hydra's
+    bare "Multiple values for experiment. To override a value use 'override experiment: ...'",
+    a defaults-list edit, with no word of the command-line fix."""
+    from hydra.errors import HydraException
+
+    from ddp_exp.__main__ import _plus_on_a_default
+
+    with pytest.raises(HydraException) as info:
+        compose("world_size=1", override)
+    argv = ["world_size=1", override]
+    line = _plus_on_a_default(info.value, argv)
+    group, _, option = override[1:].partition("=")
+    assert line is not None and "\n" not in line, (line, str(info.value))
+    assert line.startswith(f"{override}: the group {group} "), line
+    assert line.endswith(f"choose its option without the +: {group}={option}"), line
+    compose("world_size=1", override[1:])  # what the hint says composes
+
+
+def test_the_drop_the_plus_hint_only_for_the_users_plus(compose):
+    """Other composition errors, and a group added twice by the user, keep Hydra's message."""
+    from hydra.errors import HydraException
+
+    from ddp_exp.__main__ import _plus_on_a_default
+
+    with pytest.raises(HydraException) as info:
+        compose("world_size=1", "data=digitz")
+    assert _plus_on_a_default(info.value, ["data=digitz"]) is None
+    with pytest.raises(HydraException) as info:
+        compose("world_size=1", "+data=synthetic")
+    assert _plus_on_a_default(info.value, ["data=synthetic"]) is None  # not from argv
+    assert _plus_on_a_default(info.value, ["+data=synthetic", "+data=digits"]) is None
+
+
+def test_a_plus_on_a_group_with_a_default_is_one_line_on_the_cli(run_cli):
+    run = run_cli("+experiment=digits_cnn_recipe", timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.splitlines() == [
+        "error: +experiment=digits_cnn_recipe: the group experiment is in the defaults list "
+        "already (a + adds a group that is not); choose its option without the +: "
+        "experiment=digits_cnn_recipe"], run.stderr
+    assert not run.job_dir.exists()

@@ -20,6 +20,7 @@ import gc
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -258,6 +259,32 @@ def missing_plugin_hint(error_text: str) -> str | None:
     return None
 
 
+# Hydra's words when an override adds (``+group=option``) a group that the defaults list has
+# already: "Multiple values for data. To override ...", "hydra/launcher appears more than once
+# in the final defaults list".
+_GROUP_TWICE = re.compile(r"^Multiple values for (\S+)\.|^(\S+) appears more than once in the "
+                          r"final defaults list")
+
+
+def _plus_on_a_default(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for ``+group=option`` on the command line when ``group`` is in the defaults list
+    already (``+experiment=digits_cnn_recipe``, ``+data=synthetic``, ``+hydra/launcher=basic``):
+    Hydra's error says "Multiple values" and suggests a defaults-list edit; the fix on the
+    command line is to drop the ``+``. None for any other error, or when the group was not
+    added with one ``+`` on the command line (two options from the user's own config files)."""
+    match = _GROUP_TWICE.match(str(exc).strip())
+    if match is None:
+        return None
+    group = match.group(1) or match.group(2)
+    added = [arg for arg in argv if arg.startswith("+") and not arg.startswith("++")
+             and arg[1:].partition("=")[0] == group]
+    if len(added) != 1:
+        return None
+    choice = added[0][1:]
+    return (f"{added[0]}: the group {group} is in the defaults list already (a + adds a group "
+            f"that is not); choose its option without the +: {choice}")
+
+
 def _no_slurm_here(exc: BaseException) -> str | None:
     """One line for submitit's "no srun" error: ``launcher=slurm`` run off a SLURM cluster."""
     if isinstance(exc, RuntimeError) and "srun" in str(exc):
@@ -471,7 +498,7 @@ def _main() -> None:
     except HydraException as exc:
         if user_wants_traceback:
             raise
-        line = _one_line(exc)
+        line = _one_line(exc) or _plus_on_a_default(exc, sys.argv[1:])
         if line is not None:
             if _is_rank0():  # under torchrun every rank sees it
                 print(f"error: {line}", file=sys.stderr, flush=True)
