@@ -104,3 +104,22 @@ def test_a_plus_on_a_group_with_a_default_is_one_line_on_the_cli(run_cli):
         "already (a + adds a group that is not); choose its option without the +: "
         "experiment=digits_cnn_recipe"], run.stderr
     assert not run.job_dir.exists()
+
+
+def test_the_launcher_reads_a_datasets_item_0_once(compose, tmp_path):
+    """Regression: before the ranks start, the launching process read item 0 of a user's
+    Dataset twice: once to learn the shapes and the task (``ddp_exp.data.lazy.describe``), once
+    more in the objective's probe of the first training samples (``ddp_exp.build``). A Dataset
+    that decodes a file or draws at random paid for it twice."""
+    from ddp_exp import launch
+
+    cfg = compose("world_size=1", "trainer.epochs=1", "data=dataset",
+                  "data._target_=lazy_data.counted_splits")
+    job_dir = tmp_path / "run"
+    job_dir.mkdir()
+    _, inputs = launch.prepare_world(cfg, str(job_dir), 1)
+    train = inputs.datasets.train
+    assert 0 in train.indices[:2]  # the probe's samples hold item 0: it would be read again
+    assert train.dataset.reads.count(0) == 1, train.dataset.reads
+    assert len(train.dataset.reads) == 2  # item 0, then the probe's other sample
+    assert inputs.datasets.items_read == {}  # the ranks read every item themselves

@@ -144,7 +144,9 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
 
 def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Datasets,
                      seed: int) -> None:
-    """Run the objective on the model's output for the first two training samples.
+    """Run the objective on the model's output for the first two training samples, taking
+    those that loading read already from ``datasets.items_read`` (a user's Dataset reads each
+    item once here), then empty ``items_read``: the ranks read every item themselves.
 
     Raises:
         ConfigError: reading those samples failed, or the loss / a metric does not fit the
@@ -152,13 +154,16 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
     """
     try:
         with seeded(seed):  # an augmented probe draws nothing from this process's RNG
-            probe_x, probe_y = datasets.train.batch(range(min(2, len(datasets.train))))
+            probe_x, probe_y = datasets.train.batch(range(min(2, len(datasets.train))),
+                                                    datasets.items_read)
     except ConfigError:
         raise
     except Exception as exc:  # an unreadable file, an item of another shape, a transform's bug
         first = (str(exc).splitlines() or [""])[0][:300]
         raise ConfigError(f"data: reading the first training samples failed: "
                           f"{type(exc).__name__}: {first}") from None
+    finally:
+        datasets.items_read.clear()
     objective.check(model, probe_x, probe_y)
 
 

@@ -190,9 +190,9 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
 
     target = data_cfg["_target_"]
     train = parts["train"]
-    shape, num_classes, width = lazy.describe(train, reader, task, data_cfg.get("num_classes"),
-                                              train_tf,
-                                              "data._target_'s" if mode == "single" else "training")
+    shape, num_classes, width, first = lazy.describe(
+        train, reader, task, data_cfg.get("num_classes"), train_tf,
+        "data._target_'s" if mode == "single" else "training")
 
     def whole(dataset) -> lazy.TorchSplit:
         return lazy.TorchSplit(dataset, np.arange(len(dataset), dtype=np.int64), reader, shape,
@@ -223,7 +223,8 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
                             test=own.get("test", held.test))
     return Datasets(train=dataclasses.replace(datasets.train, transform=train_tf),
                     val=dataclasses.replace(datasets.val, transform=eval_tf),
-                    test=dataclasses.replace(datasets.test, transform=eval_tf))
+                    test=dataclasses.replace(datasets.test, transform=eval_tf),
+                    items_read={0: first})
 
 
 def _check_same_classes(train: Any, part: Any, name: str, target: str) -> None:

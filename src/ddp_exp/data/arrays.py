@@ -12,6 +12,7 @@ import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,9 +50,12 @@ class ArrayDataset:
     def subset(self, indices: np.ndarray) -> ArrayDataset:
         return ArrayDataset(self.features[indices], self.targets[indices], self.num_classes)
 
-    def batch(self, positions: Sequence[int]):
-        """Samples at ``positions`` as tensors ``(x [B, ...] float32, y [B] or [B, k])``."""
+    def batch(self, positions: Sequence[int], items_read: Any = None):
+        """Samples at ``positions`` as tensors ``(x [B, ...] float32, y [B] or [B, k])``.
+        ``items_read`` is :meth:`ddp_exp.data.lazy.TorchSplit.batch`'s; arrays ignore it."""
         import torch
+
+        del items_read
 
         idx = np.asarray(positions, dtype=np.int64)
         return torch.from_numpy(self.features[idx]), torch.from_numpy(self.targets[idx])

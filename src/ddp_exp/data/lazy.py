@@ -101,9 +101,11 @@ class TorchSplit:
         return dataclasses.replace(self, indices=self.indices[np.asarray(positions,
                                                                          dtype=np.int64)])
 
-    def batch(self, positions: Sequence[int]):
+    def batch(self, positions: Sequence[int], items_read: Mapping[int, Any] | None = None):
         """Read and collate the samples at ``positions``: inputs ``[B, *input_shape]`` float32,
         targets ``[B]`` int64 (classification) or ``[B, k]`` float32 (regression).
+        ``items_read``: items read already, by dataset index, taken instead of reading them
+        again.
 
         Raises:
             ConfigError: an item of another shape, or a class label outside ``0..C-1`` (the
@@ -112,8 +114,10 @@ class TorchSplit:
         import torch
 
         xs, ys = [], []
+        items_read = items_read or {}
         for p in positions:
-            x, y = self.reader(self.dataset[int(self.indices[p])])
+            index = int(self.indices[p])
+            x, y = self.reader(items_read[index] if index in items_read else self.dataset[index])
             xs.append(x)
             ys.append(y)
         try:
@@ -168,9 +172,11 @@ def class_count(dataset: Any, target_key: str | None) -> int | None:
 
 
 def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | None,
-             transform: Callable[[Any], Any] | None, name: str) -> tuple[tuple[int, ...], int,
-                                                                         int]:
-    """Read item 0 of ``dataset`` to learn ``(input_shape, num_classes, target_width)``.
+             transform: Callable[[Any], Any] | None, name: str
+             ) -> tuple[tuple[int, ...], int, int, Any]:
+    """Read item 0 of ``dataset`` to learn ``(input_shape, num_classes, target_width, item)``;
+    ``item`` is item 0 as the dataset returned it, for checks that would read it again
+    (:attr:`ddp_exp.data.splits.Datasets.items_read`).
 
     ``task=auto``: an integer target is a class label, a floating one is regression.
 
@@ -196,7 +202,7 @@ def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | Non
     if task == "auto":
         task = "classification" if integral and y.numel() == 1 else "regression"
     if task == "regression":
-        return tuple(x.shape), 0, max(1, y.numel())
+        return tuple(x.shape), 0, max(1, y.numel()), item
     if not integral or y.numel() != 1:
         raise ConfigError(f"data.task=classification needs one integer class label per item; "
                           f"item 0's target is {y.dtype} of shape {list(y.shape)} (set "
@@ -208,4 +214,4 @@ def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | Non
                           "data.num_classes=<C> or data.task=regression")
     if classes < 2:
         raise ConfigError(f"data.num_classes={classes} is invalid: classification needs >= 2")
-    return tuple(x.shape), int(classes), 1
+    return tuple(x.shape), int(classes), 1, item

@@ -11,7 +11,7 @@ May use: :mod:`ddp_exp.data.arrays`, :mod:`ddp_exp.config` (``ConfigError``), Nu
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,11 @@ class Datasets:
     val: Any
     test: Any | None = None
     standardization: dict[str, Any] | None = None  # data.standardize's statistics, if used
+    # Training items the launching process has read while loading (dataset index -> the item
+    # as the dataset returned it): item 0 of a lazy dataset, read to learn the shapes. The
+    # checks before the ranks start take it from here instead of reading it again
+    # (ddp_exp.build); emptied before the ranks start, which read every item themselves.
+    items_read: dict[int, Any] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
