@@ -3,9 +3,14 @@ failure named plainly, a user's Dataset read no more than it must be."""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import os
+from pathlib import Path
 
 import pytest
+import torch
 
 from ddp_exp.config import ConfigError
 
@@ -123,3 +128,60 @@ def test_the_launcher_reads_a_datasets_item_0_once(compose, tmp_path):
     assert train.dataset.reads.count(0) == 1, train.dataset.reads
     assert len(train.dataset.reads) == 2  # item 0, then the probe's other sample
     assert inputs.datasets.items_read == {}  # the ranks read every item themselves
+
+
+NAN_LINE = ("error: rank 1 failed: NonFiniteLossError: non-finite training loss at step 3 (the "
+            "earliest on any rank); all 2 rank(s) stopped. Lower optim.lr or check the data for "
+            "NaN/inf")
+
+
+@pytest.mark.parametrize(("rank", "raised"), [(0, "PeerFailed"), (1, "NonFiniteLossError")])
+def test_a_non_finite_loss_is_raised_by_the_rank_that_had_it(monkeypatch, rank, raised):
+    """Regression: every rank raised the same NonFiniteLossError, so the launchers named any
+    rank as the failed one: "rank 0 failed: NonFiniteLossError: ... (first seen on rank 1)".
+    Now the rank whose loss went non-finite first raises it and the others raise PeerFailed,
+    which the launchers report as a knock-on effect. Here rank 1's loss was NaN at step 3 and
+    this rank's (when it is rank 0) only at step 4: the all-reduce (MIN of step x world + rank)
+    is played by a stub."""
+    import torch.distributed as dist
+
+    from ddp_exp.distributed import PeerFailed, World
+    from ddp_exp.train_loss import LossWindow, NonFiniteLossError
+    from ddp_exp.worker import is_peer_failure
+
+    def all_reduce(tensor, op=None):
+        assert op == dist.ReduceOp.MIN
+        tensor.fill_(min(float(tensor.item()), 3 * 2 + 1))  # rank 1's first bad step: 3
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    world = World(rank=rank, local_rank=rank, world_size=2, local_world_size=2)
+    window = LossWindow(torch.device("cpu"))
+    for step, loss in enumerate([0.5, 0.5, 0.5 if rank == 0 else math.nan, math.nan], start=1):
+        window.add(torch.tensor(loss), 8, step)
+    with pytest.raises((PeerFailed, NonFiniteLossError)) as info:
+        window._raise_nonfinite([float(t) for t in window.losses], window.steps, world)
+    assert type(info.value).__name__ == raised
+    assert is_peer_failure(info.value) == (raised == "PeerFailed")
+    if raised == "PeerFailed":
+        assert str(info.value) == "rank 1 failed first: non-finite training loss at step 3"
+    else:
+        assert f"rank {rank} failed: {type(info.value).__name__}: {info.value}" == NAN_LINE[7:]
+
+
+def test_a_non_finite_loss_names_the_rank_that_had_it(run_cli, tmp_path):
+    """The CLI: NaN outputs on rank 1 at step 3 give one line naming rank 1 (before: rank 0 or
+    1, whichever exited first, "... (first seen on rank 1)"); status.json says the same; only
+    rank 1 left an error file."""
+    from faulty import write_model_yaml
+
+    write_model_yaml(tmp_path / "conf", fault="nan", fault_step=3, fault_rank=1)
+    tests = str(Path(__file__).parent)
+    run = run_cli("--config-dir", str(tmp_path / "conf"), "model=faulty", "world_size=2",
+                  "trainer.epochs=1", "print_config=false", timeout=120,
+                  env={"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert [ln for ln in run.stderr.splitlines() if ln.strip()] == [NAN_LINE], run.stderr
+    status = json.loads((run.job_dir / "status.json").read_text())
+    assert status["status"] == "failed" and f"error: {status['error']}" == NAN_LINE, status
+    assert sorted(p.name for p in (run.job_dir / "errors").iterdir()) == ["rank1.json"]

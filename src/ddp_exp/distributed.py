@@ -28,6 +28,13 @@ import torch.distributed as dist
 from ddp_exp.config import ConfigError
 
 
+class PeerFailed(RuntimeError):
+    """This rank stops because another rank failed first; the message names that rank and its
+    failure. Raised where every rank learns of one rank's failure together (a collective said
+    so): the launchers then report the other rank's own error as the cause
+    (:func:`ddp_exp.worker.is_peer_failure`), not this one."""
+
+
 @dataclass(frozen=True)
 class World:
     """Where this process sits: ``rank`` in ``[0, world_size)``, ``local_rank`` on its node."""

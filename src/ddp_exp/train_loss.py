@@ -7,7 +7,7 @@ means), so it is exact for any world size and uneven last batches. A logging ste
 that all-reduce (``async_op``); the loop finishes it at its next check, so the host never waits
 for it between steps (issue 13).
 
-Uses :mod:`ddp_exp.distributed` (the rank's place) and torch only; the loop
+Uses :mod:`ddp_exp.distributed` (the rank's place, ``PeerFailed``) and torch only; the loop
 (:mod:`ddp_exp.train`) uses it.
 """
 
@@ -18,11 +18,14 @@ from typing import Any
 
 import torch
 
-from ddp_exp.distributed import World
+from ddp_exp.distributed import PeerFailed, World
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite on some rank; every rank raises it together."""
+    """The training loss became NaN or infinite: raised by the rank whose loss did first (the
+    earliest step, then the lowest rank); every other rank raises
+    :class:`ddp_exp.distributed.PeerFailed` at the same check, so that the failure is reported
+    as that rank's."""
 
 
 class LossWindow:
@@ -38,7 +41,8 @@ class LossWindow:
     steps. The trainer finishes a logging step's check at the next check (the all-reduce then
     overlaps the steps in between: no host wait for it) and the epoch's last check at once. If
     a check's sum is not finite, a second all-reduce finds the first bad step over all ranks and
-    every rank raises :class:`NonFiniteLossError`.
+    that rank raises :class:`NonFiniteLossError`, the others
+    :class:`ddp_exp.distributed.PeerFailed`.
     """
 
     def __init__(self, device: torch.device):
@@ -112,7 +116,8 @@ class LossWindow:
         without it) and the ``context``.
 
         Raises:
-            NonFiniteLossError: the sum is NaN or infinite (on every rank).
+            NonFiniteLossError: the sum is NaN or infinite, on the rank whose loss was first.
+            PeerFailed: the sum is NaN or infinite, on every other rank.
         """
         if self.pending is None:
             return None
@@ -151,6 +156,8 @@ class LossWindow:
         if dist.is_initialized() and world.world_size > 1:
             dist.all_reduce(code, op=dist.ReduceOp.MIN)
         step, rank = divmod(int(code.item()), world.world_size)
-        raise NonFiniteLossError(f"non-finite training loss at step {step} (first seen on rank "
-                                 f"{rank}); all {world.world_size} rank(s) stopped. Lower optim.lr"
+        if rank != world.rank:  # that rank reports it: "rank R failed: NonFiniteLossError: ..."
+            raise PeerFailed(f"rank {rank} failed first: non-finite training loss at step {step}")
+        raise NonFiniteLossError(f"non-finite training loss at step {step} (the earliest on any "
+                                 f"rank); all {world.world_size} rank(s) stopped. Lower optim.lr"
                                  " or check the data for NaN/inf")

@@ -31,6 +31,7 @@ from ddp_exp import checkpoint, jobdir, train_state
 from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
+    PeerFailed,
     World,
     all_reduce_max,
     destroy_process_group,
@@ -54,11 +55,13 @@ FAILURES_ENV = "DDP_EXP_FAILURES_FILE"  # the launcher's record of failed ranks,
 
 def is_peer_failure(exc: BaseException) -> bool:
     """True for errors a collective raises because a peer rank went away (gloo/NCCL connection
-    closed or reset, a store that is gone), as opposed to an error of this rank's own."""
+    closed or reset, a store that is gone), and for :class:`ddp_exp.distributed.PeerFailed`
+    (another rank's failure, learnt through a collective), as opposed to an error of this
+    rank's own."""
     import torch.distributed as dist
 
     text = str(exc)
-    return isinstance(exc, dist.DistError) or any(
+    return isinstance(exc, (dist.DistError, PeerFailed)) or any(
         s in text for s in ("Connection closed by peer", "Connection reset by peer",
                             "Broken pipe", "NCCL communicator was aborted"))
 
