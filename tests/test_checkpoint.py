@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+import threading
+import time
 
+import pytest
+import torch
+
+from ddp_exp import checkpoint
 from ddp_exp.checkpoint import model_mismatch
+from ddp_exp.files import BackgroundWriter
 from ddp_exp.models import CNN, MLP
 
 
@@ -34,3 +41,92 @@ def test_a_checkpoint_with_other_shapes_names_the_parameter():
                 if v.shape != large.state_dict()[k].shape)
     assert f"size mismatch for {name}" in line, line
     assert "model._target_" not in line  # the same model class: only the shapes differ
+
+
+# ------------------------------------------------------ checkpoints written in the background
+def _state(value: float, epoch: int = 0) -> dict:
+    return {"model": {"w": torch.full((4,), value)}, "epoch": epoch, "global_step": epoch + 1}
+
+
+def test_background_writes_run_in_order_and_snapshot_the_tensors(tmp_path):
+    """The loop's checkpoint is serialized when it is submitted (the next steps change the
+    live tensors in place) and the files are written in submission order: the last write of a
+    path wins, and an epoch file's pruning sees every earlier epoch file."""
+    writer = BackgroundWriter()
+    state = _state(1.0)
+    checkpoint.save(str(tmp_path), state, keep_epoch_file=False, keep=2, writer=writer)
+    state["model"]["w"].add_(100.0)  # what the next optimizer step does to a parameter
+    for epoch in range(1, 4):
+        checkpoint.save(str(tmp_path), _state(float(epoch), epoch), keep_epoch_file=True,
+                        keep=2, writer=writer)
+    checkpoint.save_best(str(tmp_path), _state(7.0), writer=writer)
+    writer.close()
+    folder = checkpoint.checkpoint_dir(str(tmp_path))
+    assert sorted(os.listdir(folder)) == ["best.pt", "epoch_0002.pt", "epoch_0003.pt", "last.pt"]
+    last = checkpoint.load(os.path.join(folder, "last.pt"))
+    assert last["epoch"] == 3 and last["model"]["w"].tolist() == [3.0] * 4
+    best = checkpoint.load(checkpoint.best_path(str(tmp_path)))
+    assert best["model"]["w"].tolist() == [7.0] * 4
+    # The thread held back until the tensor has changed: the file still holds the snapshot.
+    first = tmp_path / "first"
+    writer = BackgroundWriter()
+    release = threading.Event()
+    writer.submit(release.wait)
+    state = _state(1.0)
+    checkpoint.save(str(first), state, keep_epoch_file=False, keep=1, writer=writer)
+    state["model"]["w"].add_(100.0)
+    release.set()
+    writer.wait()
+    saved = checkpoint.load(os.path.join(checkpoint.checkpoint_dir(str(first)), "last.pt"))
+    assert saved["model"]["w"].tolist() == [1.0] * 4
+    writer.close()
+
+
+def test_a_failed_background_write_is_raised_by_the_next_call_and_leaves_the_old_file(
+        tmp_path, monkeypatch):
+    """A write that fails on the writer's thread (here: fsync, as on a full disk) is raised
+    by the next submit or wait, once, and the previous complete checkpoint stays in place
+    with no temp file beside it."""
+    writer = BackgroundWriter()
+    checkpoint.save(str(tmp_path), _state(1.0), keep_epoch_file=False, keep=1, writer=writer)
+    writer.wait()
+    real_fsync = os.fsync
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    checkpoint.save(str(tmp_path), _state(2.0, 1), keep_epoch_file=False, keep=1, writer=writer)
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    writer.wait()  # reported once
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    folder = checkpoint.checkpoint_dir(str(tmp_path))
+    assert os.listdir(folder) == ["last.pt"]
+    assert checkpoint.load(os.path.join(folder, "last.pt"))["epoch"] == 0
+    monkeypatch.setattr(os, "fsync", full_disk)
+    checkpoint.save(str(tmp_path), _state(3.0, 2), keep_epoch_file=False, keep=1, writer=writer)
+    while not writer._pending[0].done():  # the failure happens on the thread ...
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="No space left"):  # ... and the next save raises it
+        checkpoint.save(str(tmp_path), _state(4.0, 3), keep_epoch_file=False, keep=1,
+                        writer=writer)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    writer.close()
+    assert checkpoint.load(os.path.join(folder, "last.pt"))["epoch"] == 0
+
+
+def test_background_writer_fsyncs_each_file_before_renaming_it(tmp_path, monkeypatch):
+    """The background thread keeps atomic_write's order: the temp file's data reaches the
+    disk (fsync) before the rename makes it the checkpoint."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace",
+                        lambda a, b: (events.append("replace " + os.path.basename(b)),
+                                      real_replace(a, b))[1])
+    writer = BackgroundWriter()
+    checkpoint.save(str(tmp_path), _state(1.0), keep_epoch_file=False, keep=1, writer=writer)
+    checkpoint.save_best(str(tmp_path), _state(1.0), writer=writer)
+    writer.close()
+    assert events == ["fsync", "replace last.pt", "fsync", "replace best.pt"]

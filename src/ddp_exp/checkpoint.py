@@ -14,7 +14,9 @@ A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and mo
 (0-based), ``global_step``, every rank's RNG states and the resolved config: all that is needed to
 continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
-mid-save, sees the previous complete file or the new complete one, never part of one.
+mid-save, sees the previous complete file or the new complete one, never part of one. The loop
+serializes each checkpoint at once and writes it on a background thread
+(:class:`ddp_exp.files.BackgroundWriter`): training goes on while the file is fsynced.
 
 May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.files` (atomic writes); what the
 loop puts into a checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
@@ -23,14 +25,16 @@ loop puts into a checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ddp_exp.config import ConfigError
-from ddp_exp.files import atomic_write, remove_partial, temp_name
+from ddp_exp.files import BackgroundWriter, atomic_write, remove_partial, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +53,58 @@ def epoch_path(job_dir: str, epoch: int) -> str:
     return os.path.join(checkpoint_dir(job_dir), f"epoch_{epoch:04d}.pt")
 
 
-def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int) -> str:
+def _serialized(payload: dict[str, Any]) -> bytes:
+    """``torch.save(payload)`` as bytes: a snapshot of the tensors now, which the loop may
+    change while the bytes are being written."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def _run(job: Callable[[], object], writer: BackgroundWriter | None) -> None:
+    """``job()`` now, or on ``writer``'s thread after the jobs submitted before it."""
+    if writer is None:
+        job()
+    else:
+        writer.submit(job)
+
+
+def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
+         writer: BackgroundWriter | None = None) -> str:
     """Write ``state`` as ``last.pt`` (and as its epoch file when ``keep_epoch_file``), then
     delete all but the newest ``keep`` epoch files. Call on rank 0 only.
+
+    ``state`` is serialized before this returns; with ``writer``, the files are written on its
+    thread, after every write submitted before (call ``writer.wait()`` before reading them).
 
     Returns:
         The path written (the epoch file if any, else ``last.pt``).
     """
     folder = checkpoint_dir(job_dir)
     os.makedirs(folder, exist_ok=True)
-    remove_partial(folder)  # left by a writer killed mid-save (e.g. an earlier attempt)
-    payload = {"format": FORMAT, **state}
+    data = _serialized({"format": FORMAT, **state})
     last = os.path.join(folder, LAST)
-    if not keep_epoch_file:
-        atomic_write(last, lambda fh: torch.save(payload, fh))
-        return last
-    path = epoch_path(job_dir, state["epoch"])
-    atomic_write(path, lambda fh: torch.save(payload, fh))
-    # last.pt becomes a second name of the same complete file: no second write, still atomic.
-    tmp = temp_name(last)
-    os.link(path, tmp)
-    os.replace(tmp, last)
-    for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
-        os.unlink(old)
+    path = epoch_path(job_dir, state["epoch"]) if keep_epoch_file else last
+
+    def write() -> None:
+        # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
+        # writes have finished (one thread, in order).
+        remove_partial(folder)
+        _write_bytes(path, data)
+        if keep_epoch_file:
+            # last.pt becomes a second name of the same complete file: no second write, still
+            # atomic.
+            tmp = temp_name(last)
+            os.link(path, tmp)
+            os.replace(tmp, last)
+            for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
+                os.unlink(old)
+
+    _run(write, writer)
     return path
 
 
@@ -80,12 +113,15 @@ def best_path(job_dir: str) -> str:
     return os.path.join(checkpoint_dir(job_dir), BEST)
 
 
-def save_best(job_dir: str, state: dict[str, Any]) -> str:
-    """Write ``state`` (model, epoch, global_step, monitor, config) as ``best.pt``, atomically.
-    Call on rank 0 only."""
+def save_best(job_dir: str, state: dict[str, Any], writer: BackgroundWriter | None = None
+              ) -> str:
+    """Write ``state`` (model, epoch, global_step, monitor, config) as ``best.pt``, atomically;
+    serialized now, written at once or on ``writer``'s thread (as :func:`save`). Call on rank 0
+    only."""
     os.makedirs(checkpoint_dir(job_dir), exist_ok=True)
     path = best_path(job_dir)
-    atomic_write(path, lambda fh: torch.save({"format": FORMAT, **state}, fh))
+    data = _serialized({"format": FORMAT, **state})
+    _run(lambda: _write_bytes(path, data), writer)
     return path
 
 

@@ -59,6 +59,7 @@ from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World
 from ddp_exp.evaluation import Evaluator
+from ddp_exp.files import BackgroundWriter
 from ddp_exp.metrics import MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
@@ -151,6 +152,9 @@ class Trainer:
         self.evaluator = Evaluator(self.model, self.data, datasets, objective, world, device,
                                    self.precision, writer)
         self.layout_written = False
+        # Rank 0's checkpoint files, written on a background thread (ddp_exp.files): the loop
+        # does not wait for the disk.
+        self.checkpoint_files = BackgroundWriter()
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
         self.window = LossWindow(device)  # train/loss intervals, across epochs
@@ -295,7 +299,34 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.epochs`` or ``trainer.max_steps``; returns the final global
-        metrics (see ``metrics.json`` in the README)."""
+        metrics (see ``metrics.json`` in the README). The checkpoints submitted to the
+        background writer are on disk when it returns or raises."""
+        trainer = self.cfg["trainer"]
+        try:
+            last, train_s, run_samples = self._epochs()
+        except BaseException:
+            # A failing or interrupted run still leaves its last complete checkpoint on disk;
+            # the original error is the one that propagates.
+            try:
+                self.checkpoint_files.close()
+            except Exception as exc:  # e.g. the disk filled up too
+                log.error("checkpoint not written: %s: %s", type(exc).__name__, exc)
+            raise
+        self.checkpoint_files.close()  # every file on disk before best.pt is read back
+        if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
+            last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0,
+                               self.evaluator.validate(self.epoch, self.global_step))
+        self.evaluator.report_confusion(self.global_step)
+        final = self._final(last, run_samples, train_s)
+        final.update(self.monitor.results())
+        if self.datasets.test is not None and len(self.datasets.test):
+            final.update(self.evaluator.evaluate_split(
+                "test", trainer["test_weights"] or "last", self.monitor))
+        return final
+
+    def _epochs(self) -> tuple[EpochResult | None, float, int]:
+        """The epochs of :meth:`fit`: returns the last epoch's result (None if none ran), the
+        seconds in the training loops and the samples trained."""
         trainer = self.cfg["trainer"]
         max_steps = trainer["max_steps"]
         last: EpochResult | None = None
@@ -324,16 +355,7 @@ class Trainer:
             self.writer.flush()  # the epoch's events on disk before the next epoch's loop
             if self.monitor.stopped_early:
                 break
-        if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
-            last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0,
-                               self.evaluator.validate(self.epoch, self.global_step))
-        self.evaluator.report_confusion(self.global_step)
-        final = self._final(last, run_samples, train_s)
-        final.update(self.monitor.results())
-        if self.datasets.test is not None and len(self.datasets.test):
-            final.update(self.evaluator.evaluate_split(
-                "test", trainer["test_weights"] or "last", self.monitor))
-        return final
+        return last, train_s, run_samples
 
     def _final(self, last: EpochResult, run_samples: int, train_s: float) -> dict[str, Any]:
         """The final global metrics of the last epoch (see ``metrics.json`` in the README)."""

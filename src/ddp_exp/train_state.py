@@ -99,7 +99,8 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
 def save_checkpoint(loop: Any) -> None:
     """Every rank calls it after an epoch (``loop.epoch`` already counts it); rank 0 writes
     ``last.pt`` (``trainer.save_last``) and every ``trainer.checkpoint_every_n_epochs`` epochs
-    the epoch's file (see :func:`ddp_exp.checkpoint.save`)."""
+    the epoch's file (see :func:`ddp_exp.checkpoint.save`), on ``loop.checkpoint_files``'s
+    thread (a :class:`ddp_exp.files.BackgroundWriter`)."""
     trainer = loop.cfg["trainer"]
     every = trainer["checkpoint_every_n_epochs"]
     keep_epoch_file = every > 0 and loop.epoch % every == 0
@@ -108,14 +109,15 @@ def save_checkpoint(loop: Any) -> None:
     state = state_dict(loop)
     if loop.world.is_main:
         checkpoint.save(loop.writer.job_dir, state, keep_epoch_file,
-                        trainer["keep_checkpoints"])
+                        trainer["keep_checkpoints"], loop.checkpoint_files)
 
 
 def save_best(loop: Any) -> None:
-    """Rank 0 writes the new best epoch's weights to ``checkpoints/best.pt`` (atomically;
-    model, completed ``epoch``, ``global_step``, the monitor's state and the config)."""
+    """Rank 0 writes the new best epoch's weights to ``checkpoints/best.pt`` (atomically, on
+    ``loop.checkpoint_files``'s thread; model, completed ``epoch``, ``global_step``, the
+    monitor's state and the config)."""
     if loop.world.is_main:
         checkpoint.save_best(loop.writer.job_dir, {
             "model": loop.model.state_dict(), "epoch": loop.epoch - 1,
             "global_step": loop.global_step, "monitor": loop.monitor.state_dict(),
-            "config": loop.cfg})
+            "config": loop.cfg}, loop.checkpoint_files)
