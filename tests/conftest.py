@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -113,14 +114,18 @@ def cli_env(tag: str, **extra: str) -> dict[str, str]:
     return env
 
 
+# Fixtures that start the CLI: run_cli, and the session's shared runs (below).
+CLI_FIXTURES = {"run_cli", "start_cli", "default_run_1_epoch", "default_run_2_epochs"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """``make test-fast`` (``-m "not slow"``) runs what runs in this process and a smoke set of
-    CLI runs: a test that starts the CLI (the ``run_cli`` or ``start_cli`` fixture, ~2-5 s each)
-    is ``slow`` unless it is marked ``smoke``."""
+    CLI runs: a test that starts the CLI (the ``run_cli`` fixture, ~2-5 s each, or a shared run
+    of :data:`CLI_FIXTURES`) is ``slow`` unless it is marked ``smoke``."""
     del config
     for item in items:
-        starts_cli = {"run_cli", "start_cli"} & set(getattr(item, "fixturenames", ()))
+        starts_cli = CLI_FIXTURES & set(getattr(item, "fixturenames", ()))
         if starts_cli and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)
 
@@ -145,6 +150,47 @@ def run_cli(tmp_path):
         return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds)
 
     return run
+
+
+def _run_once(root: Path, *overrides: str) -> Run:
+    """``python -m ddp_exp <overrides>`` in ``root`` with job folder ``<root>/run``: finished,
+    no process left behind."""
+    tag = uuid.uuid4().hex
+    job_dir = root / "run"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides,
+                           f"hydra.run.dir={job_dir}"], cwd=root, env=cli_env(tag),
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    seconds = time.monotonic() - start
+    assert_no_orphans(tag)
+    return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds).ok()
+
+
+@pytest.fixture(scope="session")
+def default_run_1_epoch(tmp_path_factory) -> Run:
+    """The default job (world_size=2) for one epoch, ``trainer.epochs=1 print_config=false``,
+    run once for the whole session in a folder of its own (its cwd holds only its job folder
+    ``run/``): the reference that tests compare with, or copy (:func:`copy_job`) to start in a
+    finished run's folder. Tests only read it."""
+    return _run_once(tmp_path_factory.mktemp("default_1"), "world_size=2", "trainer.epochs=1",
+                     "print_config=false")
+
+
+@pytest.fixture(scope="session")
+def default_run_2_epochs(tmp_path_factory) -> Run:
+    """The default job (world_size=2) for two epochs, ``trainer.epochs=2 print_config=false``,
+    run once for the whole session (as :func:`default_run_1_epoch`): the single-node world
+    that other launches must reproduce. Tests only read it."""
+    return _run_once(tmp_path_factory.mktemp("default_2"), "world_size=2", "trainer.epochs=2",
+                     "print_config=false")
+
+
+def copy_job(run: Run, tmp_path: Path) -> Path:
+    """A copy of ``run``'s job folder at ``<tmp_path>/run`` (the folder ``run_cli`` runs in),
+    for a test that writes into a finished run's folder."""
+    job = tmp_path / "run"
+    shutil.copytree(run.job_dir, job, symlinks=True)
+    return job
 
 
 @pytest.fixture

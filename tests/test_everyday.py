@@ -15,10 +15,11 @@ ANSI_OR_CR = re.compile(r"\x1b\[|\r")
 TAGGED = re.compile(r"^\[[^\]]+\]\[(rank\d+|launcher)\]")
 
 
-def test_output_to_a_file_is_plain_log_lines_each_tagged(run_cli):
+def test_output_to_a_file_is_plain_log_lines_each_tagged(default_run_2_epochs):
     """Not a terminal: no bar escape codes; every line of the job log carries its rank or the
-    launcher tag; non-zero ranks log nothing at INFO."""
-    run = run_cli("world_size=2", "trainer.epochs=2", "print_config=false").ok()
+    launcher tag; non-zero ranks log nothing at INFO (the session's world_size=2, 2-epoch run,
+    its output captured)."""
+    run = default_run_2_epochs
     log_text = (run.job_dir / "ddp_exp.log").read_text()
     for text in (run.stdout, log_text):
         assert not ANSI_OR_CR.search(text)
@@ -76,19 +77,21 @@ def test_cfg_job_prints_the_config_and_starts_nothing(run_cli):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_no_output_left_outside_the_job_folder(run_cli, tmp_path):
-    """A run writes only inside its job folder (no stray outputs/ or event files in cwd)."""
-    run_cli("world_size=2", "trainer.epochs=1", "print_config=false").ok()
-    stray = [p for p in tmp_path.iterdir() if p.name != "run"]
+def test_no_output_left_outside_the_job_folder(default_run_1_epoch):
+    """A run writes only inside its job folder (no stray outputs/ or event files in cwd): the
+    session's world_size=2, 1-epoch run, whose cwd was a folder of its own."""
+    cwd = default_run_1_epoch.job_dir.parent
+    stray = [p for p in cwd.iterdir() if p.name != "run"]
     assert stray == [], stray
-    assert os.path.isdir(tmp_path / "run" / "tensorboard")
+    assert os.path.isdir(cwd / "run" / "tensorboard")
 
 
-def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli):
+def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli, default_run_1_epoch):
     """Regression: a bare function as a metric or loss (no options, no _partial_) was called
-    with no arguments at build time and failed; a function is now bound, a class built."""
+    with no arguments at build time and failed; a function is now bound, a class built (each
+    compared with the session's default 1-epoch run)."""
     common = ("trainer.epochs=1", "print_config=false")
-    default = run_cli(*common, job="default").ok().metrics
+    default = default_run_1_epoch.metrics
     bare = run_cli(*common, "+loss._target_=ddp_exp.objective.cross_entropy",
                    "+metrics.acc2._target_=ddp_exp.objective.accuracy", job="bare").ok().metrics
     assert bare["val/acc2"] == bare["val/accuracy"] == default["val/accuracy"]
@@ -98,7 +101,7 @@ def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli):
     assert cls["val/loss"] == pytest.approx(default["val/loss"], rel=1e-6)
 
 
-def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli):
+def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli, default_run_1_epoch):
     """Regression: a torch loss with its default reduction='mean' returns one number per batch;
     taken as per-sample values it made val/loss wrong (0.0099 instead of 1.4732). It must fail
     at once with one line saying what to do."""
@@ -111,5 +114,5 @@ def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli):
     fixed = run_cli("+loss._target_=torch.nn.functional.cross_entropy", "+loss._partial_=true",
                     "+loss.reduction=none", "trainer.epochs=1", "print_config=false",
                     job="fixed").ok()
-    default = run_cli("trainer.epochs=1", "print_config=false", job="default").ok()
+    default = default_run_1_epoch  # trainer.epochs=1 print_config=false
     assert fixed.metrics["val/loss"] == pytest.approx(default.metrics["val/loss"], rel=1e-6)

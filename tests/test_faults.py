@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from conftest import (
     Run,
     assert_no_orphans,
     cli_env,
+    copy_job,
     folder_files,
     refused_before_ranks,
     start_watched,
@@ -116,31 +116,6 @@ def reference(tmp_path_factory) -> Path:
         stdin=subprocess.DEVNULL)
     assert_no_orphans(tag)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return job
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """One finished run of the default job (``trainer.epochs=1 print_config=false``): its job
-    folder, copied by :func:`finished_copy` for each test that starts in a used folder (the
-    tests change their copy; this one stays as the run left it)."""
-    root = tmp_path_factory.mktemp("finished")
-    job = root / "job"
-    tag = uuid.uuid4().hex
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddp_exp", "trainer.epochs=1", QUIET, f"hydra.run.dir={job}"],
-        cwd=root, env=cli_env(tag), capture_output=True, text=True, timeout=180,
-        stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (job / "checkpoints" / "last.pt").is_file() and (job / "metrics.json").is_file()
-    return job
-
-
-def finished_copy(finished_run: Path, tmp_path: Path) -> Path:
-    """A copy of ``finished_run`` at ``<tmp_path>/run``: the folder ``run_cli`` runs in."""
-    job = tmp_path / "run"
-    shutil.copytree(finished_run, job, symlinks=True)
     return job
 
 
@@ -596,10 +571,10 @@ def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path):
         assert not (run.job_dir / produced).exists(), produced
 
 
-def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, finished_run):
+def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, default_run_1_epoch):
     """Regression: resume=auto on a run that trained all its epochs rewrote its metrics.json
     (train/loss null) and status.json, and added a duplicate TensorBoard point."""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1, finished
     before = {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()}
     record = {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()}
     events = sorted((job / "tensorboard").iterdir())
@@ -615,10 +590,11 @@ def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, finished_run
     assert sorted((job / "tensorboard").iterdir()) == events
 
 
-def test_a_fresh_run_into_a_finished_folder_is_refused(run_cli, tmp_path, finished_run):
+def test_a_fresh_run_into_a_finished_folder_is_refused(run_cli, tmp_path,
+                                                       default_run_1_epoch):
     """Regression: the same hydra.run.dir without trainer.resume retrained from scratch,
     overwrote the run's files and left two event streams plotting the same steps twice."""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1, finished
     before = folder_files(job)
     again = run_cli("trainer.epochs=1", "optim.lr=0.5", "print_config=false")
     assert again.returncode == 2 and again.seconds < FAILS_FAST_S
@@ -678,10 +654,11 @@ def test_single_node_ranks_never_resolve_host_names(run_cli, tmp_path):
         assert env["GLOO_SOCKET_IFNAME"], env
 
 
-def test_config_error_in_a_used_folder_keeps_its_record(run_cli, tmp_path, finished_run):
+def test_config_error_in_a_used_folder_keeps_its_record(run_cli, tmp_path,
+                                                        default_run_1_epoch):
     """Regression: a typo rerun into a finished folder rewrote its status.json ("failed",
     with the typo) and .hydra/, next to the first run's weights and metrics."""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1, finished
     kept = folder_files(job)
     typo = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim.lr=-1")
     assert typo.returncode == 2 and "optim.lr" in typo.stderr
@@ -698,19 +675,21 @@ def test_resume_auto_without_a_checkpoint_in_a_used_folder_is_refused(run_cli):
     assert len(list((again.job_dir / "tensorboard").iterdir())) == 1
 
 
-def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli, tmp_path, finished_run):
+def test_a_resumed_run_that_completes_clears_earlier_errors(run_cli, tmp_path,
+                                                            default_run_1_epoch):
     """Regression: errors/rankN.json of a failed attempt stayed beside a completed resume."""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1, finished
     (job / "errors").mkdir()
     (job / "errors" / "rank1.json").write_text("{}")
     run_cli("trainer.epochs=2", "trainer.resume=auto", "print_config=false").ok()
     assert not (job / "errors").exists()
 
 
-def test_resume_with_another_optimizer_fails_before_the_ranks(run_cli, tmp_path, finished_run):
+def test_resume_with_another_optimizer_fails_before_the_ranks(run_cli, tmp_path,
+                                                              default_run_1_epoch):
     """Regression: optim=adamw on an SGD checkpoint started the ranks, which failed with the
     whole failure table; it is one line from the launcher now, the folder untouched."""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of optim=sgd, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1 of optim=sgd, finished
     status = (job / "status.json").read_bytes()
     run = run_cli("trainer.epochs=2", "trainer.resume=auto", "optim=adamw")
     assert run.returncode == 2 and run.seconds < FAILS_FAST_S
@@ -727,11 +706,12 @@ def _split_refusal(key: str, value: str, before: object) -> str:
             "trainer.resume_allow_changes=true to accept it")
 
 
-def test_resume_with_another_split_is_refused_unless_forced(run_cli, tmp_path, finished_run):
+def test_resume_with_another_split_is_refused_unless_forced(run_cli, tmp_path,
+                                                            default_run_1_epoch):
     """U05: resuming with another seed would move training samples into validation: one line
     naming the key, exit 2, the folder unchanged; trainer.resume_allow_changes=true forces it
     and the run continues at epoch 2. (Every split key, in-process: the test below.)"""
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of seed=0, finished
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1 of seed=0, finished
     kept = folder_files(job)
     run = run_cli("trainer.epochs=2", "trainer.resume=auto", "seed=1", QUIET)
     assert run.returncode == 2, run.stderr
@@ -747,14 +727,14 @@ def test_resume_with_another_split_is_refused_unless_forced(run_cli, tmp_path, f
 
 @pytest.mark.parametrize("change", ["seed=1", "data.val_size=300"])
 def test_a_changed_split_is_refused_before_the_ranks_unless_forced(compose, tmp_path,
-                                                                   finished_run, caplog,
+                                                                   default_run_1_epoch, caplog,
                                                                    change):
     """U05 for each split key, by the steps the CLI runs before any rank (in-process): resuming
     with another seed or data.val_size is refused with one line naming the key, the used folder
     unchanged; with trainer.resume_allow_changes=true the same steps accept it and warn."""
     from ddp_exp import launch
 
-    job = finished_copy(finished_run, tmp_path)  # trainer.epochs=1 of seed=0, val_size=297
+    job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1 of seed=0, val_size=297
     key, value = change.split("=")
     before = {"seed": 0, "data.val_size": 297}[key]
     overrides = ("trainer.epochs=2", "trainer.resume=auto", change, QUIET)

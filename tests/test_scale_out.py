@@ -55,12 +55,13 @@ def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
-def test_two_nodes_on_loopback_train_the_single_node_world(run_cli, tmp_path, rendezvous):
+def test_two_nodes_on_loopback_train_the_single_node_world(default_run_2_epochs, tmp_path,
+                                                           rendezvous):
     """Two launcher processes (one rank each) meet on loopback, through c10d rendezvous (an id,
     ranks numbered by the rendezvous) or the static one (fixed node ranks, torchrun's
     --node-rank), and train one world of 2: the same metrics and weights as world_size=2 on one
-    node."""
-    single = run_cli("world_size=2", "trainer.epochs=2", "print_config=false", job="single").ok()
+    node (the session's world_size=2, 2-epoch run)."""
+    single = default_run_2_epochs
     codes, outputs = _start_two_nodes(tmp_path, rendezvous)
     assert codes == [0, 0], outputs
     assert all("waiting for 2 node(s)" in out for out in outputs), outputs
@@ -153,14 +154,15 @@ def test_submitit_local_sweep_completes(run_cli, tmp_path):
 
 
 @pytest.mark.slow
-def test_slurm_layout_runs_here_through_submitit_local(run_cli, tmp_path):
+def test_slurm_layout_runs_here_through_submitit_local(run_cli, tmp_path,
+                                                     default_run_2_epochs):
     """launcher=slurm_local: every job is 2 submitit tasks standing for 2 nodes (one rank each,
     static rendezvous); each trains the single-node world_size=2 model and task 0 alone owns
     the job folder."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     common = ("world_size=2", "trainer.epochs=2", "print_config=false")
-    single = {b: run_cli(*common, f"data.batch_size={b}", job=f"single{b}").ok().metrics
-              for b in (32, 64)}
+    single = {32: default_run_2_epochs.metrics,  # data.batch_size=32: the default
+              64: run_cli(*common, "data.batch_size=64", job="single64").ok().metrics}
     sweep = tmp_path / "sweep"
     run_cli("-m", "launcher=slurm_local", "launcher.nnodes=2", *common,
             "data.batch_size=32,64", f"hydra.sweep.dir={sweep}", run_dir=False, timeout=300).ok()
@@ -400,12 +402,12 @@ def _free_slurm_job_id() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 1], ids=["task-per-node", "task-per-rank"])
 def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
-        run_cli, tmp_path, nodes):
+        default_run_2_epochs, tmp_path, nodes):
     """U03: two srun tasks of ``launcher.cluster=slurm`` faked on loopback: one task per node
     (2 "nodes" on localhost, each its node's agent) or one task per rank (2 tasks on 1 node,
     joining as under torchrun). Both derive one job folder from SLURM_JOB_ID, write one event
-    stream, and train the single-node world_size=2 model."""
-    single = run_cli("world_size=2", "trainer.epochs=2", QUIET, job="single").ok()
+    stream, and train the single-node world_size=2 model (the session's 2-epoch run)."""
+    single = default_run_2_epochs
     job_id, tag = _free_slurm_job_id(), uuid.uuid4().hex
     work = tmp_path / "work"
     work.mkdir()

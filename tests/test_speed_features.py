@@ -122,11 +122,12 @@ def test_one_gradient_all_reduce_per_optimizer_step(tmp_path, accumulate):
         assert calls == steps
 
 
-def test_bf16_mixed_runs_close_to_fp32(run_cli):
-    """bf16 autocast on the CPU: completes, and the final losses stay within 2% of fp32 (bf16
-    keeps 8 bits of mantissa: each matmul's inputs are rounded to ~0.4%)."""
+def test_bf16_mixed_runs_close_to_fp32(run_cli, default_run_2_epochs):
+    """bf16 autocast on the CPU: completes, and the final losses stay within 2% of fp32 (the
+    session's default 2-epoch run; bf16 keeps 8 bits of mantissa: each matmul's inputs are
+    rounded to ~0.4%)."""
     common = ("world_size=2", "trainer.epochs=2", "print_config=false")
-    fp32 = run_cli(*common, job="fp32").ok().metrics
+    fp32 = default_run_2_epochs.metrics
     bf16 = run_cli(*common, "trainer.precision=bf16-mixed", job="bf16").ok().metrics
     assert bf16["val/loss"] == pytest.approx(fp32["val/loss"], rel=0.02)
     assert bf16["train/loss"] == pytest.approx(fp32["train/loss"], rel=0.02)
@@ -134,11 +135,12 @@ def test_bf16_mixed_runs_close_to_fp32(run_cli):
 
 
 @pytest.mark.slow
-def test_compile_runs_and_matches_eager(run_cli):
+def test_compile_runs_and_matches_eager(run_cli, default_run_1_epoch):
     """torch.compile of the DDP model on the CPU (inductor, C++ codegen): completes, and the
-    losses match eager mode within 1e-4 relative (fused kernels reorder float sums)."""
+    losses match eager mode (the session's default 1-epoch run) within 1e-4 relative (fused
+    kernels reorder float sums)."""
     common = ("world_size=2", "trainer.epochs=1", "print_config=false")
-    eager = run_cli(*common, job="eager").ok().metrics
+    eager = default_run_1_epoch.metrics
     compiled = run_cli(*common, "trainer.compile=true", job="compiled", timeout=600).ok().metrics
     assert compiled["val/loss"] == pytest.approx(eager["val/loss"], rel=1e-4)
     assert compiled["train/loss"] == pytest.approx(eager["train/loss"], rel=1e-4)

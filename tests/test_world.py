@@ -249,7 +249,8 @@ def _single_job_dir(root: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_path):
+def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_path,
+                                                                 default_run_2_epochs):
     """C01: a ${now:...%f} run dir is created once per job, launched by ddp_exp and by torchrun."""
     args = ("world_size=2", "trainer.epochs=1", QUIET)
     run_cli(*args, f"hydra.run.dir={tmp_path}/c01/${{now:%H-%M-%S-%f}}", run_dir=False).ok()
@@ -278,7 +279,7 @@ def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_
     more = ("world_size=2", "trainer.epochs=2", "trainer.resume=auto", QUIET)
     own2 = run_cli(*more, f"hydra.run.dir={own}", run_dir=False).ok()
     tr2 = run_cli(*more, f"hydra.run.dir={tr}", run_dir=False, launcher=TORCHRUN_2).ok()
-    ref = run_cli("world_size=2", "trainer.epochs=2", QUIET, job="ref").ok()
+    ref = default_run_2_epochs  # world_size=2 trainer.epochs=2, uninterrupted
     for job, run in ((own, own2), (tr, tr2)):
         assert f"resumed from {job / 'checkpoints' / 'last.pt'}: epoch 1 done" in run.stdout
         assert "epoch 2/2" in run.stdout and "epoch 1/2" not in run.stdout
@@ -402,12 +403,13 @@ def test_threads_per_rank_default_and_user_value(run_cli, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_every_start_method_trains_the_same_model(run_cli):
+def test_every_start_method_trains_the_same_model(run_cli, default_run_1_epoch):
     """Regression: under spawn/forkserver the model reached the ranks in shared memory, so all
     ranks stepped one set of parameters (an effective lr x world_size, racy). Every start
-    method must give fork's result, bit for bit (one fork run for both: the suite's time)."""
+    method must give fork's result, bit for bit (fork, the default: the session's shared
+    1-epoch run)."""
     common = ("world_size=2", "trainer.epochs=1", QUIET)
-    fork = run_cli(*common, job="fork").ok()
+    fork = default_run_1_epoch
     a = torch.load(fork.job_dir / "model.pt", weights_only=True)
     for start_method in ("spawn", "forkserver"):
         other = run_cli(*common, f"launcher.start_method={start_method}", job=start_method).ok()
