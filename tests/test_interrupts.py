@@ -92,3 +92,90 @@ def test_sigterm_before_the_ranks_start_is_recorded_as_interrupted(tmp_path):
     assert status["status"] == "interrupted" and "SIGTERM" in status["error"], status
     assert not (job / "tensorboard").exists()
     assert_no_orphans(tag)
+
+
+def _ctrl_c_reaches_python() -> None:
+    """In the child before exec: SIGINT as a terminal gives it (a shell starts background jobs
+    with SIGINT ignored, and the child would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "sig", "code"), [
+    pytest.param("sweep", signal.SIGINT, 130, id="sweep-ctrl-c"),
+    pytest.param("sweep", signal.SIGTERM, 143, id="sweep-sigterm"),
+    pytest.param("run", signal.SIGINT, 130, id="run-ctrl-c"),
+])
+def test_a_signal_before_a_jobs_task_starts_is_recorded_as_interrupted(tmp_path, mode, sig,
+                                                                        code):
+    """Regression: a signal after Hydra made a job's folder (its .hydra/ and log) and before
+    the job's task ran left the folder without status.json; the sweep's summary listed the job
+    as "incomplete". Now the folder's status.json says interrupted and so does the summary.
+    The window is held open by a Hydra callback that waits in on_job_start (job 1 of a sweep,
+    after job 0 completed; the only job of a single run)."""
+    tag, marker, out = uuid.uuid4().hex, tmp_path / "waiting", tmp_path / "out"
+    job = 1 if mode == "sweep" else 0
+    cmd = [sys.executable, "-m", "ddp_exp", "world_size=1", "trainer.epochs=1", QUIET,
+           "+hydra.callbacks.slow._target_=hydra_hooks.SlowJobStart",
+           f"+hydra.callbacks.slow.job={job}"]
+    cmd += (["data.batch_size=32,64", f"hydra.sweep.dir={out}"] if mode == "sweep"
+            else [f"hydra.run.dir={out}"])
+    cmd[3:3] = ["-m"] if mode == "sweep" else []  # Hydra's flags come before the overrides
+    env = cli_env(tag, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+        DDP_EXP_TEST_MARKER=str(marker))
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=_ctrl_c_reaches_python)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), proc.communicate(timeout=30)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [f"interrupted ({sig.name})"], err
+    assert_no_orphans(tag)
+    folder = out / str(job) if mode == "sweep" else out
+    status = json.loads((folder / "status.json").read_text())
+    assert status["status"] == "interrupted", status
+    assert status["error"] == f"stopped by {sig.name} before the job started", status
+    assert sorted(p.name for p in folder.iterdir()) == [".hydra", "ddp_exp.log", "status.json"]
+    if mode == "sweep":
+        assert "data.batch_size=64" in status["overrides"], status
+        with open(out / "summary.csv", newline="") as fh:
+            rows = {row["job"]: row["status"] for row in csv.DictReader(fh)}
+        assert rows == {"0": "completed", "1": "interrupted"}, rows
+
+
+def test_only_a_folder_hydra_made_for_a_job_that_never_ran_gets_the_record(tmp_path):
+    """What Hydra makes before a job's task (the job log, .hydra/) gets status.json saying
+    interrupted; a folder with anything else (a status, a lock, another run's outputs) is left
+    as it is: it may be another run's, or one still going."""
+    from ddp_exp.jobdir import record_unstarted_interrupt
+
+    def made_by_hydra(name: str) -> str:
+        job = tmp_path / name
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text("- data.batch_size=64\n")
+        (job / ".hydra" / "config.yaml").write_text("seed: 0\n")
+        (job / "ddp_exp.log").write_text("")
+        return str(job / "ddp_exp.log")
+
+    log = made_by_hydra("fresh")
+    assert record_unstarted_interrupt("SIGINT", log) == str(tmp_path / "fresh")
+    status = json.loads((tmp_path / "fresh" / "status.json").read_text())
+    assert status == {"status": "interrupted", "overrides": ["data.batch_size=64"],
+                      "wall_s": 0.0, "error": "stopped by SIGINT before the job started"}
+    for extra in ("status.json", ".ddp_exp.lock", "metrics.json", "checkpoints/"):
+        log = made_by_hydra(f"kept-{extra.strip('/')}")
+        path = tmp_path / f"kept-{extra.strip('/')}" / extra.strip("/")
+        path.mkdir() if extra.endswith("/") else path.write_text("{}")
+        assert record_unstarted_interrupt("SIGTERM", log) is None, extra
+        assert not path.is_file() or path.read_text() == "{}"
+    assert record_unstarted_interrupt("SIGINT", None) is None

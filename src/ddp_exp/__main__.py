@@ -49,6 +49,7 @@ from ddp_exp.jobdir import (
     job_folder_lock,
     job_log_file,
     log_to_job_log_only,
+    record_unstarted_interrupt,
     remove_refused_folder,
     write_status,
 )
@@ -450,6 +451,16 @@ def _wait_for_local_jobs(timeout_s: float = LOCAL_JOBS_GRACE_S) -> None:
         pass
 
 
+def _record_unstarted_job(signal_name: str) -> None:
+    """A signal that reached us outside a job's task, after Hydra made the job's folder and
+    before the task ran: that folder gets ``status.json`` saying interrupted
+    (:func:`ddp_exp.jobdir.record_unstarted_interrupt`), as a job stopped inside its task
+    does. Rank 0 only under torchrun (the others have no folder)."""
+    if _is_rank0():
+        with contextlib.suppress(Exception):  # the record must not hide the interrupt
+            record_unstarted_interrupt(signal_name, job_log_file())
+
+
 def _summarize_if_sweep() -> None:
     """A signal that reached us outside a job's task (while Hydra set up the next job of a
     sweep, or between jobs; Hydra has then reset its config), or while this process waited for
@@ -487,11 +498,13 @@ def _main() -> None:
     except KeyboardInterrupt:
         if user_wants_traceback:
             raise
+        _record_unstarted_job("SIGINT")
         _summarize_if_sweep()
         if _is_rank0():  # under torchrun every rank gets Ctrl-C
             print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+        _record_unstarted_job(exc.sigval.name)
         _summarize_if_sweep()
         print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(exc.sigval)) from None

@@ -10,7 +10,8 @@ What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training,
 * :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
   (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
 * :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
-  sweep summary (:mod:`ddp_exp.sweep`);
+  sweep summary (:mod:`ddp_exp.sweep`); :func:`record_unstarted_interrupt` writes it for a
+  job stopped after Hydra made its folder and before its task ran;
 * :func:`remove_refused_folder`: a single run refused before any rank started leaves no folder
   it created (:class:`NewFoldersCallback` notes which, before Hydra makes them).
 
@@ -264,6 +265,41 @@ def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: fl
                "error": error}
     text = json.dumps(payload, indent=2) + "\n"
     atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
+
+
+def record_unstarted_interrupt(signal_name: str, job_log: str | None) -> str | None:
+    """After Ctrl-C or SIGTERM outside a job's task: write ``status.json`` (``interrupted``)
+    into the folder Hydra made for this process's job, if the job's task never ran there.
+
+    Hydra makes a job's folder, its job log (``job_log``, the root logger's file) and
+    ``.hydra/`` before it calls the task; a signal in between left the folder without a
+    status (a sweep's summary then listed the job as ``incomplete``). Only a folder that holds
+    nothing else (the job log, and a folder of Hydra's record files) is written to: one with a
+    status, another run's outputs or a lock (a run that may still be going) is left as it is.
+
+    Returns:
+        The folder written to, or None.
+    """
+    if job_log is None:
+        return None
+    job_dir = os.path.dirname(os.path.abspath(job_log))
+    try:
+        others = [e for e in os.scandir(job_dir) if e.name != os.path.basename(job_log)]
+        record = [e for e in others if e.is_dir() and set(os.listdir(e.path)) <= set(
+            HYDRA_RECORD)]
+    except OSError:
+        return None
+    if len(others) > 1 or len(record) != len(others):
+        return None
+    overrides: list[str] = []
+    if record:
+        with contextlib.suppress(Exception):
+            overrides = [str(o) for o in OmegaConf.load(os.path.join(record[0].path,
+                                                                     "overrides.yaml"))]
+    why = f"stopped by {signal_name} before the job started"
+    log_to_job_log_only(logging.ERROR, why)
+    write_status(job_dir, "interrupted", overrides, 0.0, why)
+    return job_dir
 
 
 def clear_errors(job_dir: str) -> None:

@@ -1,13 +1,14 @@
 """Sweeps: one summary per multirun, the sweep's failure, and what a job returns to the sweeper.
 
 Every job writes ``status.json`` into its own folder (:func:`ddp_exp.jobdir.write_status`):
-completed or failed, its overrides, wall seconds and, on failure, the error. At the end of a
-multirun, Hydra calls :class:`SummaryCallback` (``hydra.callbacks`` in ``conf/config.yaml``),
-which reads every job folder of the sweep (whichever launcher ran them: sequential, joblib
-processes, submitit) and writes ``summary.csv``, ``summary.md`` and ``summary.png`` into the
-sweep folder. A failed job does not take the others' rows with it; the callback then records
-the failure, and the entry point (which runs the sweep) raises :class:`SweepFailed` from it, so
-the sweep still exits non-zero. (Hydra turns exceptions raised inside callbacks into warnings.)
+completed, failed or interrupted, its overrides, wall seconds and, if not completed, why. At
+the end of a multirun, Hydra calls :class:`SummaryCallback` (``hydra.callbacks`` in
+``conf/config.yaml``), which reads every job folder of the sweep (whichever launcher ran them:
+sequential, joblib processes, submitit) and writes ``summary.csv``, ``summary.md`` and
+``summary.png`` into the sweep folder. A failed job does not take the others' rows with it; the
+callback then records the failure, and the entry point (which runs the sweep) raises
+:class:`SweepFailed` from it, so the sweep still exits non-zero. (Hydra turns exceptions raised
+inside callbacks into warnings.)
 :func:`objective` is what a job returns to Hydra's sweeper (Optuna's worst value for a failed
 job).
 
@@ -118,9 +119,9 @@ def recorded_val_loss(job_dir: str) -> float:
 def collect(sweep_dir: str) -> list[dict[str, Any]]:
     """One row per job folder under ``sweep_dir`` (those holding ``.hydra/``), in job order.
 
-    A job with ``metrics.json`` and no failure is ``completed``; one whose ``status.json`` says
-    failed is ``failed``; a job folder with neither (killed before it could write) is
-    ``incomplete``.
+    A job's status is its ``status.json``'s (``completed``, ``failed`` or ``interrupted``);
+    without one, a job with ``metrics.json`` is ``completed`` and a job folder with neither
+    (killed before it could write, or still running in another process) is ``incomplete``.
     """
     rows = []
     for name in os.listdir(sweep_dir):
