@@ -185,3 +185,25 @@ def test_a_non_finite_loss_names_the_rank_that_had_it(run_cli, tmp_path):
     status = json.loads((run.job_dir / "status.json").read_text())
     assert status["status"] == "failed" and f"error: {status['error']}" == NAN_LINE, status
     assert sorted(p.name for p in (run.job_dir / "errors").iterdir()) == ["rank1.json"]
+
+
+@pytest.mark.parametrize(("package", "source", "expected"), [
+    ("raising_pkg", "raise RuntimeError('boom at import')\n",
+     "cannot be imported: importing raising_pkg.broken raised RuntimeError: boom at import"),
+    ("needing_pkg", "import missing_dependency_xyz\n",
+     "cannot be imported (No module named 'missing_dependency_xyz')"),
+])
+def test_a_model_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, package, source,
+                                                         expected):
+    """Regression: ``model._target_`` (or ``scheduler._target_``) in a module that raises while
+    it is imported ended the CLI with that traceback, exit 1; one whose own import is missing
+    was reported as "no such module or attribute"."""
+    from ddp_exp.models import locate
+
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "broken.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        locate(f"{package}.broken.Model", "model._target_")
+    assert str(info.value) == f"model._target_='{package}.broken.Model' {expected}"

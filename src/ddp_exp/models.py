@@ -99,16 +99,24 @@ def locate(path: str, key: str) -> Any:
     """Import ``pkg.module.Name`` (the object a ``_target_`` names).
 
     Raises:
-        ConfigError: one line naming ``key`` when it cannot be imported.
+        ConfigError: one line naming ``key`` when it cannot be imported: no such module or
+            attribute, a module it imports is missing, or importing it raised.
     """
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
+            obj = importlib.import_module(module)
         except ImportError as exc:
-            if cut == 1:
+            missing = getattr(exc, "name", None) or ""
+            if cut == 1 or not (module == missing or module.startswith(f"{missing}.")):
+                # the path's first module is missing, or something the module imports is
                 raise ConfigError(f"{key}={path!r} cannot be imported ({exc})") from None
             continue
+        except Exception as exc:  # the module exists and raised while it was imported
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(f"{key}={path!r} cannot be imported: importing {module} raised "
+                              f"{type(exc).__name__}: {first}") from None
         try:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
