@@ -281,7 +281,8 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
 
 @pytest.mark.parametrize(("fault", "line"), [
     ("raise", "rank 1 failed: RuntimeError: injected failure at step 5"),
-    ("nan", "NonFiniteLossError: non-finite training loss at step 5 (first seen on rank 1)")])
+    ("nan", "rank 1 failed: NonFiniteLossError: non-finite training loss at step 5 "
+            "(the earliest on any rank)")])
 def test_a_failing_rank_under_torchrun_is_recorded_like_the_launchers(run_cli, tmp_path, fault,
                                                                       line):
     """Under torchrun a rank that raises (or a loss that diverges on every rank at once)
