@@ -53,15 +53,15 @@ def epoch_path(job_dir: str, epoch: int) -> str:
     return os.path.join(checkpoint_dir(job_dir), f"epoch_{epoch:04d}.pt")
 
 
-def _serialized(payload: dict[str, Any]) -> bytes:
-    """``torch.save(payload)`` as bytes: a snapshot of the tensors now, which the loop may
-    change while the bytes are being written."""
+def _serialized(payload: dict[str, Any]) -> memoryview:
+    """``torch.save(payload)`` in memory: a snapshot of the tensors now, which the loop may
+    change while it is being written (a view of the buffer, not a second copy of it)."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    return buffer.getvalue()
+    return buffer.getbuffer()
 
 
-def _write_bytes(path: str, data: bytes) -> None:
+def _write_bytes(path: str, data: memoryview) -> None:
     atomic_write(path, lambda fh: fh.write(data))
 
 
