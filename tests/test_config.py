@@ -8,6 +8,7 @@ fixture, for one refusal of each kind.
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 import torch
 from conftest import FAILS_FAST_S, TORCHRUN_2, refused_before_ranks
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from ddp_exp.build import load_data
 from ddp_exp.config import (
@@ -60,29 +61,49 @@ OPTIONS = _options()
 GROUP_OPTIONS = [(g, o) for g, opts in sorted(OPTIONS.items()) for o in opts]
 
 
-@pytest.fixture
-def small_csv(tmp_path) -> Path:
-    """20 samples, 3 features, 2 classes, written as CSV with a header."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((20, 3))
-    y = np.arange(20) % 2
-    path = tmp_path / "small.csv"
-    rows = ["a,b,c,label"] + [",".join([*map(repr, map(float, r)), str(t)])
-                              for r, t in zip(x, y, strict=True)]
-    path.write_text("\n".join(rows) + "\n")
-    return path
-
-
 FOLDER_IMAGES = 60  # digits written as PNG files for data=image_folder
 
 
-@pytest.fixture
-def small_csv_and_folder(small_csv) -> Path:
-    """``small_csv``, and beside it ``images/<digit>/<i>.png``: the first FOLDER_IMAGES digits."""
+@pytest.fixture(scope="module")
+def small_csv(tmp_path_factory) -> Path:
+    """20 samples, 3 features, 2 classes, written as CSV with a header; beside it
+    ``images/<digit>/<i>.png``: the first FOLDER_IMAGES digits. Written once for the module
+    (the files the options' required keys point at); tests only read them."""
     from lazy_data import write_digits_folder
 
-    write_digits_folder(small_csv.parent / "images", limit=FOLDER_IMAGES)
-    return small_csv
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((20, 3))
+    y = np.arange(20) % 2
+    path = tmp_path_factory.mktemp("options") / "small.csv"
+    rows = ["a,b,c,label"] + [",".join([*map(repr, map(float, r)), str(t)])
+                              for r, t in zip(x, y, strict=True)]
+    path.write_text("\n".join(rows) + "\n")
+    write_digits_folder(path.parent / "images", limit=FOLDER_IMAGES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def composed():
+    """``composed(*overrides, hydra_node=False)`` -> the composed config, as the ``compose``
+    fixture returns it (or with its ``hydra`` node): Hydra composes each list of overrides once
+    for the module and every test gets its own copy (the per-option tests below share their
+    compositions: each packaged option is composed once, not once per test)."""
+    cache = {}
+
+    def get(*overrides: str, hydra_node: bool = False):
+        if overrides not in cache:
+            register_configs()
+            with hydra.initialize_config_module(config_module="ddp_exp.conf",
+                                                version_base="1.3"):
+                cache[overrides] = hydra.compose("config", overrides=list(overrides),
+                                                 return_hydra_config=True)
+        cfg = copy.deepcopy(cache[overrides])
+        if not hydra_node:  # as hydra.compose(return_hydra_config=False) leaves it
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return cfg
+
+    return get
 
 
 def _file_overrides(group: str, option: str, csv: Path) -> list[str]:
@@ -107,8 +128,9 @@ def test_a_batch_size_below_one_is_refused_naming_the_key(compose, value):
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)
-def test_option_composes_and_validates(compose, small_csv, group, option):
-    cfg = compose(f"{group}={option}", *_file_overrides(group, option, small_csv))
+def test_option_composes_and_validates(composed, small_csv, group, option):
+    cfg = composed(f"{group}={option}", *_file_overrides(group, option, small_csv))
+    assert "hydra" not in cfg
     validate(cfg)  # no ConfigError
     assert OmegaConf.missing_keys(cfg) == set()
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
@@ -133,8 +155,8 @@ def test_data_file_without_path_fails_validation(compose):
 
 
 @pytest.mark.parametrize("option", OPTIONS["data"])
-def test_data_option_instantiates(compose, small_csv_and_folder, option):
-    cfg = compose(f"data={option}", *_file_overrides("data", option, small_csv_and_folder))
+def test_data_option_instantiates(composed, small_csv, option):
+    cfg = composed(f"data={option}", *_file_overrides("data", option, small_csv))
     datasets = load_data(cfg)
     # Every shipped option has its size here: a new option fails until it is added.
     total = {"digits": 1797, "synthetic": 4096, "file": 20,  # small_csv: 20 rows
@@ -144,10 +166,10 @@ def test_data_option_instantiates(compose, small_csv_and_folder, option):
     assert len(datasets.train) >= cfg.world_size
 
 
-def _shapes(compose, small_csv):
+def _shapes(composed, small_csv):
     """(name, data overrides, input_shape, num_outputs) computed from the data's definition."""
     digits = ("digits", ["data=digits"], (1, 8, 8), 10)
-    syn = compose("data=synthetic")
+    syn = composed("data=synthetic")
     reg = ("synthetic-regression", ["data=synthetic"], (syn.data.num_features,), 1)
     cls = ("synthetic-4-classes", ["data=synthetic", "data.num_classes=4"],
            (syn.data.num_features,), 4)
@@ -156,9 +178,9 @@ def _shapes(compose, small_csv):
 
 
 @pytest.mark.parametrize("option", OPTIONS["model"])
-def test_model_option_builds_for_each_dataset(compose, small_csv, option):
-    for name, data_overrides, input_shape, num_outputs in _shapes(compose, small_csv):
-        cfg = compose(f"model={option}", *data_overrides)
+def test_model_option_builds_for_each_dataset(composed, small_csv, option):
+    for name, data_overrides, input_shape, num_outputs in _shapes(composed, small_csv):
+        cfg = composed(f"model={option}", *data_overrides)
         validate(cfg)
         datasets = load_data(cfg)
         assert datasets.train.input_shape == input_shape, name
@@ -187,8 +209,8 @@ def _optimizer_args(optim_cfg) -> dict:
 
 
 @pytest.mark.parametrize("option", OPTIONS["optim"])
-def test_optim_option_instantiates(compose, option):
-    cfg = compose(f"optim={option}")
+def test_optim_option_instantiates(composed, option):
+    cfg = composed(f"optim={option}")
     validate(cfg)
     expected = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}.get(option)
     model = torch.nn.Linear(4, 2)
@@ -604,14 +626,11 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(run_cli, tmp_path, mod
 
 # ------------------------------------------------------------ Hydra's run-mode question
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)
-def test_only_the_mode_groups_set_hydra_mode(small_csv, group, option):
+def test_only_the_mode_groups_set_hydra_mode(composed, small_csv, group, option):
     """``skip_needless_mode_composition`` answers Hydra's run-mode question without composing
     unless an option of ``MODE_GROUPS`` is chosen: every packaged option is held to that."""
-    register_configs()
-    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
-        cfg = hydra.compose("config", overrides=[f"{group}={option}",
-                                                 *_file_overrides(group, option, small_csv)],
-                            return_hydra_config=True)
+    cfg = composed(f"{group}={option}", *_file_overrides(group, option, small_csv),
+                   hydra_node=True)
     assert (cfg.hydra.mode is not None) == (group in MODE_GROUPS), (group, option,
                                                                      cfg.hydra.mode)
 
