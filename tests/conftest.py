@@ -152,7 +152,7 @@ def run_cli(tmp_path):
     return run
 
 
-def _run_once(root: Path, *overrides: str) -> Run:
+def run_once(root: Path, *overrides: str) -> Run:
     """``python -m ddp_exp <overrides>`` in ``root`` with job folder ``<root>/run``: finished,
     no process left behind."""
     tag = uuid.uuid4().hex
@@ -172,7 +172,7 @@ def default_run_1_epoch(tmp_path_factory) -> Run:
     run once for the whole session in a folder of its own (its cwd holds only its job folder
     ``run/``): the reference that tests compare with, or copy (:func:`copy_job`) to start in a
     finished run's folder. Tests only read it."""
-    return _run_once(tmp_path_factory.mktemp("default_1"), "world_size=2", "trainer.epochs=1",
+    return run_once(tmp_path_factory.mktemp("default_1"), "world_size=2", "trainer.epochs=1",
                      "print_config=false")
 
 
@@ -181,7 +181,7 @@ def default_run_2_epochs(tmp_path_factory) -> Run:
     """The default job (world_size=2) for two epochs, ``trainer.epochs=2 print_config=false``,
     run once for the whole session (as :func:`default_run_1_epoch`): the single-node world
     that other launches must reproduce. Tests only read it."""
-    return _run_once(tmp_path_factory.mktemp("default_2"), "world_size=2", "trainer.epochs=2",
+    return run_once(tmp_path_factory.mktemp("default_2"), "world_size=2", "trainer.epochs=2",
                      "print_config=false")
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import TORCHRUN_2, scalars
+from conftest import TORCHRUN_2, Run, run_once, scalars
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DIGITS_N = 1797  # scikit-learn's digits
@@ -190,23 +190,33 @@ def test_each_epoch_shuffles_differently_and_seed_reproduces(run_cli):
     assert max(abs(a - b) for a, b in zip(other[:15], seed0_order, strict=True)) > 1e-6
 
 
+@pytest.fixture(scope="module")
+def three_ranks_two_epochs(tmp_path_factory) -> Run:
+    """``world_size=3 trainer.epochs=2`` (the config printed, as by default), run once for the
+    module in a folder of its own (``<root>/run``): C10 reads its event stream and
+    metrics.json, C02 its job log and output."""
+    return run_once(tmp_path_factory.mktemp("ws3"), "world_size=3", "trainer.epochs=2")
+
+
 # ------------------------------------------------------------- 4. one writer (C10, HParams)
 @pytest.mark.slow
-def test_one_event_stream_one_metrics_json_with_hparams_for_world_size_3(run_cli, tmp_path):
-    """C10: world_size=3 leaves exactly one event file (val/loss at 2 steps, hparams inside)."""
+def test_one_event_stream_one_metrics_json_with_hparams_for_world_size_3(
+        run_cli, tmp_path, three_ranks_two_epochs):
+    """C10: world_size=3 leaves exactly one event file (val/loss at 2 steps, hparams inside),
+    launched by ddp_exp and by torchrun."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    run = run_cli("world_size=3", "trainer.epochs=2", QUIET).ok()
+    run = three_ranks_two_epochs
     torchrun_3 = [*TORCHRUN_2[:-3], "--nproc_per_node=3", "-m", "ddp_exp"]
     under_torchrun = run_cli("trainer.epochs=2", QUIET, job="torchrun", launcher=torchrun_3).ok()
     assert under_torchrun.metrics["world_size"] == 3
     files = event_files(run.job_dir)
     assert len(files) == 1, files
     assert len(event_files(under_torchrun.job_dir)) == 1
-    assert event_files(tmp_path) == sorted(files + event_files(under_torchrun.job_dir))
-    assert sorted(tmp_path.rglob("metrics.json")) == sorted(
-        [run.job_dir / "metrics.json", under_torchrun.job_dir / "metrics.json"])
+    for job in (run.job_dir, under_torchrun.job_dir):  # nothing written beside the job folder
+        assert event_files(job.parent) == event_files(job)
+        assert sorted(job.parent.rglob("metrics.json")) == [job / "metrics.json"]
 
     steps_per_epoch = math.ceil(1500 / 3 / 32)
     for job in (run, under_torchrun):
@@ -297,9 +307,10 @@ def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_
 
 # --------------------------------------------------------------------- 7. logging (C02)
 @pytest.mark.slow
-def test_epoch_summary_and_config_logged_once_with_3_ranks(run_cli):
-    """C02: each epoch line and the config dump appear once in the job log and stdout."""
-    run = run_cli("world_size=3", "trainer.epochs=2", job="c02").ok()
+def test_epoch_summary_and_config_logged_once_with_3_ranks(three_ranks_two_epochs):
+    """C02: each epoch line and the config dump appear once in the job log and stdout
+    (world_size=3, 2 epochs)."""
+    run = three_ranks_two_epochs
     log_text = (run.job_dir / "ddp_exp.log").read_text()
     for source, text in (("log", log_text), ("stdout", run.stdout)):
         messages = log_messages(text)
