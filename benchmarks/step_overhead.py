@@ -66,9 +66,9 @@ def main() -> None:
                         "is part of the step")
     p.add_argument("--epoch-outputs", nargs="?", const="val,best,last,flush", default="",
                    help="before each epoch, what a run does between epochs (not timed), a "
-                        "comma list of val (validation, both loops), and ddp_exp's best "
-                        "(best.pt), last (last.pt) and flush (TensorBoard), as Trainer.fit "
-                        "does; alone: all four")
+                        "comma list of val (validation, both loops), and ddp_exp's last "
+                        "(last.pt), best (a new best epoch: last.pt and best.pt, one file) "
+                        "and flush (TensorBoard), as Trainer.fit does; alone: all four")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
@@ -147,10 +147,8 @@ def main() -> None:
             if epoch:  # Trainer.fit's work between two epochs (--epoch-outputs), untimed
                 if "val" in outputs:
                     trainer.evaluator.validate(trainer.epoch - 1, trainer.global_step)
-                if "best" in outputs:
-                    train_state.save_best(trainer)
-                if "last" in outputs:
-                    train_state.save_checkpoint(trainer)
+                if outputs & {"best", "last"}:  # best: a new best epoch (best.pt too)
+                    train_state.save_checkpoint(trainer, best="best" in outputs)
                 if "flush" in outputs:
                     trainer.writer.flush()
             if prof and name == "ddp_exp":

@@ -59,12 +59,13 @@ def test_background_writes_run_in_order_and_snapshot_the_tensors(tmp_path):
     for epoch in range(1, 4):
         checkpoint.save(str(tmp_path), _state(float(epoch), epoch), keep_epoch_file=True,
                         keep=2, writer=writer)
-    checkpoint.save_best(str(tmp_path), _state(7.0), writer=writer)
+    checkpoint.save(str(tmp_path), _state(7.0, 4), keep_epoch_file=False, keep=2,
+                    writer=writer, last=False, best=True)
     writer.close()
     folder = checkpoint.checkpoint_dir(str(tmp_path))
     assert sorted(os.listdir(folder)) == ["best.pt", "epoch_0002.pt", "epoch_0003.pt", "last.pt"]
     last = checkpoint.load(os.path.join(folder, "last.pt"))
-    assert last["epoch"] == 3 and last["model"]["w"].tolist() == [3.0] * 4
+    assert last["epoch"] == 3 and last["model"]["w"].tolist() == [3.0] * 4  # not best's
     best = checkpoint.load(checkpoint.best_path(str(tmp_path)))
     assert best["model"]["w"].tolist() == [7.0] * 4
     # The thread held back until the tensor has changed: the file still holds the snapshot.
@@ -127,6 +128,29 @@ def test_background_writer_fsyncs_each_file_before_renaming_it(tmp_path, monkeyp
                                       real_replace(a, b))[1])
     writer = BackgroundWriter()
     checkpoint.save(str(tmp_path), _state(1.0), keep_epoch_file=False, keep=1, writer=writer)
-    checkpoint.save_best(str(tmp_path), _state(1.0), writer=writer)
+    checkpoint.save(str(tmp_path), _state(2.0, 1), keep_epoch_file=False, keep=1, writer=writer,
+                    best=True)
     writer.close()
-    assert events == ["fsync", "replace last.pt", "fsync", "replace best.pt"]
+    # A new best epoch: one file written and fsynced, best.pt a second name of it.
+    assert events == ["fsync", "replace last.pt", "fsync", "replace last.pt", "replace best.pt"]
+
+
+def test_a_best_epoch_is_written_once_under_every_name_it_is_due(tmp_path):
+    """The epoch that is the monitor's new best writes its checkpoint once: last.pt, best.pt
+    (and its epoch file) are names of one file; the next epoch's last.pt replaces that name
+    only, and best.pt keeps the best epoch's checkpoint, whole (it can be resumed from)."""
+    folder = checkpoint.checkpoint_dir(str(tmp_path))
+    checkpoint.save(str(tmp_path), _state(1.0, 0), keep_epoch_file=True, keep=3, best=True)
+    names = ["best.pt", "epoch_0000.pt", "last.pt"]
+    assert sorted(os.listdir(folder)) == names
+    inodes = {os.stat(os.path.join(folder, n)).st_ino for n in names}
+    assert len(inodes) == 1 and os.stat(os.path.join(folder, "last.pt")).st_nlink == 3
+    checkpoint.save(str(tmp_path), _state(2.0, 1), keep_epoch_file=False, keep=3)
+    best = checkpoint.load(checkpoint.best_path(str(tmp_path)))
+    last = checkpoint.load(os.path.join(folder, "last.pt"))
+    assert (best["epoch"], best["model"]["w"].tolist()) == (0, [1.0] * 4)
+    assert (last["epoch"], last["model"]["w"].tolist()) == (1, [2.0] * 4)
+    assert set(best) == set(last)  # the whole state, not only the weights
+    with pytest.raises(ValueError, match="neither"):
+        checkpoint.save(str(tmp_path), _state(3.0, 2), keep_epoch_file=False, keep=3,
+                        last=False)

@@ -421,7 +421,7 @@ def test_signal_ends_every_rank_and_leaves_complete_checkpoint(run_cli, tmp_path
     state = load_ckpt(ckpts / "last.pt")
     assert state["epoch"] >= 0 and state["global_step"] == (state["epoch"] + 1) * STEPS_2
     assert temp_files(ckpts) == [], os.listdir(ckpts)
-    # best.pt (trainer.monitor, val/loss by default) is written before each epoch's last.pt.
+    # best.pt (trainer.monitor, val/loss by default): a second name of a new best epoch's file.
     assert sorted(os.listdir(ckpts)) == ["best.pt", "last.pt"]
 
     again = run_cli("backend=gloo", "world_size=2", "trainer.epochs=1", QUIET, job="again",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -258,13 +259,14 @@ def test_best_checkpoint_holds_the_best_epoch(run_cli):
 
 # ------------------------------------------------------------------------ 6. the test split
 @pytest.mark.slow
-def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli):
+def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli, compose, tmp_path):
     """Must-hold 6: optim.lr=0 keeps the seeded weights, so test/ metrics are those of the
     initial model on the seed's test split, for any world size (101 samples: uneven shards)."""
     common = ("optim.lr=0.0", "trainer.epochs=1", "trainer.max_steps=2", "data.test_size=101",
               QUIET)
     one = run_cli("world_size=1", *common, job="ws1").ok().metrics
-    three = run_cli("world_size=3", *common, job="ws3").ok().metrics
+    three_run = run_cli("world_size=3", *common, job="ws3").ok()
+    three = three_run.metrics
     from ddp_exp.data import build_datasets, load_digits
 
     ds = build_datasets(load_digits(), 297, 0, 1, test_size=101)
@@ -277,6 +279,16 @@ def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli):
     assert one["test/num_samples"] == three["test/num_samples"] == 101
     assert one["test/accuracy"] == three["test/accuracy"] == correct / 101
     assert rel_close(one["test/loss"], loss, 1e-6) and rel_close(three["test/loss"], loss, 1e-6)
+    # trainer.max_steps stopped the epoch part-way: no last.pt; the new best epoch's best.pt is
+    # the whole state, marked so that continuing from it is refused (it could not be exact).
+    folder = three_run.job_dir / "checkpoints"
+    assert sorted(os.listdir(folder)) == ["best.pt"]
+    best = load_ckpt(folder / "best.pt")
+    assert best["resumable"] is False and best["global_step"] == 2 and "optimizer" in best
+    message = refused_before_ranks(compose("world_size=3", *common,
+                                           f"trainer.resume={folder / 'best.pt'}"),
+                                   tmp_path / "resumed")
+    assert "trainer.max_steps stopped the epoch part-way" in message, message
 
 
 # ------------------------------------------------------------------------- 7. bad input

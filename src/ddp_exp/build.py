@@ -24,7 +24,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, monitor, schedule
+from ddp_exp import checkpoint, monitor, schedule, train_state
 from ddp_exp import data as data_module
 from ddp_exp.config import ConfigError, effective_lr, global_batch_size
 from ddp_exp.data import Datasets
@@ -117,10 +117,12 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
     train; warns when it was written by a world of another size. Returns its state.
 
     Raises:
-        ConfigError: unreadable, or its model does not fit this one.
+        ConfigError: unreadable, written mid-epoch (not resumable), or its model does not fit
+            this one.
         AlreadyComplete: it stopped early, or has trained ``trainer.epochs`` already.
     """
     state = checkpoint.load(source)
+    train_state.check_resumable(state, cfg.trainer.resume)
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError) as exc:

@@ -6,8 +6,10 @@ Layout, in ``<job_dir>/checkpoints/``:
   the newest ``trainer.keep_checkpoints`` kept;
 * ``last.pt``: the newest completed epoch, always (what ``trainer.resume=auto`` and elastic
   restarts continue from);
-* ``best.pt``: the weights of the best epoch of ``trainer.monitor`` so far (model, epoch,
-  global_step, the monitor's state and the config; not a resumable checkpoint).
+* ``best.pt``: the checkpoint of the best epoch of ``trainer.monitor`` so far (as Lightning's
+  ``ModelCheckpoint`` keeps by default: the whole state, so a run can also continue from it;
+  written in an epoch that stopped early at ``trainer.max_steps``, it is marked not resumable).
+  When the best epoch also writes ``last.pt``, the two names share one file (a hard link).
 
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
@@ -74,33 +76,46 @@ def _run(job: Callable[[], object], writer: BackgroundWriter | None) -> None:
 
 
 def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
-         writer: BackgroundWriter | None = None) -> str:
-    """Write ``state`` as ``last.pt`` (and as its epoch file when ``keep_epoch_file``), then
-    delete all but the newest ``keep`` epoch files. Call on rank 0 only.
+         writer: BackgroundWriter | None = None, last: bool = True, best: bool = False) -> str:
+    """Write ``state`` once under each name it is due: its epoch file (``keep_epoch_file``),
+    ``last.pt`` (``last``, and always with an epoch file) and ``best.pt`` (``best``: the epoch
+    is the monitor's new best); then delete all but the newest ``keep`` epoch files. Call on
+    rank 0 only.
+
+    One file is written and fsynced (the first of those names); each other name becomes a hard
+    link to it, put in place by an atomic rename: one write and one fsync per epoch, however
+    many names (an epoch that is the new best used to write its weights a second time). A
+    later write of ``last.pt`` replaces that name only; ``best.pt`` keeps its file.
 
     ``state`` is serialized before this returns; with ``writer``, the files are written on its
     thread, after every write submitted before (call ``writer.wait()`` before reading them).
 
     Returns:
-        The path written (the epoch file if any, else ``last.pt``).
+        The path written (the epoch file, else ``last.pt``, else ``best.pt``).
+
+    Raises:
+        ValueError: no name is due.
     """
     folder = checkpoint_dir(job_dir)
+    names = ([epoch_path(job_dir, state["epoch"])] if keep_epoch_file else []) + [
+        os.path.join(folder, name) for name, due in ((LAST, last or keep_epoch_file),
+                                                     (BEST, best)) if due]
+    if not names:
+        raise ValueError("checkpoint.save: neither an epoch file, last.pt nor best.pt is due")
     os.makedirs(folder, exist_ok=True)
     data = _serialized({"format": FORMAT, **state})
-    last = os.path.join(folder, LAST)
-    path = epoch_path(job_dir, state["epoch"]) if keep_epoch_file else last
+    path, links = names[0], names[1:]
 
     def write() -> None:
         # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
         # writes have finished (one thread, in order).
         remove_partial(folder)
         _write_bytes(path, data)
-        if keep_epoch_file:
-            # last.pt becomes a second name of the same complete file: no second write, still
-            # atomic.
-            tmp = temp_name(last)
+        for name in links:  # a second name of the same complete file: no second write
+            tmp = temp_name(name)
             os.link(path, tmp)
-            os.replace(tmp, last)
+            os.replace(tmp, name)
+        if keep_epoch_file:
             for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
                 os.unlink(old)
 
@@ -109,20 +124,9 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
 
 
 def best_path(job_dir: str) -> str:
-    """``<job_dir>/checkpoints/best.pt``: the weights of the best epoch of ``trainer.monitor``."""
+    """``<job_dir>/checkpoints/best.pt``: the checkpoint of the best epoch of
+    ``trainer.monitor``."""
     return os.path.join(checkpoint_dir(job_dir), BEST)
-
-
-def save_best(job_dir: str, state: dict[str, Any], writer: BackgroundWriter | None = None
-              ) -> str:
-    """Write ``state`` (model, epoch, global_step, monitor, config) as ``best.pt``, atomically;
-    serialized now, written at once or on ``writer``'s thread (as :func:`save`). Call on rank 0
-    only."""
-    os.makedirs(checkpoint_dir(job_dir), exist_ok=True)
-    path = best_path(job_dir)
-    data = _serialized({"format": FORMAT, **state})
-    _run(lambda: _write_bytes(path, data), writer)
-    return path
 
 
 def load(path: str, key: str = "trainer.resume", map_location: str | torch.device = "cpu"

@@ -345,13 +345,14 @@ class Trainer:
             if self.scheduler is not None and self.step_scheduler is None:  # per epoch
                 schedule.step_epoch(self.scheduler, last.val, self.monitor.metric)
             self.epoch += 1
-            if improved:
-                train_state.save_best(self)
             if self.monitor.stopped_early:
                 log.info(self.monitor.stop_line(trainer["epochs"]))
-            if max_steps is not None and self.global_step >= max_steps:
-                break  # a partial epoch: resuming it could not be exact, so no checkpoint
-            train_state.save_checkpoint(self)
+            # A partial epoch (trainer.max_steps): resuming it could not be exact, so no
+            # last.pt; a new best is still kept.
+            partial = max_steps is not None and self.global_step >= max_steps
+            train_state.save_checkpoint(self, best=improved, complete=not partial)
+            if partial:
+                break
             self.writer.flush()  # the epoch's events on disk before the next epoch's loop
             if self.monitor.stopped_early:
                 break

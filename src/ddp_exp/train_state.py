@@ -1,5 +1,6 @@
-"""The loop's state in a checkpoint: what ``last.pt`` and ``best.pt`` hold of a running loop,
-when each is written, and how a loop continues exactly from one.
+"""The loop's state in a checkpoint: what ``last.pt`` and ``best.pt`` hold of a running loop
+(the same: ``best.pt`` is the best epoch's checkpoint), when each is written, and how a loop
+continues exactly from one.
 
 A resumable checkpoint holds the unwrapped model, the optimizer, scheduler, grad-scaler and
 monitor states, the last completed ``epoch`` (0-based), ``global_step``, the open ``train/loss``
@@ -60,14 +61,29 @@ def state_dict(loop: Any) -> dict[str, Any]:
     }
 
 
+def check_resumable(state: dict[str, Any], source: str) -> None:
+    """Refuse to continue from a checkpoint written mid-epoch (a ``best.pt`` of an epoch that
+    ``trainer.max_steps`` stopped part-way: ``resumable: False``).
+
+    Raises:
+        ConfigError: one line naming ``source`` and what to resume from instead.
+    """
+    if state.get("resumable") is False:
+        raise ConfigError(f"trainer.resume={source!r}: written when trainer.max_steps stopped "
+                          f"the epoch part-way, so continuing from it could not be exact; "
+                          f"resume from that run's checkpoints/last.pt")
+
+
 def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     """Continue ``loop`` from a checkpoint written by :func:`state_dict` (same model and
     optimizer; ``source``: its path, for messages). Every rank's RNG streams continue when the
     world has the checkpoint's size.
 
     Raises:
-        ConfigError: the checkpoint's model or optimizer does not fit this run.
+        ConfigError: the checkpoint's model or optimizer does not fit this run, or it was
+            written mid-epoch (``resumable: False``).
     """
+    check_resumable(state, source)
     try:
         loop.model.load_state_dict(state["model"])
         loop.optimizer.load_state_dict(state["optimizer"])
@@ -96,28 +112,26 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
              loop.global_step)
 
 
-def save_checkpoint(loop: Any) -> None:
+def save_checkpoint(loop: Any, best: bool = False, complete: bool = True) -> None:
     """Every rank calls it after an epoch (``loop.epoch`` already counts it); rank 0 writes
-    ``last.pt`` (``trainer.save_last``) and every ``trainer.checkpoint_every_n_epochs`` epochs
-    the epoch's file (see :func:`ddp_exp.checkpoint.save`), on ``loop.checkpoint_files``'s
-    thread (a :class:`ddp_exp.files.BackgroundWriter`)."""
+    the epoch's checkpoint once, under each name it is due (see
+    :func:`ddp_exp.checkpoint.save`): ``last.pt`` (``trainer.save_last``), every
+    ``trainer.checkpoint_every_n_epochs`` epochs the epoch's file, and ``best.pt`` when
+    ``best`` (the epoch is the monitor's new best), on ``loop.checkpoint_files``'s thread (a
+    :class:`ddp_exp.files.BackgroundWriter`).
+
+    ``complete=False``: the epoch stopped at ``trainer.max_steps``; continuing from it could not
+    be exact, so only ``best.pt`` is written (if due), marked ``resumable: False``.
+    """
     trainer = loop.cfg["trainer"]
     every = trainer["checkpoint_every_n_epochs"]
-    keep_epoch_file = every > 0 and loop.epoch % every == 0
-    if not (trainer["save_last"] or keep_epoch_file):
+    keep_epoch_file = complete and every > 0 and loop.epoch % every == 0
+    last = complete and trainer["save_last"]
+    if not (last or keep_epoch_file or best):
         return
-    state = state_dict(loop)
+    state = state_dict(loop)  # a collective: every rank
+    if not complete:
+        state["resumable"] = False
     if loop.world.is_main:
-        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file,
-                        trainer["keep_checkpoints"], loop.checkpoint_files)
-
-
-def save_best(loop: Any) -> None:
-    """Rank 0 writes the new best epoch's weights to ``checkpoints/best.pt`` (atomically, on
-    ``loop.checkpoint_files``'s thread; model, completed ``epoch``, ``global_step``, the
-    monitor's state and the config)."""
-    if loop.world.is_main:
-        checkpoint.save_best(loop.writer.job_dir, {
-            "model": loop.model.state_dict(), "epoch": loop.epoch - 1,
-            "global_step": loop.global_step, "monitor": loop.monitor.state_dict(),
-            "config": loop.cfg}, loop.checkpoint_files)
+        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer["keep_checkpoints"],
+                        loop.checkpoint_files, last=last, best=best)
