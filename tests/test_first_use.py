@@ -198,7 +198,7 @@ def test_a_model_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, 
     """Regression: ``model._target_`` (or ``scheduler._target_``) in a module that raises while
     it is imported ended the CLI with that traceback, exit 1; one whose own import is missing
     was reported as "no such module or attribute"."""
-    from ddp_exp.models import locate
+    from ddp_exp.config import locate
 
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
@@ -207,3 +207,19 @@ def test_a_model_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, 
     with pytest.raises(ConfigError) as info:
         locate(f"{package}.broken.Model", "model._target_")
     assert str(info.value) == f"model._target_='{package}.broken.Model' {expected}"
+
+
+@pytest.mark.parametrize("key", ["data", "loss", "metrics.f1", "optim"])
+def test_any_target_whose_module_fails_to_import_names_the_module_and_why(tmp_path, monkeypatch,
+                                                                          key):
+    """Regression: ``data._target_`` (or any node built by ``instantiate_node``) in a module
+    that raises while it is imported gave Hydra's text, "... Are you sure that module
+    'raising_data' is installed?", a wrong guess; now the same line as ``model._target_``."""
+    from ddp_exp.config import instantiate_node
+
+    (tmp_path / "raising_data.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        instantiate_node({"_target_": "raising_data.make"}, key)
+    assert str(info.value) == (f"{key}._target_='raising_data.make' cannot be imported: "
+                               "importing raising_data raised RuntimeError: boom at import")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -416,6 +417,9 @@ def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
         cause = exc.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
+        target = node.get("_target_")
+        if isinstance(target, str):  # an import failure: say which module and why
+            locate(target, f"{key}._target_")  # Hydra's text guesses "is it installed?"
         text = str(cause if cause is not None else exc).strip()
         detail = " ".join(text.split())[:300] if text else type(exc).__name__
         raise ConfigError(f"{key}._target_={node.get('_target_')!r} failed: {detail}") from exc
@@ -447,3 +451,34 @@ def _drop_every_record(record: logging.LogRecord) -> bool:
     """A logging filter that lets nothing through."""
     del record
     return False
+
+
+def locate(path: str, key: str) -> Any:
+    """Import ``pkg.module.Name`` (the object a ``_target_`` names).
+
+    Raises:
+        ConfigError: one line naming ``key`` when it cannot be imported: no such module or
+            attribute, a module it imports is missing, or importing it raised.
+    """
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module)
+        except ImportError as exc:
+            missing = getattr(exc, "name", None) or ""
+            if cut == 1 or not (module == missing or module.startswith(f"{missing}.")):
+                # the path's first module is missing, or something the module imports is
+                raise ConfigError(f"{key}={path!r} cannot be imported ({exc})") from None
+            continue
+        except Exception as exc:  # the module exists and raised while it was imported
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(f"{key}={path!r} cannot be imported: importing {module} raised "
+                              f"{type(exc).__name__}: {first}") from None
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            return obj
+        except AttributeError:
+            break
+    raise ConfigError(f"{key}={path!r} cannot be imported (no such module or attribute)")

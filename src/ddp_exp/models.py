@@ -9,17 +9,15 @@ receives ``input_shape`` and/or ``num_outputs`` only if its constructor accepts 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ddp_exp.config import ConfigError, instantiate_node
+from ddp_exp.config import ConfigError, instantiate_node, locate
 
 
 class MLP(nn.Module):
@@ -95,35 +93,6 @@ class Linear(nn.Module):
         return self.net(x)
 
 
-def locate(path: str, key: str) -> Any:
-    """Import ``pkg.module.Name`` (the object a ``_target_`` names).
-
-    Raises:
-        ConfigError: one line naming ``key`` when it cannot be imported: no such module or
-            attribute, a module it imports is missing, or importing it raised.
-    """
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module)
-        except ImportError as exc:
-            missing = getattr(exc, "name", None) or ""
-            if cut == 1 or not (module == missing or module.startswith(f"{missing}.")):
-                # the path's first module is missing, or something the module imports is
-                raise ConfigError(f"{key}={path!r} cannot be imported ({exc})") from None
-            continue
-        except Exception as exc:  # the module exists and raised while it was imported
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise ConfigError(f"{key}={path!r} cannot be imported: importing {module} raised "
-                              f"{type(exc).__name__}: {first}") from None
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-            return obj
-        except AttributeError:
-            break
-    raise ConfigError(f"{key}={path!r} cannot be imported (no such module or attribute)")
 
 
 def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs: int) -> nn.Module:

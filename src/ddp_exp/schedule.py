@@ -43,8 +43,7 @@ from typing import Any
 
 import torch
 
-from ddp_exp.config import ConfigError, instantiate_node
-from ddp_exp.models import locate
+from ddp_exp.config import ConfigError, instantiate_node, locate
 
 OWN_KEYS = ("interval",)  # ours, not arguments of the scheduler
 
