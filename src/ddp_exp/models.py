@@ -93,8 +93,6 @@ class Linear(nn.Module):
         return self.net(x)
 
 
-
-
 def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs: int) -> nn.Module:
     """Instantiate ``cfg`` (a ``_target_`` node) with the dataset's sizes.
 
