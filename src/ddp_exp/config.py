@@ -422,7 +422,7 @@ def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
             locate(target, f"{key}._target_")  # Hydra's text guesses "is it installed?"
         text = str(cause if cause is not None else exc).strip()
         detail = " ".join(text.split())[:300] if text else type(exc).__name__
-        raise ConfigError(f"{key}._target_={node.get('_target_')!r} failed: {detail}") from exc
+        raise ConfigError(f"{key}._target_={target!r} failed: {detail}") from exc
 
 
 def find_target(path: str) -> Any | None:

@@ -80,10 +80,9 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     world has the checkpoint's size.
 
     Raises:
-        ConfigError: the checkpoint's model or optimizer does not fit this run, or it was
-            written mid-epoch (``resumable: False``).
+        ConfigError: the checkpoint's model or optimizer does not fit this run. (A checkpoint
+            that is not resumable was refused before any rank: :func:`check_resumable`.)
     """
-    check_resumable(state, source)
     try:
         loop.model.load_state_dict(state["model"])
         loop.optimizer.load_state_dict(state["optimizer"])
