@@ -411,15 +411,78 @@ def test_unknown_group_option_is_refused_listing_the_valid_ones(compose, group, 
 
 
 def test_unknown_group_option_lists_the_valid_ones(run_cli):
+    """One line (Hydra's own report is ten: the options one per line, its search path)."""
     group, bad = "data", "digitz"  # other groups: in-process, above
     run = run_cli("world_size=1", f"{group}={bad}", timeout=60)
     assert run.returncode == 2  # bad input, like every config error
     assert run.seconds < FAILS_FAST_S, (run.seconds, run.stderr[-2000:])
-    assert group in run.stderr and bad in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"error: {group}={bad}: no such option in config group {group}; "
+                               "valid options: "), lines
     for option in PROMISED[group]:
-        assert option in run.stderr, (option, run.stderr)
+        assert option in lines[0], (option, lines)
     assert "Traceback" not in run.stderr + run.stdout
     _no_rank_started(run)
+
+
+def test_an_unknown_option_asked_for_by_a_config_names_that_config():
+    """The option a preset or another config asks for, not one on the command line, names
+    who asked; with an install hint when a missing plugin would have it."""
+    from hydra.errors import MissingConfigException
+
+    from ddp_exp.__main__ import _unknown_option_line
+
+    exc = MissingConfigException("In 'launcher/slurm': Could not find "
+                                 "'hydra/launcher/submitit_slurm'\n\nAvailable options ...",
+                                 "hydra/launcher/submitit_slurm", ["basic", "joblib"])
+    assert _unknown_option_line(exc, ["launcher=slurm"]) == (
+        "hydra/launcher=submitit_slurm (asked for by launcher/slurm): no such option in config "
+        "group hydra/launcher; valid options: basic, joblib")
+    typed = MissingConfigException("In 'hydra/config': Could not find 'hydra/launcher/nope'",
+                                   "hydra/launcher/nope", ["basic"])
+    assert _unknown_option_line(typed, ["hydra/launcher=nope"]) == (
+        "hydra/launcher=nope: no such option in config group hydra/launcher; valid options: "
+        "basic")
+    wrapped = RuntimeError("composing")
+    wrapped.__cause__ = typed
+    assert _unknown_option_line(wrapped, ["+hydra/launcher=nope"]).startswith("hydra/launcher=")
+    assert _unknown_option_line(RuntimeError("other"), []) is None
+
+
+def test_a_sweep_refused_before_its_first_job_puts_the_folder_back(tmp_path):
+    """discard_refused_sweep: a new folder (and the folders made on the way) goes; a used one
+    gets its earlier multirun.yaml back and keeps everything else; once a job of this sweep
+    has made its folder, nothing is touched."""
+    from ddp_exp import sweep
+
+    def start(sweep_dir: Path) -> None:  # what Hydra does: the callback, then the record
+        config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+        sweep.SummaryCallback().on_multirun_start(config)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / "multirun.yaml").write_text("refused: true\n")
+
+    try:
+        fresh = tmp_path / "new" / "a" / "b"
+        start(fresh)
+        assert sweep.discard_refused_sweep()
+        assert list(tmp_path.iterdir()) == []
+
+        used = tmp_path / "used"
+        (used / "0").mkdir(parents=True)
+        (used / "multirun.yaml").write_text("earlier: true\n")
+        start(used)
+        assert sweep.discard_refused_sweep()
+        assert (used / "multirun.yaml").read_text() == "earlier: true\n"
+        assert sorted(p.name for p in used.iterdir()) == ["0", "multirun.yaml"]
+
+        started = tmp_path / "started"
+        start(started)
+        (started / "0").mkdir()  # job 0 of this sweep ran
+        assert not sweep.discard_refused_sweep()
+        assert sorted(p.name for p in started.iterdir()) == ["0", "multirun.yaml"]
+    finally:
+        sweep.active_sweep_dir = None
 
 
 @pytest.mark.smoke
@@ -492,6 +555,17 @@ def test_a_sweep_refused_in_a_used_sweep_folder_leaves_it_as_it_was(run_cli, tmp
     assert "already holds a run" in run.stderr and "hydra.sweep.dir" in run.stderr
     after = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
     assert after == before
+    # Refused while Hydra composes the jobs (after it wrote multirun.yaml): the same.
+    run = run_cli(*first, "model=mlp,nonexistent", run_dir=False, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("error: model=nonexistent: no such option"), run.stderr
+    after = {p.relative_to(sweep): p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    assert after == before
+    # ... and in a new folder, nothing is left.
+    run = run_cli(*first[:-1], f"hydra.sweep.dir={tmp_path / 'new' / 'sweep'}",
+                  "model=mlp,nonexistent", run_dir=False, timeout=60)
+    assert run.returncode == 2 and "model=nonexistent" in run.stderr, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
 
 
 # -------------------------------------------------------------------- (c) --cfg and --help

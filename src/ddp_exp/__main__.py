@@ -260,6 +260,29 @@ def missing_plugin_hint(error_text: str) -> str | None:
     return None
 
 
+def _unknown_option_line(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for a config group option that does not exist (``data=digitz``), instead of
+    Hydra's report over ten lines (the valid options one per line, then its config search
+    path); naming the config that asked for it when the command line did not
+    (``launcher=slurm`` asks for ``hydra/launcher=submitit_slurm``). None for other errors."""
+    from hydra.errors import MissingConfigException
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
+            group, _, choice = exc.missing_cfg_file.rpartition("/")
+            if not group:
+                return None
+            asked = re.match(r"In '([^']+)':", str(exc).strip())
+            typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
+            where = f" (asked for by {asked.group(1)})" if asked and not typed else ""
+            return (f"{group}={choice}{where}: no such option in config group {group}; valid "
+                    f"options: {', '.join(exc.options)}")
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 # Hydra's words when an override adds (``+group=option``) a group that the defaults list has
 # already: "Multiple values for data. To override ...", "hydra/launcher appears more than once
 # in the final defaults list".
@@ -511,10 +534,14 @@ def _main() -> None:
     except HydraException as exc:
         if user_wants_traceback:
             raise
-        line = _one_line(exc) or _plus_on_a_default(exc, sys.argv[1:])
+        sweep.discard_refused_sweep()  # a multirun's jobs that do not compose: before any job
+        line = (_one_line(exc) or _plus_on_a_default(exc, sys.argv[1:])
+                or _unknown_option_line(exc, sys.argv[1:]))
         if line is not None:
+            hint = missing_plugin_hint(line)
             if _is_rank0():  # under torchrun every rank sees it
-                print(f"error: {line}", file=sys.stderr, flush=True)
+                print(f"error: {line}" + (f"; {hint}" if hint else ""), file=sys.stderr,
+                      flush=True)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
         if _is_rank0():  # under torchrun every rank sees it
             print(str(exc), file=sys.stderr)
@@ -531,6 +558,8 @@ def _main() -> None:
         lost = _lost_job_line(exc)  # not the input's fault: a job's failure
         if (line or lost) is None or user_wants_traceback:
             raise
+        if line:
+            sweep.discard_refused_sweep()
         print(f"error: {line or lost}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR if line else EXIT_RANK_FAILED) from None
     finally:

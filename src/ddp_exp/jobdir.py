@@ -157,14 +157,28 @@ def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str 
     if not names <= made or not record <= set(HYDRA_RECORD):
         return False
     shutil.rmtree(job_dir, ignore_errors=True)
-    parent = os.path.dirname(job_dir)
-    while parent == top or parent.startswith(top + os.sep):  # made on the way, if left empty
+    _remove_empty_new_folders(os.path.dirname(job_dir), top)
+    return not os.path.exists(job_dir)
+
+
+def remove_new_empty_folder(path: str) -> None:
+    """Remove ``path`` if this process created it (:func:`note_new_folders`) and it is empty,
+    and the folders created on the way to it that are left empty: what a sweep refused before
+    its first job leaves (:func:`ddp_exp.sweep.discard_refused_sweep`)."""
+    path = os.path.abspath(path)
+    top = _created.get(path)
+    if top is not None:
+        _remove_empty_new_folders(path, top)
+
+
+def _remove_empty_new_folders(path: str, top: str) -> None:
+    """``os.rmdir`` ``path`` and its parents up to and including ``top`` while they are empty."""
+    while path == top or path.startswith(top + os.sep):
         try:
-            os.rmdir(parent)
+            os.rmdir(path)
         except OSError:
             break
-        parent = os.path.dirname(parent)
-    return not os.path.exists(job_dir)
+        path = os.path.dirname(path)
 
 
 @contextlib.contextmanager

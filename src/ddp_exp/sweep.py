@@ -12,7 +12,8 @@ inside callbacks into warnings.)
 :func:`objective` is what a job returns to Hydra's sweeper (Optuna's worst value for a failed
 job).
 
-May use: :mod:`ddp_exp.files` (atomic writes), :mod:`ddp_exp.jobdir` (``status.json``'s name).
+May use: :mod:`ddp_exp.files` (atomic writes), :mod:`ddp_exp.jobdir` (``status.json``'s name,
+which folders this process created).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddp_exp.files import atomic_write
-from ddp_exp.jobdir import STATUS_FILE
+from ddp_exp.jobdir import STATUS_FILE, note_new_folders, remove_new_empty_folder
 
 log = logging.getLogger("ddp_exp")
 
@@ -68,6 +69,9 @@ active_sweep_dir: str | None = None
 # it before the first job): put back when the sweep is refused there (restore_sweep_record).
 _earlier_record: bytes | None = None
 SWEEP_RECORD = "multirun.yaml"
+# The names in the sweep folder when this multirun started (empty: no folder yet): a name that
+# is not here at the end, other than the record, is a job's (discard_refused_sweep).
+_names_before: frozenset[str] = frozenset()
 
 
 def raise_if_failed() -> None:
@@ -256,21 +260,57 @@ def restore_sweep_record() -> None:
         atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
 
 
+def discard_refused_sweep() -> bool:
+    """Put the sweep folder back as it was when a multirun is refused before any job made its
+    folder (an override that does not compose: ``-m model=mlp,nonexistent``; Hydra's sweeper
+    writes ``multirun.yaml`` first and composes the jobs next): the earlier sweep's
+    ``multirun.yaml`` goes back, or the refused one is removed, and the folder goes too if this
+    multirun created it and it is empty (with the folders made on the way to it). Does nothing
+    once a job has put anything into the folder.
+
+    Returns:
+        True when the folder was put back.
+    """
+    if active_sweep_dir is None:
+        return False
+    try:
+        new = set(os.listdir(active_sweep_dir)) - _names_before - {SWEEP_RECORD}
+    except OSError:
+        return False
+    if new:  # a job started: its folder and the record stay
+        return False
+    if _earlier_record is not None:
+        restore_sweep_record()
+    else:
+        try:
+            os.remove(os.path.join(active_sweep_dir, SWEEP_RECORD))
+        except FileNotFoundError:
+            pass
+        remove_new_empty_folder(active_sweep_dir)
+    return True
+
+
 class SummaryCallback(Callback):
     """Hydra callback: notes the sweep folder and its earlier ``multirun.yaml`` when a multirun
     starts (:data:`active_sweep_dir`: a Ctrl-C still writes the summary,
-    :func:`summarize_interrupted`; :func:`restore_sweep_record`), writes the sweep
+    :func:`summarize_interrupted`; :func:`restore_sweep_record`, :func:`discard_refused_sweep`),
+    writes the sweep
     summary when it ends (``on_multirun_end``), and records failed or unfinished jobs for
     :func:`raise_if_failed`."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global active_sweep_dir, _earlier_record
+        global active_sweep_dir, _earlier_record, _names_before
         active_sweep_dir = str(config.hydra.sweep.dir)
         try:
             with open(os.path.join(active_sweep_dir, SWEEP_RECORD), "rb") as fh:
                 _earlier_record = fh.read()
         except OSError:
             _earlier_record = None
+        try:
+            _names_before = frozenset(os.listdir(active_sweep_dir))
+        except OSError:
+            _names_before = frozenset()
+        note_new_folders(active_sweep_dir)  # before Hydra's sweeper makes it
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _failure
