@@ -45,13 +45,27 @@ def test_an_unimportable_target_is_one_error_and_no_log_record(caplog, where):
     assert _hydra_records(caplog) == []
 
 
-def test_find_target_finds_what_instantiate_finds():
+def test_find_target_finds_what_instantiate_finds(tmp_path, monkeypatch, caplog):
+    """find_target and Hydra's instantiate resolve the same paths (builtins, a class's
+    attribute, a module under a package), and find_target says nothing when it finds none."""
+    import collections
+
+    from hydra.utils import get_object
+
     from ddp_exp.config import find_target
     from ddp_exp.objective import cross_entropy
 
-    assert find_target("ddp_exp.objective.cross_entropy") is cross_entropy
-    assert find_target(UNIMPORTABLE) is None
-    assert find_target("ddp_exp.objective.no_such_name") is None
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {"ddp_exp.objective.cross_entropy": cross_entropy, "builtins.len": len,
+             "collections.OrderedDict.fromkeys": collections.OrderedDict.fromkeys,
+             "torch.nn.functional.cross_entropy": torch.nn.functional.cross_entropy}
+    for path, obj in found.items():
+        assert find_target(path) == obj == get_object(path), path
+    for path in (UNIMPORTABLE, "ddp_exp.objective.no_such_name", "raises_on_import.f",
+                 "torch.nn.NoSuchLayer"):
+        assert find_target(path) is None, path
+    assert caplog.records == []
 
 
 def test_an_unimportable_data_target_prints_one_line_only(run_cli):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -426,31 +425,14 @@ def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
 
 
 def find_target(path: str) -> Any | None:
-    """The object a ``_target_`` names (``pkg.module.name``), imported as ``instantiate``
-    imports it, or None when it cannot be found or imported; :func:`instantiate_node` then
-    reports that in one line naming the key.
-
-    Unlike ``hydra.utils.get_object`` alone, says nothing: that function also logs the failure
-    at ERROR, a multi-line record that the launching process printed on stdout before the
-    one-line error (``data._target_=nosuchmodule.make``).
-    """
-    from hydra.utils import get_object
-
-    hydra_log = logging.getLogger("hydra.utils")
-    quiet = _drop_every_record
-    hydra_log.addFilter(quiet)
+    """The object a ``_target_`` names (``pkg.module.name``), found as :func:`locate` finds it,
+    or None when it cannot be imported; :func:`instantiate_node` then reports that in one line
+    naming the key. Logs nothing (Hydra's ``get_object`` logs a failure at ERROR, a multi-line
+    record that the launching process printed before the one-line error)."""
     try:
-        return get_object(path)
-    except Exception:
+        return locate(path, "_target_")
+    except ConfigError:
         return None
-    finally:
-        hydra_log.removeFilter(quiet)
-
-
-def _drop_every_record(record: logging.LogRecord) -> bool:
-    """A logging filter that lets nothing through."""
-    del record
-    return False
 
 
 def locate(path: str, key: str) -> Any:
