@@ -3,9 +3,11 @@ and refuse a config in-process as the CLI does before any rank starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -107,11 +109,46 @@ def assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
 
 
 def cli_env(tag: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a CLI run tagged ``tag``, without a rank's variables;
+    Python's fault handler on, so that :func:`run_tagged` can have a hung run's processes
+    print their stacks."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env.pop("HYDRA_FULL_ERROR", None)
     env[CASE_TAG] = tag
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra)
     return env
+
+
+def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
+               env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``cmd`` (stdin closed, output captured) tagged ``tag`` and return it with its wall
+    seconds, after checking that no process outlives it. A run still going after ``timeout``
+    seconds fails the test with the Python stacks of every process it started (SIGABRT, which
+    the fault handler turns into a dump of every thread): a rare hang then says where."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag, **(env or {})), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in tagged_processes(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        for pid in tagged_processes(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"{' '.join(map(str, cmd))} still ran after {timeout:.0f} s; the stacks of "
+                    f"its processes:\n{stderr[-12000:]}\nstdout:\n{stdout[-3000:]}")
+    seconds = time.monotonic() - start
+    assert_no_orphans(tag)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seconds
 
 
 # Fixtures that start the CLI: run_cli, and the session's shared runs (below).
@@ -137,16 +174,10 @@ def run_cli(tmp_path):
 
     def run(*overrides: str, job: str = "run", timeout: float = 180, env: dict | None = None,
             launcher: list[str] | None = None, run_dir: bool = True) -> Run:
-        tag = uuid.uuid4().hex
         job_dir = tmp_path / job
         args = list(overrides) + ([f"hydra.run.dir={job_dir}"] if run_dir else [])
         cmd = (launcher or [sys.executable, "-m", "ddp_exp"]) + args
-        start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(tag, **(env or {})),
-                              capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-        seconds = time.monotonic() - start
-        assert_no_orphans(tag)
+        proc, seconds = run_tagged(cmd, tmp_path, uuid.uuid4().hex, timeout, env)
         return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds)
 
     return run
@@ -155,14 +186,9 @@ def run_cli(tmp_path):
 def run_once(root: Path, *overrides: str) -> Run:
     """``python -m ddp_exp <overrides>`` in ``root`` with job folder ``<root>/run``: finished,
     no process left behind."""
-    tag = uuid.uuid4().hex
     job_dir = root / "run"
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides,
-                           f"hydra.run.dir={job_dir}"], cwd=root, env=cli_env(tag),
-                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    seconds = time.monotonic() - start
-    assert_no_orphans(tag)
+    proc, seconds = run_tagged([sys.executable, "-m", "ddp_exp", *overrides,
+                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, 180)
     return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds).ok()
 
 

@@ -284,3 +284,23 @@ def test_the_agent_wakes_when_its_ranks_finish_or_fail_not_at_its_interval():
     assert out["failed"] == [1], out
     assert out["done_s"] < 30 and out["failed_s"] < 30, out
     assert out["restored"], out
+
+
+def test_a_hung_cli_run_fails_with_the_stack_of_every_process(tmp_path):
+    """The tests' harness (conftest.run_tagged): a run that outlives its timeout fails the test
+    with the Python stack of each of its processes, a forked child's too, and leaves none."""
+    import uuid
+
+    from conftest import run_tagged, tagged_processes
+
+    tag = uuid.uuid4().hex
+    code = ("import os, time\n"
+            "def wait_in_child():\n    time.sleep(60)\n"
+            "def wait_in_parent():\n    time.sleep(60)\n"
+            "wait_in_child() if os.fork() == 0 else wait_in_parent()\n")
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_tagged([sys.executable, "-c", code], tmp_path, tag, timeout=3)
+    text = str(info.value)
+    assert "still ran after 3 s" in text and "wait_in_child" in text, text
+    assert "wait_in_parent" in text, text
+    assert tagged_processes(tag) == []
