@@ -304,3 +304,40 @@ def test_a_hung_cli_run_fails_with_the_stack_of_every_process(tmp_path):
     assert "still ran after 3 s" in text and "wait_in_child" in text, text
     assert "wait_in_parent" in text, text
     assert tagged_processes(tag) == []
+
+
+def test_forked_ranks_pass_the_gate_only_once_every_rank_is_forked(monkeypatch):
+    """agent.forked_ranks_start_together: a rank forked first waits in pass_fork_gate until the
+    agent's start of its ranks has forked the last one (a rank that connected to the agent's
+    store earlier made a later fork inherit glibc's resolver lock held: a hung rank)."""
+    import os
+    import time
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from ddp_exp import agent
+
+    read_fd, write_fd = os.pipe()
+    forked_all = []
+
+    def start_three_ranks(self, worker_group):  # torch's forks, 0.3 s apart
+        for _ in range(3):
+            if os.fork() == 0:  # a rank
+                os.close(read_fd)
+                agent.pass_fork_gate()
+                os.write(write_fd, f"{time.monotonic()}\n".encode())
+                os._exit(0)
+            time.sleep(0.3)
+        forked_all.append(time.monotonic())
+
+    monkeypatch.setattr(LocalElasticAgent, "_start_workers", start_three_ranks)
+    with agent.forked_ranks_start_together():
+        LocalElasticAgent._start_workers(None, None)
+    assert agent.FORK_GATE_ENV not in os.environ
+    os.close(write_fd)
+    with os.fdopen(read_fd) as fh:
+        passed = [float(line) for line in fh]
+    for _ in range(3):
+        os.wait()
+    assert len(passed) == 3 and min(passed) >= forked_all[0], (passed, forked_all)
+    agent.pass_fork_gate()  # no gate here (a spawned rank, torchrun): returns at once

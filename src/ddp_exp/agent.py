@@ -19,6 +19,16 @@ Where the agent's process context is not the one this module knows (``Multiproce
 of torch 2.x: ``_pc.sentinels``, ``_ret_vals``, ``_return_values``), the check sleeps
 ``interval_s`` first instead: torch's behaviour with that interval.
 
+With ``launcher.start_method=fork``, :func:`forked_ranks_start_together` holds each forked rank
+(:func:`pass_fork_gate`, first thing in :func:`ddp_exp.worker.run_rank`) until the agent has
+forked them all. A rank that connected to the agent's ``TCPStore`` while the agent was still
+forking made the store's server thread format the peer's address (glibc ``getnameinfo``, which
+takes the resolver's lock); a rank forked at that moment inherited the lock held, with no
+thread to release it, and hung for good in its own first ``getnameinfo`` (seen here as a rare
+start-up hang of 3- and 4-rank worlds, the stuck rank's native stack in
+``__resolv_context_get``). Forking a process that has threads copies only the forking thread:
+whatever lock another thread held stays held in the child.
+
 Used by :mod:`ddp_exp.launch` around ``elastic_launch``.
 """
 
@@ -26,11 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.connection
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 AGENT_SLEEP_S = 0.005  # torch's sleep between two checks (LaunchConfig.monitor_interval)
+# "<read fd>,<write fd>" of the pipe that holds forked ranks until all are forked.
+FORK_GATE_ENV = "DDP_EXP_FORK_GATE"
 
 
 def rank_waitables(pcontext: Any) -> list[Any] | None:
@@ -70,3 +83,50 @@ def wake_on_rank_events(interval_s: float) -> Iterator[None]:
         yield
     finally:
         LocalElasticAgent._monitor_workers = check
+
+
+@contextlib.contextmanager
+def forked_ranks_start_together() -> Iterator[None]:
+    """While open, each start of the local ranks by an elastic agent of this process (the
+    first, and each restart) opens a pipe whose ends the ranks inherit through ``fork``
+    (named in :data:`FORK_GATE_ENV`), and closes its own ends once it has forked every rank:
+    :func:`pass_fork_gate` then returns in each of them. For ``start_method=fork`` only: a
+    spawned rank does not inherit the pipe."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    start = LocalElasticAgent._start_workers
+
+    def _start_workers(self: Any, worker_group: Any) -> Any:
+        read_fd, write_fd = os.pipe()
+        os.environ[FORK_GATE_ENV] = f"{read_fd},{write_fd}"
+        try:
+            return start(self, worker_group)
+        finally:  # every rank is forked (or the start failed): their reads end
+            os.environ.pop(FORK_GATE_ENV, None)
+            os.close(write_fd)
+            os.close(read_fd)
+
+    LocalElasticAgent._start_workers = _start_workers
+    try:
+        yield
+    finally:
+        LocalElasticAgent._start_workers = start
+
+
+def pass_fork_gate() -> None:
+    """In a rank: wait until the agent has forked every rank of this start
+    (:func:`forked_ranks_start_together`), before the rank's first connection. Returns at once
+    where there is no gate (spawned ranks, torchrun, srun). Blocks on a pipe's read, which ends
+    when every copy of its write end is closed: this rank's (closed here), the agent's (closed
+    after the last fork or when the agent dies) and those of the ranks forked before this one
+    (closed as each passes here or exits)."""
+    gate = os.environ.pop(FORK_GATE_ENV, None)
+    if gate is None:
+        return
+    read_fd, write_fd = (int(fd) for fd in gate.split(","))
+    os.close(write_fd)
+    try:
+        while os.read(read_fd, 1):  # nothing is ever written: b"" once all writers closed
+            pass
+    finally:
+        os.close(read_fd)

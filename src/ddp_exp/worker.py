@@ -6,7 +6,8 @@ so a rank can neither re-compose the config, nor make its own output folder, nor
 
 Uses the loop (:mod:`ddp_exp.train`, :mod:`ddp_exp.train_state`), :mod:`ddp_exp.checkpoint`,
 :mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.data`
-and :mod:`ddp_exp.config`; the launcher starts it.
+and :mod:`ddp_exp.config`, and :mod:`ddp_exp.agent`'s gate for forked ranks; the launcher
+starts it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from ddp_exp import checkpoint, jobdir, train_state
+from ddp_exp import agent, checkpoint, jobdir, train_state
 from ddp_exp.config import ConfigError, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.distributed import (
@@ -338,6 +339,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # them a rank blocked in native code ignores SIGTERM until the launcher's grace period ends.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    agent.pass_fork_gate()  # every rank forked before any connects (a lock held at fork)
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
     threads = set_threads(world, inputs.cfg["data"]["num_workers"])
