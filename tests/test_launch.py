@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import subprocess
@@ -306,38 +307,64 @@ def test_a_hung_cli_run_fails_with_the_stack_of_every_process(tmp_path):
     assert tagged_processes(tag) == []
 
 
-def test_forked_ranks_pass_the_gate_only_once_every_rank_is_forked(monkeypatch):
-    """agent.forked_ranks_start_together: a rank forked first waits in pass_fork_gate until the
-    agent's start of its ranks has forked the last one (a rank that connected to the agent's
-    store earlier made a later fork inherit glibc's resolver lock held: a hung rank)."""
+@pytest.mark.parametrize("signal_while_forking", [False, True], ids=["quiet", "sigterm"])
+def test_forked_ranks_pass_the_gate_only_once_every_rank_is_forked(monkeypatch,
+                                                                   signal_while_forking):
+    """agent.start_ranks_safely: a rank forked first waits in pass_fork_gate until the agent's
+    start of its ranks has forked the last one (a rank that connected to the agent's store
+    earlier made a later fork inherit glibc's resolver lock held: a hung rank). A SIGTERM that
+    comes while the agent forks is held back and raised once every rank is started (torch's
+    handler raised it inside Python's after-fork hooks, which dropped it: the run trained on);
+    the ranks forked meanwhile end by it."""
     import os
+    import signal
     import time
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
     from ddp_exp import agent
 
-    read_fd, write_fd = os.pipe()
-    forked_all = []
+    class Stop(Exception):
+        pass
 
-    def start_three_ranks(self, worker_group):  # torch's forks, 0.3 s apart
+    def raise_stop(signum, frame):  # as torch's agent handler raises SignalException
+        raise Stop(signum)
+
+    read_fd, write_fd = os.pipe()
+    forked_all, pids = [], []
+
+    def start_three_ranks(self):  # torch's forks, 0.3 s apart
+        if signal_while_forking:
+            os.kill(os.getpid(), signal.SIGTERM)  # a user's signal while the agent forks
         for _ in range(3):
-            if os.fork() == 0:  # a rank
+            pid = os.fork()
+            if pid == 0:  # a rank
                 os.close(read_fd)
                 agent.pass_fork_gate()
                 os.write(write_fd, f"{time.monotonic()}\n".encode())
                 os._exit(0)
+            pids.append(pid)
             time.sleep(0.3)
         forked_all.append(time.monotonic())
 
-    monkeypatch.setattr(LocalElasticAgent, "_start_workers", start_three_ranks)
-    with agent.forked_ranks_start_together():
-        LocalElasticAgent._start_workers(None, None)
+    monkeypatch.setattr(MultiprocessContext, "_start", start_three_ranks)
+    monkeypatch.setattr(LocalElasticAgent, "_start_workers",
+                        lambda self, worker_group: MultiprocessContext._start(None))
+    before = signal.signal(signal.SIGTERM, raise_stop)
+    try:
+        with (agent.start_ranks_safely(fork=True),
+              pytest.raises(Stop) if signal_while_forking else contextlib.nullcontext()):
+            LocalElasticAgent._start_workers(None, None)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert forked_all, "the signal was raised before every rank was forked"
     assert agent.FORK_GATE_ENV not in os.environ
     os.close(write_fd)
     with os.fdopen(read_fd) as fh:
         passed = [float(line) for line in fh]
-    for _ in range(3):
-        os.wait()
-    assert len(passed) == 3 and min(passed) >= forked_all[0], (passed, forked_all)
-    agent.pass_fork_gate()  # no gate here (a spawned rank, torchrun): returns at once
+    ends = [os.waitpid(pid, 0)[1] for pid in pids]
+    if signal_while_forking:
+        assert passed == [] and all(os.WTERMSIG(e) == signal.SIGTERM for e in ends), ends
+    else:
+        assert len(passed) == 3 and min(passed) >= forked_all[0], (passed, forked_all)

@@ -19,7 +19,7 @@ Where the agent's process context is not the one this module knows (``Multiproce
 of torch 2.x: ``_pc.sentinels``, ``_ret_vals``, ``_return_values``), the check sleeps
 ``interval_s`` first instead: torch's behaviour with that interval.
 
-With ``launcher.start_method=fork``, :func:`forked_ranks_start_together` holds each forked rank
+With ``launcher.start_method=fork``, :func:`start_ranks_safely` holds each forked rank
 (:func:`pass_fork_gate`, first thing in :func:`ddp_exp.worker.run_rank`) until the agent has
 forked them all. A rank that connected to the agent's ``TCPStore`` while the agent was still
 forking made the store's server thread format the peer's address (glibc ``getnameinfo``, which
@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection
 import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -85,41 +86,89 @@ def wake_on_rank_events(interval_s: float) -> Iterator[None]:
         LocalElasticAgent._monitor_workers = check
 
 
-@contextlib.contextmanager
-def forked_ranks_start_together() -> Iterator[None]:
-    """While open, each start of the local ranks by an elastic agent of this process (the
-    first, and each restart) opens a pipe whose ends the ranks inherit through ``fork``
-    (named in :data:`FORK_GATE_ENV`), and closes its own ends once it has forked every rank:
-    :func:`pass_fork_gate` then returns in each of them. For ``start_method=fork`` only: a
-    spawned rank does not inherit the pipe."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+# Held back while the agent forks its ranks (start_ranks_safely), until the ranks exist.
+START_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The signals that came while the agent forked its ranks (a forked rank inherits the list).
+_held: list[int] = []
 
-    start = LocalElasticAgent._start_workers
+
+def _hold(signum: int, frame: Any) -> None:
+    """The agent's handler of :data:`START_SIGNALS` while it forks: note the signal."""
+    del frame
+    _held.append(signum)
+
+
+@contextlib.contextmanager
+def start_ranks_safely(fork: bool) -> Iterator[None]:
+    """While open, each start of the local ranks by an elastic agent of this process (the
+    first, and each restart) holds SIGINT and SIGTERM back while it starts the rank processes,
+    and raises the first one that came (torch's handler: ``SignalException``, the agent stops
+    the ranks: interrupted) once every rank is started and known to the agent. Before, a
+    signal that came while the agent forked was raised by torch's handler inside Python's
+    after-fork hooks, which print "Exception ignored" and drop it: the run trained on to the
+    end, or a rank that had it raised it as a failure. (A thread's signal mask cannot hold it
+    back: the kernel hands a process's signal to any thread that does not block it, the
+    store's among them.)
+
+    With ``fork`` (``start_method=fork``), also opens a pipe whose ends the ranks inherit
+    (named in :data:`FORK_GATE_ENV`) and closes the agent's ends once every rank is forked:
+    :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe."""
+    import threading
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    start_workers, start_processes = LocalElasticAgent._start_workers, MultiprocessContext._start
+
+    def _start(self: Any) -> Any:  # after torch has set its handlers, around the forks
+        if threading.current_thread() is not threading.main_thread():
+            return start_processes(self)
+        handlers = {sig: signal.signal(sig, _hold) for sig in START_SIGNALS}
+        try:
+            return start_processes(self)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
     def _start_workers(self: Any, worker_group: Any) -> Any:
-        read_fd, write_fd = os.pipe()
-        os.environ[FORK_GATE_ENV] = f"{read_fd},{write_fd}"
+        _held.clear()
+        read_fd, write_fd = os.pipe() if fork else (-1, -1)
+        if fork:
+            os.environ[FORK_GATE_ENV] = f"{read_fd},{write_fd}"
         try:
-            return start(self, worker_group)
-        finally:  # every rank is forked (or the start failed): their reads end
-            os.environ.pop(FORK_GATE_ENV, None)
-            os.close(write_fd)
-            os.close(read_fd)
+            started = start_workers(self, worker_group)
+        finally:  # every rank is started (or the start failed): their reads end
+            if fork:
+                os.environ.pop(FORK_GATE_ENV, None)
+                os.close(write_fd)
+                os.close(read_fd)
+        if _held:  # the agent knows its ranks now: its handler stops them
+            signal.raise_signal(_held[0])
+        return started
 
     LocalElasticAgent._start_workers = _start_workers
+    MultiprocessContext._start = _start
     try:
         yield
     finally:
-        LocalElasticAgent._start_workers = start
+        LocalElasticAgent._start_workers = start_workers
+        MultiprocessContext._start = start_processes
 
 
 def pass_fork_gate() -> None:
-    """In a rank: wait until the agent has forked every rank of this start
-    (:func:`forked_ranks_start_together`), before the rank's first connection. Returns at once
-    where there is no gate (spawned ranks, torchrun, srun). Blocks on a pipe's read, which ends
-    when every copy of its write end is closed: this rank's (closed here), the agent's (closed
-    after the last fork or when the agent dies) and those of the ranks forked before this one
-    (closed as each passes here or exits)."""
+    """In a rank, first thing: SIGINT and SIGTERM end the rank at once (the default action:
+    a forked rank inherits the agent's Python handlers, and with them a rank blocked in native
+    code ignored SIGTERM until the launcher's grace period ended); one that came while the
+    agent forked (held back, :func:`start_ranks_safely`) ends the rank now. Then wait until
+    the agent has forked every rank of this start, before the rank's first connection; no
+    wait where there is no gate (spawned ranks, torchrun, srun). The wait is a pipe's read,
+    which ends when every copy of its write end is closed: this rank's (closed here), the
+    agent's (closed after the last fork, or when the agent dies) and those of the ranks forked
+    before this one (closed as each passes here or exits)."""
+    for sig in START_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    if _held:  # came while the agent forked (to it or to this rank): the world is stopping
+        signal.raise_signal(_held[0])
     gate = os.environ.pop(FORK_GATE_ENV, None)
     if gate is None:
         return

@@ -268,8 +268,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         try:
             with (_environ(env), _own_signal_handlers(),
                   agent.wake_on_rank_events(la.monitor_interval_s),
-                  agent.forked_ranks_start_together() if la.start_method == "fork"
-                  else contextlib.nullcontext()):
+                  agent.start_ranks_safely(fork=la.start_method == "fork")):
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             jobdir.keep_error_files(exc, inputs.job_dir)

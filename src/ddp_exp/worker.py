@@ -335,11 +335,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     ``@record`` hands an uncaught error to PyTorch's elastic error reporting, which names the
     failing rank in the launcher's summary.
     """
-    # A forked rank inherits the parent's Python signal handlers (Hydra's, the agent's); with
-    # them a rank blocked in native code ignores SIGTERM until the launcher's grace period ends.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    agent.pass_fork_gate()  # every rank forked before any connects (a lock held at fork)
+    # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
+    # connects (a lock held at fork): ddp_exp.agent.
+    agent.pass_fork_gate()
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
     threads = set_threads(world, inputs.cfg["data"]["num_workers"])
