@@ -444,6 +444,11 @@ def test_an_unknown_option_asked_for_by_a_config_names_that_config():
     assert _unknown_option_line(typed, ["hydra/launcher=nope"]) == (
         "hydra/launcher=nope: no such option in config group hydra/launcher; valid options: "
         "basic")
+    preset = MissingConfigException("In 'hydra/config': Could not find 'hydra/sweeper/optuna'",
+                                    "hydra/sweeper/optuna", ["basic"])  # Hydra's own words
+    assert _unknown_option_line(preset, ["hparams_search=digits_optuna"]) == (
+        "hydra/sweeper=optuna: no such option in config group hydra/sweeper; valid options: "
+        "basic")
     wrapped = RuntimeError("composing")
     wrapped.__cause__ = typed
     assert _unknown_option_line(wrapped, ["+hydra/launcher=nope"]).startswith("hydra/launcher=")

@@ -294,6 +294,15 @@ def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
     assert missing_plugin_hint(error) == ("hint: this needs Hydra's submitit plugin: "
                                           "pip install -e '.[slurm]'")
     assert missing_plugin_hint("Could not find 'data/digitz'") is None
+
+    def no_plugins_at_all(name, *a):  # no plugin installed: no hydra_plugins package either
+        if name.startswith("hydra_plugins"):
+            raise ModuleNotFoundError("No module named 'hydra_plugins'", name="hydra_plugins")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_plugins_at_all)
+    assert missing_plugin_hint("Could not find 'hydra/sweeper/optuna'") == (
+        "hint: this needs Hydra's optuna plugin: pip install -e '.[sweeps]'")
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert missing_plugin_hint(error) is None  # installed here: Hydra's own message is enough
 

@@ -255,7 +255,13 @@ def missing_plugin_hint(error_text: str) -> str | None:
     import importlib.util
 
     for word, (module, extra) in PLUGIN_EXTRAS.items():
-        if word in error_text and importlib.util.find_spec(module) is None:
+        if word not in error_text:
+            continue
+        try:
+            installed = importlib.util.find_spec(module) is not None
+        except ImportError:  # find_spec imports the parent, hydra_plugins: no plugin at all
+            installed = False
+        if not installed:
             return f"hint: this needs Hydra's {word} plugin: pip install -e '.[{extra}]'"
     return None
 
@@ -275,7 +281,10 @@ def _unknown_option_line(exc: BaseException, argv: list[str]) -> str | None:
                 return None
             asked = re.match(r"In '([^']+)':", str(exc).strip())
             typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
-            where = f" (asked for by {asked.group(1)})" if asked and not typed else ""
+            # Hydra names its own primary config for an override that a preset's defaults
+            # list makes (hparams_search=digits_optuna: /hydra/sweeper: optuna): no clue.
+            where = (f" (asked for by {asked.group(1)})" if asked and not typed
+                     and asked.group(1) not in ("config", "hydra/config") else "")
             return (f"{group}={choice}{where}: no such option in config group {group}; valid "
                     f"options: {', '.join(exc.options)}")
         seen.add(id(exc))
