@@ -19,7 +19,7 @@ import hydra
 import numpy as np
 import pytest
 import torch
-from conftest import FAILS_FAST_S, TORCHRUN_2, refused_before_ranks
+from conftest import FAILS_FAST_S, TORCHRUN_2, copy_job, refused_before_ranks
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
@@ -571,6 +571,21 @@ def test_a_sweep_refused_in_a_used_sweep_folder_leaves_it_as_it_was(run_cli, tmp
                   "model=mlp,nonexistent", run_dir=False, timeout=60)
     assert run.returncode == 2 and "model=nonexistent" in run.stderr, run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+
+
+def test_a_sweep_refused_in_a_single_runs_folder_writes_nothing_there(run_cli, tmp_path,
+                                                                      default_run_1_epoch):
+    """A sweep whose job folder is a finished single run's (hydra.sweep.subdir=.) is refused
+    and leaves that folder as it was: no multirun.yaml of the refused sweep (fresh-user
+    finding)."""
+    job = copy_job(default_run_1_epoch, tmp_path)
+    before = {p.relative_to(job): p.read_bytes() for p in job.rglob("*") if p.is_file()}
+    run = run_cli("-m", "world_size=1", "data.batch_size=64", "trainer.epochs=1",
+                  "print_config=false", f"hydra.sweep.dir={job}", "hydra.sweep.subdir=.",
+                  run_dir=False, timeout=60)
+    assert run.returncode == 2 and "already holds a run" in run.stderr, run.stderr
+    after = {p.relative_to(job): p.read_bytes() for p in job.rglob("*") if p.is_file()}
+    assert after == before
 
 
 # -------------------------------------------------------------------- (c) --cfg and --help

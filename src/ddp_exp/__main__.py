@@ -118,7 +118,7 @@ def _task(cfg: DictConfig) -> float | None:
         if main_process:  # a finished run is no error: a requeued finished job ends as done
             print(str(exc) if complete else f"error: {exc}", file=sys.stderr, flush=True)
         if hc.mode == RunMode.MULTIRUN and hc.job.num == 0:  # the sweep stops before any job
-            sweep.restore_sweep_record()
+            sweep.discard_refused_sweep()
         raise SystemExit(0 if complete else EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
         if main_process:
