@@ -12,6 +12,11 @@ ARGS   ?=
 # takes about half the time of one worker on 2 cores. More cores: make test TEST_WORKERS=4.
 TEST_WORKERS ?= 2
 
+# setuptools warns on every editable install of a package whose folders it maps (conf/ ships
+# as ddp_exp.conf) that a folder named like the package in the working directory would shadow
+# it: ten lines on a first `make run` (case U08) about a folder this project does not have.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation:UserWarning"
+
 .PHONY: install run test test-fast test-cuda sweep tensorboard bench lint clean
 
 install: $(VENV)/.installed  ## everything: what running needs, the test and lint tools
@@ -21,12 +26,12 @@ $(VENV)/.installed-run: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e .
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 # The test extras on top (pytest, Hydra's sweep and SLURM plugins, ruff).
 $(VENV)/.installed: $(VENV)/.installed-run
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
 run: $(VENV)/.installed-run  ## the main job: digits, MLP, 2 gloo ranks (extra overrides: make run ARGS="...")
@@ -48,7 +53,7 @@ tensorboard: $(VENV)/.installed-run  ## every run under outputs/, on http://127.
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
 
 bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP and Lightning: BENCHMARKS.md, benchmarks/results.csv (ARGS="--quick" to smoke-test)
-	@if [ -z "$(NO_BENCH_EXTRA)" ]; then $(BIN)/python -m pip install --quiet -e ".[bench]" \
+	@if [ -z "$(NO_BENCH_EXTRA)" ]; then $(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e ".[bench]" \
 	  || echo "lightning did not install: its baseline is skipped"; fi
 	$(BIN)/python benchmarks/run.py $(ARGS)
 

@@ -80,3 +80,23 @@ def test_wheel_builds_without_warnings_and_holds_every_config(tmp_path):
     modules = {f"ddp_exp/{p.relative_to(ROOT / 'src' / 'ddp_exp').as_posix()}"
                for p in (ROOT / "src" / "ddp_exp").rglob("*.py")}  # subpackages: ddp_exp.data
     assert "ddp_exp/data/__init__.py" in modules and modules <= names, sorted(modules - names)
+
+
+def test_the_makefiles_editable_install_prints_no_warning(tmp_path):
+    """U08: the Makefile's editable installs (``pip install -e``) run with EDITABLE_QUIET, and
+    its first one, as make runs it, prints no warning (here without dependencies and into a
+    folder of its own, ``--target``: the suite's other processes import ddp_exp from the
+    environment meanwhile)."""
+    makefile = (ROOT / "Makefile").read_text()
+    installs = [ln for ln in makefile.splitlines() if "pip install" in ln and " -e " in ln]
+    assert len(installs) == 3 and all("$(EDITABLE_QUIET) $(BIN)/python -m pip" in ln
+                                      for ln in installs), installs  # run, dev, bench
+    plan = subprocess.run(["make", "-C", str(ROOT), "--dry-run", "--always-make",
+                           ".venv/.installed-run"], capture_output=True, text=True, timeout=60)
+    line = next(ln for ln in plan.stdout.splitlines() if "pip install" in ln and " -e ." in ln)
+    out = subprocess.run(f"{line} --no-deps --target {tmp_path / 'target'}", shell=True,
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    noise = [ln for ln in (out.stdout + out.stderr).splitlines()
+             if ln.strip() and "Location 'file:" not in ln]  # this machine's pip configuration
+    assert noise == [], noise
