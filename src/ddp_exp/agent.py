@@ -1,4 +1,6 @@
-"""The elastic agent's wait for its ranks: woken by a rank's result or exit, not by a timer.
+"""The elastic agent's start of its ranks (every rank forked before any connects; a signal
+during the forks held until the ranks exist) and its wait for them (woken by a rank's result or
+exit, not by a timer).
 
 torch's ``LocalElasticAgent`` checks its ranks in a loop: ``time.sleep(monitor_interval)``,
 then ``_monitor_workers`` (which polls every rank's process and result pipe). Measured here
