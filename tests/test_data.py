@@ -196,6 +196,26 @@ def test_load_file_formats_agree(tmp_path):
         assert ds.num_classes == loaded[0].num_classes == 4
 
 
+def test_a_pt_data_file_that_does_not_load_is_one_line_naming_why(tmp_path):
+    """A .pt holding a Python object other than tensors and plain containers, or truncated:
+    one line saying which (torch's own text spans eight lines with terminal colour codes)."""
+    import argparse
+
+    objects, truncated = tmp_path / "objects.pt", tmp_path / "truncated.pt"
+    torch.save({"features": torch.zeros(4, 2), "targets": torch.zeros(4),
+                "args": argparse.Namespace(lr=0.1)}, objects)
+    torch.save({"features": torch.zeros(400, 2), "targets": torch.zeros(400)}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:500])
+    for path, why in ((objects, "it holds a Python object (argparse.Namespace) that is not a "
+                                "tensor or a plain container"),
+                      (truncated, "not a complete torch.save file: truncated or corrupt")):
+        with pytest.raises(ConfigError) as info:
+            load_file(str(path))
+        message = str(info.value)
+        assert message.startswith(f"data.path={str(path)!r}: cannot load it: {why}"), message
+        assert "\n" not in message and "\x1b" not in message, message
+
+
 def test_load_file_pt_image_shaped_and_pair(tmp_path):
     x = torch.rand(10, 1, 4, 4)
     y = torch.arange(10) % 2

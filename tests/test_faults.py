@@ -539,10 +539,22 @@ def _truncated(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _objects(path: Path) -> None:
+    import argparse
+
+    torch.save({"format": 1, "args": argparse.Namespace(lr=0.1)}, path)
+
+
+TRUNCATED = "cannot load it as a checkpoint: not a complete torch.save file: truncated or corrupt"
+
+
 @pytest.mark.parametrize(("make", "why"), [
-    (_garbage, "cannot load it as a checkpoint"), (_foreign, "not a ddp_exp checkpoint"),
-    (_truncated, "cannot load it as a checkpoint"), (None, "no such checkpoint file")],
-    ids=["garbage", "foreign", "truncated", "missing"])
+    (_garbage, TRUNCATED), (_foreign, "not a ddp_exp checkpoint"), (_truncated, TRUNCATED),
+    (_objects, "cannot load it as a checkpoint: it holds a Python object (argparse.Namespace) "
+               "that is not a tensor or a plain container; files are loaded with "
+               "weights_only=True, so that loading one runs no code"),
+    (None, "no such checkpoint file")],
+    ids=["garbage", "foreign", "truncated", "objects", "missing"])
 def test_bad_resume_file_is_refused_before_any_rank_naming_it(compose, tmp_path, make, why):
     """A corrupt, foreign, truncated or missing ``trainer.resume=PATH`` is refused by the
     steps the CLI runs before any rank (in-process): one line naming trainer.resume, the path
@@ -553,6 +565,7 @@ def test_bad_resume_file_is_refused_before_any_rank_naming_it(compose, tmp_path,
     message = refused_before_ranks(compose("world_size=2", f"trainer.resume={path}", QUIET),
                                    tmp_path / "run")
     assert message.startswith(f"trainer.resume={str(path)!r}: {why}"), message
+    assert "\n" not in message and "\x1b" not in message, message  # torch's text: 8 lines
 
 
 def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path):

@@ -36,7 +36,13 @@ from typing import Any
 import torch
 
 from ddp_exp.config import ConfigError
-from ddp_exp.files import BackgroundWriter, atomic_write, remove_partial, temp_name
+from ddp_exp.files import (
+    BackgroundWriter,
+    atomic_write,
+    load_failure,
+    remove_partial,
+    temp_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +148,8 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint "
-                          f"({type(exc).__name__}: {first[:200]})") from None
+        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint: "
+                          f"{load_failure(exc)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
     return state

@@ -1,10 +1,14 @@
-"""Files that are never half-written: temp file in the same folder, fsync, atomic rename; and
-the background thread that writes the training loop's checkpoints in order."""
+"""Files that are never half-written: temp file in the same folder, fsync, atomic rename; the
+background thread that writes the training loop's checkpoints in order; and why a file that
+``torch.load`` read could not be loaded (:func:`load_failure`)."""
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import pickle
+import re
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -114,3 +118,30 @@ class BackgroundWriter:
         for error in errors:
             if error is not None:
                 raise error
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in one line without terminal codes:
+    the object that loading refused (torch's own text spans eight lines), a file that is not a
+    complete ``torch.save`` file (truncated or corrupt: a zip archive without its directory, a
+    read past the end, a legacy pickle that makes no sense), or the error's first sentence."""
+    text = _TERMINAL_CODES.sub("", str(exc))
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if refused:
+        return (f"it holds a Python object ({refused.group(1)}) that is not a tensor or a plain "
+                "container; files are loaded with weights_only=True, so that loading one runs "
+                "no code")
+    unpickler = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    first = (unpickler.group(1) if unpickler else
+             next((ln.strip() for ln in text.splitlines() if ln.strip()), "no detail"))
+    first = first.split(". ")[0][:200]
+    broken = ("zip archive" in text
+              or isinstance(exc, (EOFError, pickle.UnpicklingError, KeyError))
+              or (isinstance(exc, OSError) and exc.errno == errno.EINVAL))
+    if broken:
+        return (f"not a complete torch.save file: truncated or corrupt "
+                f"({type(exc).__name__}: {first})")
+    return f"{type(exc).__name__}: {first}"

@@ -16,6 +16,7 @@ import numpy as np
 
 from ddp_exp.config import ConfigError
 from ddp_exp.data.arrays import ArrayDataset
+from ddp_exp.files import load_failure
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,11 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
         elif ext in (".pt", ".pth"):
             import torch
 
-            obj = torch.load(full, map_location="cpu", weights_only=True)
+            try:
+                obj = torch.load(full, map_location="cpu", weights_only=True)
+            except Exception as exc:
+                raise ConfigError(f"data.path={path!r}: cannot load it: "
+                                  f"{load_failure(exc)}") from None
             features, targets = _pick_arrays(obj, path)
             features, targets = np.asarray(features), np.asarray(targets)
             integral = None
