@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from typing import TypeVar
 
 
 def _interrupted_while_importing(signum: int, frame: object) -> None:
@@ -273,23 +274,20 @@ def _unknown_option_line(exc: BaseException, argv: list[str]) -> str | None:
     (``launcher=slurm`` asks for ``hydra/launcher=submitit_slurm``). None for other errors."""
     from hydra.errors import MissingConfigException
 
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
-            group, _, choice = exc.missing_cfg_file.rpartition("/")
-            if not group:
-                return None
-            asked = re.match(r"In '([^']+)':", str(exc).strip())
-            typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
-            # Hydra names its own primary config for an override that a preset's defaults
-            # list makes (hparams_search=digits_optuna: /hydra/sweeper: optuna): no clue.
-            where = (f" (asked for by {asked.group(1)})" if asked and not typed
-                     and asked.group(1) not in ("config", "hydra/config") else "")
-            return (f"{group}={choice}{where}: no such option in config group {group}; valid "
-                    f"options: {', '.join(exc.options)}")
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    missing = _caused_by(exc, MissingConfigException)
+    if missing is None or not missing.options or not missing.missing_cfg_file:
+        return None
+    group, _, choice = missing.missing_cfg_file.rpartition("/")
+    if not group:
+        return None
+    asked = re.match(r"In '([^']+)':", str(missing).strip())
+    typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
+    # Hydra names its own primary config for an override that a preset's defaults list makes
+    # (hparams_search=digits_optuna: /hydra/sweeper: optuna): no clue to a user.
+    where = (f" (asked for by {asked.group(1)})" if asked and not typed
+             and asked.group(1) not in ("config", "hydra/config") else "")
+    return (f"{group}={choice}{where}: no such option in config group {group}; valid "
+            f"options: {', '.join(missing.options)}")
 
 
 # Hydra's words when an override adds (``+group=option``) a group that the defaults list has
@@ -370,11 +368,15 @@ def _output_folder_error(exc: BaseException) -> str | None:
             "written")
 
 
-def _config_error_in(exc: BaseException) -> ConfigError | None:
-    """The ConfigError that caused ``exc`` (through ``__cause__`` / ``__context__``), if any."""
+E = TypeVar("E", bound=BaseException)
+
+
+def _caused_by(exc: BaseException | None, kind: type[E]) -> E | None:
+    """``exc`` or the first exception of type ``kind`` that caused it (through ``__cause__`` /
+    ``__context__``), if any."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, kind):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
@@ -563,7 +565,8 @@ def _main() -> None:
         # user's input too: the same exit status as ours.
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
-        line = _config_error_in(exc) or _no_slurm_here(exc) or _output_folder_error(exc)
+        line = (_caused_by(exc, ConfigError) or _no_slurm_here(exc)
+                or _output_folder_error(exc))
         lost = _lost_job_line(exc)  # not the input's fault: a job's failure
         if (line or lost) is None or user_wants_traceback:
             raise

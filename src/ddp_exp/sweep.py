@@ -66,7 +66,7 @@ _failure: str | None = None
 # (SummaryCallback) and by each job's task (a job may run in another process: slurm_local).
 active_sweep_dir: str | None = None
 # The sweep folder's multirun.yaml as it was before this multirun (Hydra's sweeper rewrites
-# it before the first job): put back when the sweep is refused there (_restore_sweep_record).
+# it before the first job): put back when the sweep is refused there (discard_refused_sweep).
 _earlier_record: bytes | None = None
 SWEEP_RECORD = "multirun.yaml"
 # The names in the sweep folder when this multirun started (empty: no folder yet): a name that
@@ -251,15 +251,6 @@ def summarize_interrupted(sweep_dir: str) -> None:
                  os.path.join(os.path.abspath(sweep_dir), "summary.md"))
 
 
-def _restore_sweep_record() -> None:
-    """Put back the sweep folder's ``multirun.yaml`` of the sweep that ran there before, when
-    this one is refused before its first job (the folder holds that sweep's runs): a refused
-    run leaves the folder as it was. Does nothing if there was none."""
-    if active_sweep_dir is not None and _earlier_record is not None:
-        record = _earlier_record
-        atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
-
-
 def discard_refused_sweep() -> bool:
     """Put the sweep folder back as it was when a multirun is refused before any job made its
     folder (an override that does not compose: ``-m model=mlp,nonexistent``; Hydra's sweeper
@@ -279,8 +270,9 @@ def discard_refused_sweep() -> bool:
         return False
     if new:  # a job started: its folder and the record stay
         return False
-    if _earlier_record is not None:
-        _restore_sweep_record()
+    if _earlier_record is not None:  # the sweep that ran there before: its record goes back
+        record = _earlier_record
+        atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
     else:
         try:
             os.remove(os.path.join(active_sweep_dir, SWEEP_RECORD))
@@ -293,9 +285,8 @@ def discard_refused_sweep() -> bool:
 class SummaryCallback(Callback):
     """Hydra callback: notes the sweep folder and its earlier ``multirun.yaml`` when a multirun
     starts (:data:`active_sweep_dir`: a Ctrl-C still writes the summary,
-    :func:`summarize_interrupted`; :func:`discard_refused_sweep`),
-    writes the sweep
-    summary when it ends (``on_multirun_end``), and records failed or unfinished jobs for
+    :func:`summarize_interrupted`; :func:`discard_refused_sweep`), writes the sweep summary
+    when it ends (``on_multirun_end``), and records failed or unfinished jobs for
     :func:`raise_if_failed`."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
