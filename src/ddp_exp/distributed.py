@@ -203,3 +203,32 @@ def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         for tensor in tensors:
             dist.broadcast(tensor, src=0)
+
+
+def broadcast_buffers_from_main(module: torch.nn.Module) -> None:
+    """Overwrite every buffer of ``module`` (BatchNorm's running statistics and
+    ``num_batches_tracked``, or any other ``register_buffer``) with rank 0's, in place: one
+    broadcast per dtype and device (the buffers flattened into one tensor). A no-op outside a
+    process group or for a module without buffers; every rank must call it.
+
+    The same rule as DDP's ``broadcast_buffers=True``, which copies rank 0's buffers to every
+    rank before each synchronised training forward (``DistributedDataParallel._sync_buffers``:
+    "The process with rank 0 is considered the authoritative copy"): between those forwards
+    each rank's BatchNorm updates its running statistics from its own shard, so at the end of
+    an epoch they differ. Calling this before evaluating makes every rank evaluate rank 0's
+    model, the one rank 0 saves; DDP's next training forward would copy the same values, so
+    training is unchanged.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for buffer in module.buffers():
+        groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+    with torch.no_grad():
+        for buffers in groups.values():
+            flat = torch.cat([b.reshape(-1) for b in buffers])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for b in buffers:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()

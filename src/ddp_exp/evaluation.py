@@ -6,6 +6,12 @@ uneven shards cannot hang; per-sample values are summed in float64 and one all-r
 them over the world (with the confusion counts of :mod:`ddp_exp.confusion` in the same
 collective). The result is the single-process one: the mean of every sample once.
 
+The model evaluated is rank 0's, the one rank 0 saves (``model.pt``, ``checkpoints/*.pt``):
+its buffers are broadcast to every rank first. Without ``ddp.sync_batchnorm`` each rank's
+BatchNorm keeps running statistics of its own shard (DDP copies rank 0's only before the next
+training forward), so each rank would otherwise score a different model and the reduced
+metrics would describe none of them (issue 26, N02).
+
 Uses :mod:`ddp_exp.checkpoint` (``best.pt`` for the test split), :mod:`ddp_exp.confusion`,
 :mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.optimizer` (the forward's
 autocast), :mod:`ddp_exp.data.loaders` and :mod:`ddp_exp.data` (the batches and splits),
@@ -25,7 +31,7 @@ from torch import nn
 from ddp_exp import checkpoint, confusion
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
-from ddp_exp.distributed import World, broadcast_from_main
+from ddp_exp.distributed import World, broadcast_buffers_from_main, broadcast_from_main
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
@@ -42,7 +48,10 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
 
     Each rank evaluates its shard, samples ``rank, rank + world_size, ...`` (no padding; a shard
     may be empty), sums per-sample values in float64, then one all-reduce sums (loss, metrics,
-    count, and with ``num_classes`` the confusion counts). Every rank must call it.
+    count, and with ``num_classes`` the confusion counts). Every rank must call it. The model
+    scored is rank 0's: every rank first takes rank 0's buffers (BatchNorm's running statistics;
+    :func:`ddp_exp.distributed.broadcast_buffers_from_main`), as DDP's next training forward
+    would, so the metrics are those of the weights rank 0 saves.
 
     Args:
         batches: this rank's shard as ``(x [B, ...], y [B] or [B, k])`` batches, on ``device``
@@ -55,6 +64,7 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         for an empty set. With ``num_classes``, also ``confusion``: int64 ``[C, C]`` on the CPU
         (row = true class, column = predicted class).
     """
+    broadcast_buffers_from_main(model)
     was_training = model.training
     model.eval()
     names = tuple(objective.metrics)
