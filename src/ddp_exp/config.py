@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import importlib
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,10 +40,24 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
     for group, name, node in schema.SCHEMAS:
+        if (group, name) in schema.OPEN_SCHEMAS:
+            node = open_node(node)
         cs.store(group=f"schema/{group}", name=name, node=node)
     OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
     OmegaConf.register_new_resolver("ddp_exp.run_stamp", run_stamp, use_cache=True,
                                     replace=True)
+
+
+def open_node(dataclass: type) -> DictConfig:
+    """The schema ``dataclass`` as a node that takes keys of its own: each field keeps its
+    type (``batch_size=x`` is refused at composition), and a config that extends it may add
+    keys, the arguments of a user's ``_target_`` (a data YAML with ``size: 100``); on the
+    command line a new key is ``+data.size=100``, which Hydra's error then suggests."""
+    typed = OmegaConf.structured(dataclass)
+    node = OmegaConf.create({})
+    for key in typed:
+        node[key] = typed._get_node(key)
+    return node
 
 
 # Packaged config groups whose options set ``hydra.mode`` (a test holds every packaged option
@@ -451,7 +466,8 @@ def locate(path: str, key: str) -> Any:
             missing = getattr(exc, "name", None) or ""
             if cut == 1 or not (module == missing or module.startswith(f"{missing}.")):
                 # the path's first module is missing, or something the module imports is
-                raise ConfigError(f"{key}={path!r} cannot be imported ({exc})") from None
+                hint = _where_modules_are(missing) if missing == parts[0] else ""
+                raise ConfigError(f"{key}={path!r} cannot be imported ({exc}){hint}") from None
             continue
         except Exception as exc:  # the module exists and raised while it was imported
             first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -464,3 +480,31 @@ def locate(path: str, key: str) -> Any:
         except AttributeError:
             break
     raise ConfigError(f"{key}={path!r} cannot be imported (no such module or attribute)")
+
+
+def _where_modules_are(name: str) -> str:
+    """The hint for a ``_target_`` whose first module is nowhere: where Python looked."""
+    folder = command_folder()
+    searched = any(os.path.abspath(p or os.curdir) == folder for p in sys.path)
+    if searched:
+        where = (f"on PYTHONPATH and in {folder}, the folder the command runs in: run it from "
+                 f"the folder that holds {name}.py (or {name}/), or add that folder to "
+                 "PYTHONPATH")
+    else:  # the ddp-exp console script: its folder is sys.path[0], not the current one
+        where = (f"on PYTHONPATH only, not in {folder} (the ddp-exp script does not look in "
+                 f"the folder it runs in): use python -m ddp_exp, or add the folder that holds "
+                 f"{name}.py (or {name}/) to PYTHONPATH")
+    return f"; Python looked for {name} {where}"
+
+
+def command_folder() -> str:
+    """The folder the command ran in: Hydra's original working directory inside a Hydra job
+    (the job may have changed into its output folder, ``hydra.job.chdir=true``), else the
+    current one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        cwd = OmegaConf.select(HydraConfig.get(), "runtime.cwd")
+        if cwd:
+            return str(cwd)
+    return os.getcwd()

@@ -52,6 +52,7 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
+from ddp_exp.user_input import settle
 from ddp_exp.worker import (
     FAILURES_ENV,
     RankInputs,
@@ -146,6 +147,7 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
         ConfigError: invalid config or data (one line naming the key).
         FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.build.prepare`.
     """
+    settle(cfg)  # paths relative to the command's folder, a replaced _target_'s keys
     validate(cfg)
     nproc = cfg.world_size // cfg.launcher.nnodes
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
@@ -351,6 +353,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     la.rdzv_backend, la.node_rank, la.rdzv_id = "static", world.rank // world.local_world_size, None
     la.rdzv_endpoint = ":".join(os.environ.get(k, d) for k, d in (("MASTER_ADDR", "127.0.0.1"),
                                                                    ("MASTER_PORT", "0")))
+    settle(cfg)
     validate(cfg)
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
                                         world.local_world_size)

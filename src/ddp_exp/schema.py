@@ -281,3 +281,7 @@ SCHEMAS = [
     ("trainer", "default", TrainerConfig),
     ("launcher", "local", LauncherConfig),
 ]
+# Schemas that a user's own ``_target_`` extends (``conf/data/dataset.yaml``, a user's data YAML
+# over ``/schema/data/base``): stored as nodes that take the target's own arguments as extra keys
+# (:func:`ddp_exp.config.open_node`), their fields still typed.
+OPEN_SCHEMAS = (("data", "dataset"), ("data", "base"))

@@ -1,0 +1,264 @@
+"""First-day findings, round 3 (issue 26 items 5, 7, 8, 11): relative paths under
+``hydra.job.chdir``, your own ``_target_`` from the command line, ``trainer.resume=auto`` with
+nothing to resume, and the smaller ones (the config printed once per sweep, the lock file out of
+sight, the sweep summary's ``wall_s``, where Python looked for a module that is not there)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_exp import user_input
+from ddp_exp.config import ConfigError, locate, validate
+
+TINY_NET = """\
+import math
+
+import torch.nn as nn
+
+
+class TinyNet(nn.Module):
+    def __init__(self, input_shape, num_outputs, width=16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width),
+                                 nn.ReLU(), nn.Linear(width, num_outputs))
+
+    def forward(self, x):
+        return self.net(x)
+"""
+
+MY_DATA = """\
+import torch
+from torch.utils.data import TensorDataset
+
+
+def make(size=100):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(size, 4, generator=g)
+    return TensorDataset(x, (x.sum(1) > 0).long())
+"""
+
+ROWS = 120
+
+
+def _write_csv(folder: Path) -> Path:
+    """``mydata.csv``: 120 rows of 3 features and a 0/1 label."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 3))
+    path = folder / "mydata.csv"
+    np.savetxt(path, np.c_[x, (x.sum(1) > 0).astype(int)], delimiter=",", fmt="%.5f")
+    return path
+
+
+# ------------------------------------------------------------------ item 5: relative paths
+def test_every_path_key_is_made_absolute_against_the_command_folder(compose, tmp_path):
+    """data.path of a packaged option, trainer.resume=<file>, and a user target's path-named
+    keys (nested ones too) mean the folder the command ran in, not the job's cwd."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "vocab.txt").write_text("a\n")
+    cases = [
+        (["data=file", "data.path=mydata.csv"], "data.path", "mydata.csv"),
+        (["data=image_folder", "data.path=images"], "data.path", "images"),
+        (["data=image_folder", "data.path=sub/../images"], "data.path", "images"),
+        (["trainer.resume=run/checkpoints/last.pt"], "trainer.resume",
+         "run/checkpoints/last.pt"),
+        (["data=dataset", "data._target_=m.f", "+data.root=./downloads"], "data.root",
+         "downloads"),
+        (["data=dataset", "data._target_=m.f", "+data.vocab_file=vocab.txt"], "data.vocab_file",
+         "vocab.txt"),
+        (["model._target_=m.Net", "+model.init_path=vocab.txt"], "model.init_path", "vocab.txt"),
+        (["data=image_folder", "data.path=/abs/images", "+data.transform._target_=m.T",
+          "+data.transform.mask_dir=./masks"], "data.transform.mask_dir", "masks"),
+    ]
+    from omegaconf import OmegaConf
+
+    for overrides, key, expected in cases:
+        cfg = compose(*overrides)
+        user_input.absolute_paths(cfg, str(tmp_path))
+        assert OmegaConf.select(cfg, key) == str(tmp_path / expected), (overrides, key)
+
+
+def test_names_that_are_not_local_paths_are_left_as_typed(compose, tmp_path):
+    """A user target's key of a path-like name that names nothing here (a Hugging Face dataset
+    id), an absolute path, a URL, trainer.resume=auto and null stay as typed."""
+    cfg = compose("data=dataset", "data._target_=m.f", "+data.path=ylecun/mnist",
+                  "+data.cache_dir=/abs/cache", "+data.data_files=https://x.org/a.csv",
+                  "trainer.resume=auto")
+    user_input.absolute_paths(cfg, str(tmp_path))
+    assert cfg.data.path == "ylecun/mnist"
+    assert cfg.data.cache_dir == "/abs/cache"
+    assert cfg.data.data_files == "https://x.org/a.csv"
+    assert cfg.trainer.resume == "auto"
+    assert compose().trainer.resume is None
+
+
+@pytest.mark.parametrize("chdir", ["true", "false"])
+def test_relative_data_and_resume_paths_under_chdir(run_cli, tmp_path, chdir):
+    """Regression (R07): ``data=file data.path=mydata.csv hydra.job.chdir=true`` looked for the
+    file in the job folder ("no such file (looked at <job folder>/mydata.csv)"); a relative
+    trainer.resume=<file> did the same. Both mean the folder the command ran in."""
+    _write_csv(tmp_path)
+    common = ["data=file", "data.path=mydata.csv", "world_size=1", "print_config=false",
+              f"hydra.job.chdir={chdir}"]
+    first = run_cli(*common, "trainer.epochs=1", job="first").ok()
+    assert first.metrics["train/num_samples"] == ROWS
+    second = run_cli(*common, "trainer.epochs=2", "trainer.resume=first/checkpoints/last.pt",
+                     job="second").ok()
+    assert f"resumed from {tmp_path / 'first' / 'checkpoints' / 'last.pt'}" in second.stdout
+    assert second.metrics["epoch"] == 2
+
+
+def test_relative_data_path_in_a_chdir_sweep(run_cli, tmp_path):
+    """Under -m every job runs in its own folder with chdir=true: the path still means the
+    folder the sweep was started in."""
+    _write_csv(tmp_path)
+    sweep = tmp_path / "sweep"
+    run = run_cli("-m", "data=file", "data.path=mydata.csv", "hydra.job.chdir=true",
+                  "data.batch_size=16,32", "trainer.epochs=1", "world_size=1",
+                  "print_config=false", f"hydra.sweep.dir={sweep}", run_dir=False).ok()
+    del run
+    for job in ("0", "1"):
+        status = json.loads((sweep / job / "status.json").read_text())
+        assert status["status"] == "completed", status
+        metrics = json.loads((sweep / job / "metrics.json").read_text())
+        assert metrics["train/num_samples"] == ROWS
+
+
+# ----------------------------------------------------------- item 7: your own _target_
+def test_a_target_override_drops_the_replaced_options_arguments(compose, tmp_path, monkeypatch,
+                                                                caplog):
+    """Regression (V02): ``model._target_=mymodel.TinyNet`` passed model=mlp's hidden_sizes
+    and dropout to TinyNet ("unexpected keyword argument 'hidden_sizes'"), and
+    ``~model.hidden_sizes`` is refused by the schema. A _target_ override drops the replaced
+    option's arguments that the new target does not accept, for every group, and says so."""
+    (tmp_path / "mymodel.py").write_text(TINY_NET)
+    (tmp_path / "mydata.py").write_text(MY_DATA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caplog.set_level(logging.INFO, logger="ddp_exp")
+    cases = [
+        (["model._target_=mymodel.TinyNet", "+model.width=8"], "model",
+         {"_target_": "mymodel.TinyNet", "width": 8}, ["hidden_sizes", "dropout"]),
+        (["optim._target_=torch.optim.Adam"], "optim",
+         {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.05, "lr_scaling": "none",
+          "reference_batch_size": 64, "weight_decay": 0.0}, ["momentum", "nesterov"]),
+        (["scheduler=cosine", "scheduler._target_=torch.optim.lr_scheduler.ExponentialLR",
+          "+scheduler.gamma=0.9"], "scheduler",
+         {"_target_": "torch.optim.lr_scheduler.ExponentialLR", "interval": "step",
+          "gamma": 0.9}, ["warmup_steps", "min_lr"]),
+        (["data=synthetic", "data._target_=mydata.make"], "data", None,
+         ["num_samples", "num_features", "num_classes", "noise_std", "seed"]),
+    ]
+    from omegaconf import OmegaConf
+
+    for overrides, group, expected, gone in cases:
+        caplog.clear()
+        cfg = compose(*overrides)
+        assert user_input.drop_replaced_keys(cfg) == {group: gone}
+        validate(cfg)
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        if expected is not None:
+            assert node == expected
+        assert not set(gone) & set(node)
+        assert "batch_size" in OmegaConf.to_container(cfg.data)  # ddp_exp's own keys stay
+        lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(lines) == 1 and ", ".join(gone) in lines[0], lines
+
+
+def test_a_target_override_keeps_what_the_new_target_accepts_or_the_user_typed(compose,
+                                                                               tmp_path,
+                                                                               monkeypatch):
+    """Keys the new target accepts stay (weight_decay for Adam); a key given on the command
+    line stays (its error is the user's to see); a target that takes **kwargs or cannot be
+    imported keeps every key; the packaged option itself loses nothing."""
+    (tmp_path / "anymodel.py").write_text("def Net(**kwargs):\n    return kwargs\n\n\n"
+                                          "def Plain(input_shape, num_outputs):\n    return 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert user_input.drop_replaced_keys(compose("optim._target_=torch.optim.AdamW")) == {
+        "optim": ["momentum", "nesterov"]}
+    typed = compose("model._target_=anymodel.Plain", "model.hidden_sizes=[4]")
+    assert user_input.drop_replaced_keys(typed, {"model.hidden_sizes", "model._target_"}) == {
+        "model": ["dropout"]}
+    assert list(typed.model.hidden_sizes) == [4]
+    for overrides in (["model._target_=anymodel.Net"], ["model._target_=nosuchmodule.Net"],
+                      [], ["model=cnn"], ["scheduler=step"]):
+        assert user_input.drop_replaced_keys(compose(*overrides)) == {}, overrides
+
+
+def test_your_own_model_from_the_command_line_trains(run_cli, tmp_path):
+    """Regression (V02): ``model._target_=mymodel.TinyNet +model.width=8`` as a user first
+    types it trains to the end, the log naming the keys dropped."""
+    (tmp_path / "mymodel.py").write_text(TINY_NET)
+    run = run_cli("model._target_=mymodel.TinyNet", "+model.width=8", "trainer.epochs=1",
+                  "world_size=1", "print_config=false").ok()
+    assert "dropped model=mlp's hidden_sizes, dropout (not arguments of TinyNet)" in run.stdout
+    state = torch.load(run.job_dir / "model.pt", weights_only=True)
+    assert state["net.1.weight"].shape == (8, 64)
+
+
+def test_a_data_yaml_that_extends_dataset_takes_its_own_arguments(compose, tmp_path):
+    """Regression: a data YAML over /schema/data/dataset (or base) with its target's own
+    argument failed with Hydra's "Key 'size' not in 'TorchDatasetConfig'" (4 lines); the
+    schema's own keys stay typed."""
+    import hydra
+    from omegaconf.errors import ValidationError
+
+    conf = tmp_path / "conf" / "data"
+    conf.mkdir(parents=True)
+    for name, schema in (("mine", "dataset"), ("mine_base", "base")):
+        (conf / f"{name}.yaml").write_text(
+            f"defaults:\n  - /schema/data/{schema}@_here_\n  - _self_\n\n"
+            "_target_: mydata.make\nsize: 120\nval_size: 20\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    for name in ("mine", "mine_base"):
+        cfg = compose(search, f"data={name}")
+        assert cfg.data.size == 120 and cfg.data.val_size == 20 and cfg.data.batch_size == 32
+        validate(cfg)
+    with pytest.raises(hydra.errors.ConfigCompositionException) as info:
+        compose(search, "data=mine", "data.batch_size=x")
+    assert isinstance(info.value.__cause__, ValidationError)
+
+
+def test_a_new_data_key_without_plus_is_told_to_add_the_plus(run_cli):
+    """Regression: ``data=dataset data.size=100`` listed the schema's valid keys without
+    saying that a target's own argument is added with ``+data.size=``."""
+    run = run_cli("data=dataset", "data._target_=mydata.make", "data.size=100")
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "+data.size=" in run.stderr, run.stderr
+
+
+# ------------------------------------------------------- item 11d: where Python looked
+def test_an_unimportable_user_module_says_where_python_looked(tmp_path, monkeypatch):
+    """Regression: ``data._target_=mydata.make`` whose module is nowhere said only "No module
+    named 'mydata'"; the line now names the folder the command runs in and PYTHONPATH, for any
+    _target_ (one resolver). A module missing *inside* the user's module gets no such hint."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for key in ("data._target_", "model._target_", "optim._target_"):
+        with pytest.raises(ConfigError) as info:
+            locate("nosuchmodule_r3.make", key)
+        message = str(info.value)
+        assert message.startswith(f"{key}='nosuchmodule_r3.make' cannot be imported")
+        assert "PYTHONPATH" in message and str(tmp_path) in message and "\n" not in message
+        assert "python -m ddp_exp" not in message
+    (tmp_path / "usesmissing.py").write_text("import nosuchdependency_r3\n")
+    with pytest.raises(ConfigError) as info:
+        locate("usesmissing.make", "data._target_")
+    assert "nosuchdependency_r3" in str(info.value) and "PYTHONPATH" not in str(info.value)
+
+
+def test_the_console_script_hint_says_it_does_not_look_in_the_folder(tmp_path, monkeypatch):
+    """The ``ddp-exp`` console script's sys.path holds its own folder, not the current one:
+    the hint says so and how to run it instead."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if os.path.abspath(p or os.curdir) != str(tmp_path)])
+    with pytest.raises(ConfigError) as info:
+        locate("nosuchmodule_r3.make", "data._target_")
+    assert "python -m ddp_exp" in str(info.value) and "PYTHONPATH" in str(info.value)
