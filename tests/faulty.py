@@ -146,3 +146,65 @@ class SlowRankMLP(MLP):
 
             time.sleep(self.sleep_s)
         return super().forward(x)
+
+
+class ShapedOutput(torch.nn.Module):
+    """A user model whose output has the wrong shape or type, for the launcher's output check:
+    ``kind`` ``width`` returns ``[batch, width]`` whatever the data needs, ``flat`` returns
+    ``[batch]`` (the last dimension squeezed), ``dict`` returns ``{"logits": [batch,
+    num_outputs]}`` and ``tuple`` returns ``([batch, num_outputs], [batch, num_outputs])``."""
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int, kind: str = "width",
+                 width: int = 3):
+        super().__init__()
+        import math
+
+        self.kind = kind
+        out = width if kind == "width" else num_outputs
+        self.net = torch.nn.Sequential(torch.nn.Flatten(),
+                                       torch.nn.Linear(math.prod(input_shape), out))
+
+    def forward(self, x: torch.Tensor):
+        out = self.net(x)
+        if self.kind == "flat":
+            return out[:, 0]
+        if self.kind == "dict":
+            return {"logits": out}
+        if self.kind == "tuple":
+            return out, out
+        return out
+
+
+class RaisingDigits(torch.utils.data.Dataset):
+    """scikit-learn's digits as a map-style Dataset (``(float32 [1, 8, 8], label)``) whose
+    ``__getitem__`` raises ``ValueError("bad item <i>")`` when read inside a rank (``RANK`` in
+    the environment), so that the launcher's probe reads its items and a rank fails on its
+    first batch: a bug in a user's Dataset."""
+
+    classes = [str(d) for d in range(10)]
+
+    def __init__(self):
+        from ddp_exp.data import load_digits
+
+        arrays = load_digits()
+        self.features, self.targets = arrays.features, arrays.targets
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, i: int):
+        if "RANK" in os.environ:
+            raise ValueError(f"bad item {i}")
+        return torch.from_numpy(self.features[i]), int(self.targets[i])
+
+
+class BrokenParameters(MLP):
+    """:class:`ddp_exp.models.MLP` whose ``parameters()`` raises ``RuntimeError("parameters
+    are broken")``: the launcher's build fails with an exception that is no refusal of the
+    input, where it builds the optimizer."""
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int):
+        super().__init__(input_shape, num_outputs)
+
+    def parameters(self, recurse: bool = True):
+        raise RuntimeError("parameters are broken")

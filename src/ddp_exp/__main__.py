@@ -2,9 +2,11 @@
 
 One Hydra job is one training world (:func:`ddp_exp.launch.run_job`); ``-m`` sweeps run one world
 per job. Errors in the user's input end the process with one line on stderr naming the key and
-what is valid, exit status 2; a failed rank ends it with PyTorch's elastic failure summary,
-exit status 1, or with one line when the rank failed on the user's data or a diverged loss
-(under torchrun: one line, then torchrun's table). Resuming a finished run says so, exit 0.
+what is valid, exit status 2; a rank that raised (any exception: the user's Dataset or model,
+a diverged loss, ddp_exp's own) ends it with one line, ``error: rank R failed: <type>:
+<message>``, exit status 1, the failure table and traceback in the job log (under torchrun:
+one line, then torchrun's table); a rank killed without raising (a signal) ends it with
+PyTorch's elastic failure summary. Resuming a finished run says so, exit 0.
 ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which
@@ -69,7 +71,7 @@ from ddp_exp.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.usage import register_resolvers
-from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed, failure_detail
+from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed, world_failure
 
 log = logging.getLogger("ddp_exp")
 
@@ -144,8 +146,9 @@ def _task(cfg: DictConfig) -> float | None:
             print(f"error: {line}", file=sys.stderr, flush=True)
         error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
-        error, code = _failure_line(exc), EXIT_RANK_FAILED
-        if _anticipated(exc):  # the user's data or a diverged run, not a bug: one line
+        error, raised = world_failure(exc)
+        code = EXIT_RANK_FAILED
+        if raised:  # an exception in a rank (the user's code, or ours): one line
             log_to_job_log_only(logging.ERROR, f"training failed\n{exc.format_msg()}")
             if main_process:
                 print(f"error: {error}", file=sys.stderr, flush=True)
@@ -197,31 +200,6 @@ def _rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
             "nodes must start within launcher.rdzv_timeout_s with the same endpoint"
             + (" and its own launcher.node_rank" if la.rdzv_backend == "static" else "")
             + " and its own hydra.run.dir")
-
-
-def _failure_line(exc) -> str:
-    """``rank R: <error>`` for the root cause of a failed world."""
-    rank, failure = exc.get_first_failure()
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    detail = (failure_detail(message) if str(message).strip()
-              else f"exit code {failure.exitcode}")
-    return f"rank {rank} failed: {detail}"
-
-
-# Errors a rank raises about the user's input or the run's outcome (a file it cannot read, a
-# label out of range, a loss that diverged): reported in one line, the traceback in the job log.
-ANTICIPATED_FAILURES = ("ConfigError", "NonFiniteLossError")
-
-
-def _anticipated(exc) -> bool:
-    """True when the first failed rank raised one of :data:`ANTICIPATED_FAILURES`."""
-    _, failure = exc.get_first_failure()
-    message = failure.message
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    return str(message).startswith(tuple(f"{name}: " for name in ANTICIPATED_FAILURES))
 
 
 def _one_line(exc: BaseException) -> str | None:

@@ -34,6 +34,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -108,8 +109,11 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return run_under_torchrun(cfg)
     if layout is not None:
         _log_as_task(cfg.launcher.cluster, layout)
-    nproc, inputs = prepare_world(cfg, HydraConfig.get().runtime.output_dir,
-                                  layout.tasks_on_host if layout is not None else 1)
+    owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
+    job_dir = HydraConfig.get().runtime.output_dir
+    with build_failure_recorded(job_dir, owner):
+        nproc, inputs = prepare_world(cfg, job_dir,
+                                      layout.tasks_on_host if layout is not None else 1)
     env = {}
     if layout is not None and layout.tasks_on_host > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
@@ -120,7 +124,6 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         _preload_for_ranks()
     if cfg.print_config:
         log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
-    owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
     if owner:  # an earlier attempt's errors/ would contradict this run's status
         jobdir.clear_errors(inputs.job_dir)
     la = cfg.launcher
@@ -156,6 +159,44 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     if warning:
         log.warning("%s", warning)
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
+
+
+class BuildFailed(ConfigError):
+    """An exception other than a refusal of the input (:class:`ddp_exp.config.ConfigError`)
+    while the launcher built and probed the run, before any rank started: a bug of ddp_exp's
+    or in the user's own code. The entry point prints it in one line (exit 2); the run's
+    folder is kept with what :func:`build_failure_recorded` wrote there."""
+
+    folder_kept = True  # __main__ removes no folder and writes no status.json of its own
+
+
+@contextlib.contextmanager
+def build_failure_recorded(job_dir: str, owner: bool):
+    """Around what the launcher builds and probes before any rank starts. A
+    :class:`ddp_exp.config.ConfigError` (the user's input refused in one line; a single run's
+    folder is then removed) passes as it is. Any other exception is recorded as a failed run
+    is: ``status.json`` (``failed``, naming the exception) and its traceback in the job log,
+    written by the folder's ``owner``; it is raised again as :class:`BuildFailed`, one line
+    naming the exception and where its traceback is. Interrupts (``KeyboardInterrupt``, not
+    an ``Exception``) pass untouched."""
+    t_start = time.time()
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        import traceback
+
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        log_file = jobdir.job_log_file()
+        error = (f"the launcher failed before any rank started: {type(exc).__name__}: {first}"
+                 f" (the traceback is in {log_file or 'the job log'})")
+        if owner:
+            with contextlib.suppress(Exception):  # the record must not hide the error
+                jobdir.log_to_job_log_only(logging.ERROR, f"{error}\n{traceback.format_exc()}")
+                jobdir.write_status(job_dir, "failed", list(HydraConfig.get().overrides.task),
+                                    time.time() - t_start, error)
+        raise BuildFailed(error) from exc
 
 
 def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
@@ -374,7 +415,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
-        inputs = prepare(cfg, job_dir, world.world_size, device, backend)
+        with build_failure_recorded(job_dir, world.is_main):
+            inputs = prepare(cfg, job_dir, world.world_size, device, backend)
         if world.is_main and cfg.print_config:
             log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
         try:

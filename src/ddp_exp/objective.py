@@ -128,10 +128,17 @@ class Objective:
               ) -> None:
         """One forward of ``model`` on a few samples through the loss and every metric, in the
         launching process, so that a model or objective that cannot work fails before any rank
-        starts.
+        starts: the output must be a tensor of the shape the data needs
+        (:func:`output_shape_error`), and the loss and every metric must run on it and give one
+        value per sample.
+
+        Args:
+            features: ``[batch, *input_shape]``; targets: ``[batch]`` labels or ``[batch, k]``.
 
         Raises:
-            ConfigError: a wrong output shape, or a loss or metric that is not per-sample.
+            ConfigError: the forward fails, the output is not a tensor (a dict, a tuple) or has
+                the wrong shape, or the loss or a metric fails on it or is not per-sample; one
+                line naming ``model``, ``loss`` or ``metrics.<name>``.
         """
         was_training = model.training
         model.eval()
@@ -139,9 +146,91 @@ class Objective:
             output = model(features)
         except Exception as exc:
             raise ConfigError(f"model: a forward pass on samples of shape "
-                              f"{list(features.shape[1:])} failed: {exc}") from None
+                              f"{list(features.shape[1:])} failed: {_first_line(exc)}") from None
         finally:
             model.train(was_training)
-        self.per_sample_loss(output, targets)
-        for metric in self.metrics.values():
-            metric(output, targets)
+        if not isinstance(output, torch.Tensor):
+            raise ConfigError(f"model: the forward returned {_describe(output, len(features))}, "
+                              "not a tensor: a model must "
+                              "return one tensor [batch, outputs] (dict and tuple outputs are "
+                              "not supported yet)")
+        problem = output_shape_error(tuple(output.shape), tuple(targets.shape),
+                                     self.num_classes, builtin_loss=not self.custom_loss)
+        if problem:
+            raise ConfigError(f"model: {problem}")
+        for key, fn in [("loss", self.per_sample_loss),
+                        *((f"metrics.{name}", m) for name, m in self.metrics.items())]:
+            try:
+                fn(output, targets)
+            except ConfigError:
+                raise
+            except Exception as exc:  # a user's loss or metric that cannot take this output
+                batch = len(targets)
+                raise ConfigError(f"{key}: failed on the model's output "
+                                  f"{_shape(tuple(output.shape), batch)} and targets "
+                                  f"{_shape(tuple(targets.shape), batch)}: {_first_line(exc)}"
+                                  ) from None
+
+
+def output_shape_error(output_shape: tuple[int, ...], target_shape: tuple[int, ...],
+                       num_classes: int, builtin_loss: bool = True) -> str | None:
+    """Why a model's output of ``output_shape`` does not fit targets of ``target_shape``, or
+    None when it does. The one rule for every task (the shapes of ``torch.nn.functional``'s
+    losses):
+
+    * classification (``num_classes > 0``, the dataset's classes, not the labels a batch
+      happens to hold): labels ``[batch, *rest]`` need logits ``[batch, num_classes, *rest]``
+      (``F.cross_entropy``'s layout; ``rest`` is empty for one label per sample). Checked
+      whatever the loss: ``val/accuracy`` takes the argmax over dimension 1.
+    * regression (``num_classes == 0``): the output has the target's shape exactly
+      (``[batch, k]``); broadcasting ``[batch, 3]`` or ``[batch]`` against ``[batch, 1]``
+      would train on a wrong loss without an error. Checked for the built-in loss only
+      (``builtin_loss``): a user's ``loss._target_`` decides what it takes (a mean and a
+      variance per target, for instance).
+
+    Args:
+        output_shape, target_shape: full shapes, batch dimension first.
+        num_classes: the dataset's number of classes, 0 for regression.
+        builtin_loss: the run uses the default loss (no ``loss._target_``).
+    """
+    batch, rest = target_shape[0], tuple(target_shape[1:])
+    if num_classes:
+        wanted: tuple[int, ...] | None = (batch, num_classes, *rest)
+        why = f"{num_classes} classes"
+    else:
+        wanted = tuple(target_shape) if builtin_loss else None
+        why = "regression: the target's shape"
+    if wanted is None or tuple(output_shape) == wanted:
+        return None
+    return (f"the output has shape {_shape(output_shape, batch)} but the targets have shape "
+            f"{_shape(target_shape, batch)}: the model must return {_shape(wanted, batch)} "
+            f"({why})")
+
+
+def _shape(shape: tuple[int, ...], batch: int) -> str:
+    """``[batch, 5]`` for a shape whose first dimension is the batch's, else ``[1, 5]``."""
+    dims = [str(d) for d in shape]
+    if dims and shape[0] == batch:
+        dims[0] = "batch"
+    return f"[{', '.join(dims)}]"
+
+
+def _first_line(exc: BaseException) -> str:
+    """``<type>: <first line of the message>``, at most 300 characters."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
+def _describe(value: Any, batch: int) -> str:
+    """What a model returned, for a one-line refusal: a dict with its keys, a tuple or list
+    with its length and the types (and tensor shapes) of its items."""
+    def one(v: Any) -> str:
+        return (f"tensor {_shape(tuple(v.shape), batch)}" if isinstance(v, torch.Tensor)
+                else type(v).__name__)
+
+    if isinstance(value, Mapping):
+        keys = ", ".join(f"{k!r}: {one(v)}" for k, v in list(value.items())[:5])
+        return f"a {type(value).__name__} {{{keys}}}"
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(one(v) for v in value[:5])
+        return f"a {type(value).__name__} of {len(value)} ({items})"
+    return f"a {type(value).__name__}"

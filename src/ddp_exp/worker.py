@@ -86,9 +86,36 @@ class RankFailed(Exception):
 
 def failure_detail(message: str) -> str:
     """The line that names a failed rank's error in a message ``"<type>: <text>"`` (the
-    format of torch's error files): its last non-empty line, at most 300 characters."""
+    format of torch's error files), at most 300 characters: its first line; where the message
+    carries another process's traceback (a DataLoader worker's error, re-raised in the rank as
+    "Caught ValueError in DataLoader worker process 0. Original Traceback ..."), its last
+    line, the original error."""
     lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "unknown error"
+    if not lines:
+        return "unknown error"
+    carried = any(ln.startswith(("Original Traceback", "Traceback (most recent call last)"))
+                  for ln in lines)
+    return (lines[-1] if carried else lines[0])[:300]
+
+
+def world_failure(exc: Any) -> tuple[str, bool]:
+    """What the launcher reports for a world that failed (torch's ``ChildFailedError``, whose
+    first failure is the root cause): ``rank R failed: <type>: <message>``, and whether the
+    rank raised a Python exception (recorded in its error file by ``@record``: any exception,
+    from ddp_exp or from the user's own Dataset, model, loss or transform). Such a failure is
+    reported in that one line, its table and traceback going to the job log; a rank that died
+    without raising (a signal, ``os._exit``) has no traceback to show and the line is
+    ``rank R failed: Signal 9 (SIGKILL) received by PID ...`` or ``exit code N``."""
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    # @record's error file (ErrorHandler.record_exception) holds {"message": "<type>: ...",
+    # "extraInfo": {"py_callstack": ...}}; a rank that wrote none gets a string made up by torch.
+    raised = isinstance(message, dict)
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    detail = (failure_detail(message) if str(message).strip()
+              else f"exit code {failure.exitcode}")
+    return f"rank {rank} failed: {detail}", raised
 
 
 def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
