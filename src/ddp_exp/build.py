@@ -104,7 +104,8 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
     scheduler = _build_scheduler(plain, optimizer, len(datasets.train), world_size)
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
-        _load_optimizer_states(cfg.trainer.resume, plain, state, optimizer, scheduler)
+        _load_optimizer_states(cfg.trainer.resume, plain, state, optimizer, scheduler,
+                               len(datasets.train))
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
@@ -138,6 +139,12 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
                               f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
                               f"{cfg.trainer.epochs}: nothing left to train (raise "
                               "trainer.epochs to continue); the job folder is unchanged")
+    max_steps = cfg.trainer.max_steps
+    if max_steps is not None and state["global_step"] >= max_steps:
+        raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has taken "
+                              f"{state['global_step']} optimizer step(s), trainer.max_steps="
+                              f"{max_steps}: nothing left to train (raise trainer.max_steps to "
+                              "continue); the job folder is unchanged")
     if state.get("world_size") not in (None, world_size):
         log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
                     "batch differ from the interrupted run", state["world_size"], world_size)
@@ -188,24 +195,36 @@ def _build_scheduler(plain: dict[str, Any], optimizer: torch.optim.Optimizer, n_
 
 
 def _load_optimizer_states(resume: str, plain: dict[str, Any], state: dict[str, Any],
-                           optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    """Load the checkpoint's optimizer (and scheduler) state, to check it fits this run's.
+                           optimizer: torch.optim.Optimizer, scheduler: Any, n_train: int
+                           ) -> None:
+    """Check, before any rank starts, that the checkpoint's optimizer state fits this run's
+    optimizer and that this run's schedule can be entered where the checkpoint left off
+    (:func:`ddp_exp.train_state.resume_optimizer`, which every rank runs again). When the
+    run's length or steps per epoch changed (``trainer.epochs``, ``world_size``,
+    ``data.batch_size``, ``trainer.accumulate_grad_batches``, ``trainer.max_steps``) and a
+    ``scheduler`` is set, one line says so and where its schedule continues.
+
+    Args:
+        scheduler: built by :func:`_build_scheduler` for a fresh run (None: no schedule).
+        n_train: training samples (the run's steps per epoch follow from it).
 
     Raises:
-        ConfigError: written by another optimizer (SGD state for AdamW) or scheduler.
+        ConfigError: written by another optimizer (SGD state for AdamW), or a schedule that
+            does not fit this run.
     """
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's "
-                          f"optimizer state does not fit optim ({plain['optim']['_target_']}"
-                          f"; {type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-                          ) from None
-    if state.get("scheduler") and scheduler is not None:
-        try:
-            scheduler.load_state_dict(state["scheduler"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's "
-                              f"scheduler state does not fit scheduler ("
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-                              ) from None
+    t = plain["trainer"]
+    per_epoch = schedule.steps_per_epoch(n_train, plain["world_size"],
+                                         plain["data"]["batch_size"],
+                                         t["accumulate_grad_batches"])
+    _, interval, run_steps = train_state.resume_optimizer(plain, state, optimizer, per_epoch,
+                                                          resume)
+    was = (state.get("steps_per_epoch"), state.get("run_steps"))
+    if scheduler is not None and None not in was and was != (per_epoch, run_steps):
+        start, _ = schedule.resume_steps(state["epoch"] + 1, state["global_step"], t["epochs"],
+                                         t["max_steps"], per_epoch)
+        where = (f"step {start} of {run_steps}" if interval == "step" else
+                 f"epoch {state['epoch'] + 1} of {t['epochs']}")
+        log.info("trainer.resume: this run has %d optimizer steps, %d per epoch (the "
+                 "checkpoint's run: %d, %d per epoch): the schedule is this run's, continued "
+                 "at %s, as in an uninterrupted run with these settings", run_steps, per_epoch,
+                 was[1], was[0], where)

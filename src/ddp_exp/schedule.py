@@ -30,6 +30,20 @@ optimizer step (never per micro-batch: accumulation steps it once per group), or
 after validation. The run's step count ``T`` (:func:`total_steps`) knows ``trainer.max_steps``,
 ``trainer.accumulate_grad_batches`` and the world's steps per epoch.
 
+**Resuming** (:func:`resume_steps`, :func:`enter`): a schedule is never loaded from a checkpoint.
+It is rebuilt from the resumed run's config and length (its epochs, world size, batch size,
+accumulation) and entered where the checkpoint's last epoch ended, ``start = epochs done x steps
+per epoch`` optimizer steps in (``epochs done`` per-epoch steps for ``interval=epoch``): the
+rest of the run follows the schedule of an uninterrupted run with the new settings, and ends
+where it ends (``cosine`` at ``min_lr``), and a changed schedule key (``warmup_steps``,
+``min_lr``, ``step_size_epochs``, ``max_lr`` ...) takes effect. A scheduler is entered by
+stepping it ``start`` times (``LambdaLR``, whose rate is a closed form of its step count, by one
+step), so any scheduler whose state is a function of its step count continues exactly, as every
+``torch.optim.lr_scheduler`` class does; ``ReduceLROnPlateau``, whose state follows the
+monitored values, keeps the checkpoint's progress (best value, bad epochs, cooldown, reduced
+rate) under the new config's keys. A ``scheduler.total_steps`` set in the config that is
+shorter than the run is refused before any rank starts (:func:`check_length`).
+
 Uses :mod:`ddp_exp.config` (errors, building a ``_target_``) and :mod:`ddp_exp.models` (locating
 a class); the launcher's checks and the loop use it.
 """
@@ -38,6 +52,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,14 +76,37 @@ def total_steps(epochs: int, max_steps: int | None, per_epoch: int) -> int:
     return steps if max_steps is None else min(steps, max_steps)
 
 
+def resume_steps(epochs_done: int, global_step: int, epochs: int, max_steps: int | None,
+                 per_epoch: int) -> tuple[int, int]:
+    """Where a resumed run enters its schedule: ``(start, total)`` in this run's optimizer
+    steps (see the module docstring).
+
+    ``start = epochs_done * per_epoch``: the steps an uninterrupted run with this run's
+    settings has taken when the checkpoint's last epoch ends. ``total`` is that run's
+    :func:`total_steps`; ``trainer.max_steps`` counts the steps the resumed run has taken
+    (``global_step``, the checkpoint's included), so a ``max_steps`` cap ends the schedule at
+    ``start + max_steps - global_step``, the step where the loop stops. Without a change of
+    steps per epoch, ``start == global_step`` and ``total`` is :func:`total_steps`.
+
+    Args:
+        epochs_done: the checkpoint's completed epochs (its ``epoch`` + 1).
+        global_step: the checkpoint's optimizer steps.
+        epochs, max_steps: ``trainer.epochs`` and ``trainer.max_steps`` of the resumed run.
+        per_epoch: the resumed run's :func:`steps_per_epoch`.
+    """
+    start = epochs_done * per_epoch
+    cap = None if max_steps is None else start + max_steps - global_step
+    return start, total_steps(epochs, cap, per_epoch)
+
+
 def cosine_factor(base_lr: float, warmup_steps: int, total: int, min_lr: float
                   ) -> Callable[[int], float]:
     """The factor ``lr_k / lr`` of the cosine schedule (module docstring) as LambdaLR calls
     it: with the number of steps already taken, ``i = k - 1``.
 
-    A plain function (a closure): LambdaLR's ``state_dict`` then keeps only the step count, so
-    the schedule always follows the current config (a run resumed with more epochs decays over
-    its new length).
+    A plain function (a closure) of the step count alone: LambdaLR's rate is then a closed
+    form that :func:`enter` reaches in one step when a run resumes, over the resumed run's
+    length (a run resumed with more epochs decays over its new length).
     """
 
     def factor(i: int) -> float:
@@ -134,7 +172,67 @@ def build_scheduler(node: Mapping[str, Any] | None, optimizer: torch.optim.Optim
     if not hasattr(scheduler, "step") or not hasattr(scheduler, "state_dict"):
         raise ConfigError(f"scheduler._target_={args['_target_']!r} built a "
                           f"{type(scheduler).__name__}, not a torch LR scheduler")
+    check_length(scheduler, context["total_steps"], interval)
     return scheduler, interval
+
+
+def check_length(scheduler: Any, run_length: int, interval: str) -> None:
+    """Refuse a scheduler built for fewer steps than the run takes (``OneCycleLR`` with a
+    ``scheduler.total_steps`` of its own: torch raises "Tried to step N times" at the step
+    after its last, inside the ranks).
+
+    Args:
+        run_length: the run's steps in units of ``interval``: optimizer steps, or epochs.
+
+    Raises:
+        ConfigError: naming ``scheduler.total_steps``, its value and the run's length.
+    """
+    own = getattr(scheduler, "total_steps", None)
+    if isinstance(own, int) and own < run_length:
+        unit = "optimizer step" if interval == "step" else "epoch"
+        raise ConfigError(f"scheduler.total_steps={own} is shorter than this run's "
+                          f"{run_length} {unit}(s) (scheduler.interval={interval}); remove it "
+                          f"(the run's length is passed when it is not set) or set it to "
+                          f">= {run_length}")
+
+
+# What ReduceLROnPlateau has learnt from the monitored values (torch 2.13's attribute names);
+# everything else in its state_dict is configuration, which the resumed run's config gives.
+PLATEAU_PROGRESS = ("best", "num_bad_epochs", "cooldown_counter", "last_epoch")
+
+
+def enter(scheduler: Any, steps: int, saved: Mapping[str, Any] | None = None) -> None:
+    """Bring a scheduler built by :func:`build_scheduler` (step count 0) to ``steps`` steps
+    taken, as a resumed run enters its schedule (module docstring; ``steps``: ``start`` of
+    :func:`resume_steps`, or the epochs done for ``interval=epoch``). Sets the optimizer's
+    learning rates as the scheduler does.
+
+    ``ReduceLROnPlateau`` is not stepped: it takes :data:`PLATEAU_PROGRESS` from ``saved``
+    (the checkpoint's scheduler state; ``best`` only when ``mode`` is the same); its reduced
+    rate is the optimizer's, which the caller restores.
+
+    Raises:
+        Exception: whatever the scheduler's ``step()`` raises (the caller names it).
+    """
+    if is_plateau(scheduler):
+        if saved:
+            for name in PLATEAU_PROGRESS:
+                if name in saved and (name != "best" or saved.get("mode") == scheduler.mode):
+                    setattr(scheduler, name, saved[name])
+        return
+    if steps <= 0:
+        return
+    with warnings.catch_warnings():  # these steps come before this run's first optimizer.step()
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step",
+                                category=UserWarning)
+        if type(scheduler) is torch.optim.lr_scheduler.LambdaLR:
+            # LambdaLR's rate is base_lr * factor(last_epoch), a closed form: one step
+            # computes it at ``steps``, as ``steps`` steps would.
+            scheduler.last_epoch += steps - 1
+            scheduler.step()
+        else:
+            for _ in range(steps):
+                scheduler.step()
 
 
 def is_plateau(scheduler: Any) -> bool:

@@ -9,8 +9,9 @@ of seed and epoch, so nothing of the data is stored). The files themselves (layo
 writes, loading, the split check) are :mod:`ddp_exp.checkpoint`'s.
 
 Each function takes the loop, a :class:`ddp_exp.train.Trainer` (read through the attributes
-named in its docstring; this module does not import the loop). Uses :mod:`ddp_exp.checkpoint`
-and :mod:`ddp_exp.config` (errors).
+named in its docstring; this module does not import the loop), but :func:`resume_optimizer`,
+which the launcher's check shares. Uses :mod:`ddp_exp.checkpoint`, :mod:`ddp_exp.schedule` (a
+resumed run's schedule) and :mod:`ddp_exp.config` (errors, the learning rate).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ddp_exp import checkpoint
-from ddp_exp.config import ConfigError
+from ddp_exp import checkpoint, schedule
+from ddp_exp.config import ConfigError, effective_lr
 
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name (as ddp_exp.progress)
 
@@ -31,7 +32,7 @@ def state_dict(loop: Any) -> dict[str, Any]:
 
     Reads the loop's ``model``, ``optimizer``, ``scheduler``, ``monitor``, ``scaler``,
     ``epoch`` (the next one to run), ``global_step``, ``window`` (the open ``train/loss``
-    interval), ``world``, ``device`` and ``cfg``.
+    interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch`` and ``run_steps``.
     """
     import torch.distributed as dist
 
@@ -52,6 +53,9 @@ def state_dict(loop: Any) -> dict[str, Any]:
         "epoch": loop.epoch - 1,  # the last completed epoch, 0-based
         "global_step": loop.global_step,
         "world_size": loop.world.world_size,
+        # The run's length as its schedule saw it (a resume names what changed).
+        "steps_per_epoch": loop.steps_per_epoch,
+        "run_steps": loop.run_steps,
         # The open train/loss interval (world sums): a resumed run logs it like one never
         # interrupted.
         "train_interval": [loop.window.interval_sum, loop.window.interval_count,
@@ -74,10 +78,78 @@ def check_resumable(state: dict[str, Any], source: str) -> None:
                           f"resume from that run's checkpoints/last.pt")
 
 
+def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
+                     optimizer: torch.optim.Optimizer, per_epoch: int, resume: str
+                     ) -> tuple[Any, str, int]:
+    """Continue the checkpoint's optimizer under this run's config and enter this run's
+    schedule where the checkpoint left off: the launcher's check before any rank starts and
+    every rank's resume run this same function.
+
+    Loads ``state["optimizer"]`` (its moments and step counts, and its param groups' other
+    hyper-parameters), then gives every param group this run's learning rate
+    (:func:`ddp_exp.config.effective_lr`: ``optim.lr`` scaled by the global batch, which a
+    world of another size changes) and rebuilds ``cfg["scheduler"]`` over this run's length,
+    entered at :func:`ddp_exp.schedule.resume_steps`'s start (:func:`ddp_exp.schedule.enter`;
+    the checkpoint's scheduler state is not loaded, so the new config's scheduler keys govern).
+    ``ReduceLROnPlateau`` keeps the rate it had reduced to, times the ratio of this run's
+    learning rate to the checkpoint's.
+
+    Args:
+        cfg: this run's resolved config (its ``world_size`` the running world's).
+        state: the checkpoint (:func:`state_dict`).
+        optimizer: built from ``cfg`` over the model's parameters.
+        per_epoch: this run's optimizer steps per epoch.
+        resume: ``trainer.resume`` as given (named in messages).
+
+    Returns:
+        ``(scheduler or None, interval, run_steps)``: ``run_steps`` is the schedule's length.
+
+    Raises:
+        ConfigError: the optimizer state does not fit (written by another optimizer), or the
+            scheduler does not fit this run (:func:`ddp_exp.schedule.check`,
+            :func:`ddp_exp.schedule.check_length`) or raises while it is entered.
+    """
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
+                          f"not fit optim ({cfg['optim']['_target_']}; {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})") from None
+    reached = [group["lr"] for group in optimizer.param_groups]
+    base = effective_lr(cfg)
+    for group in optimizer.param_groups:  # a fresh scheduler takes its base from "lr"
+        group.pop("initial_lr", None)
+        group["lr"] = base
+    trainer = cfg["trainer"]
+    epochs_done = state["epoch"] + 1
+    start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
+                                             trainer["epochs"], trainer["max_steps"], per_epoch)
+    schedule.check(cfg, run_steps)
+    scheduler, interval = schedule.build_scheduler(cfg.get("scheduler"), optimizer, run_steps,
+                                                   per_epoch)
+    if scheduler is None:
+        return None, interval, run_steps
+    try:
+        schedule.enter(scheduler, start if interval == "step" else epochs_done,
+                       state.get("scheduler"))
+    except Exception as exc:  # a user's scheduler that cannot take that many steps
+        raise ConfigError(f"trainer.resume={resume!r}: scheduler ({type(scheduler).__name__}) "
+                          f"failed entering this run's schedule at step {start} of {run_steps}:"
+                          f" {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+    if schedule.is_plateau(scheduler):  # its rate is its state: the checkpoint's, rescaled
+        saved_cfg = state.get("config")
+        before = effective_lr(saved_cfg) if saved_cfg else base
+        for group, lr in zip(optimizer.param_groups, reached, strict=True):
+            group["lr"] = lr * (base / before) if before else lr
+    return scheduler, interval, run_steps
+
+
 def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     """Continue ``loop`` from a checkpoint written by :func:`state_dict` (same model and
     optimizer; ``source``: its path, for messages). Every rank's RNG streams continue when the
-    world has the checkpoint's size.
+    world has the checkpoint's size. The optimizer and the schedule continue under this run's
+    config and length (:func:`resume_optimizer`): the loop's ``scheduler``,
+    ``step_scheduler`` and ``run_steps`` are replaced.
 
     Raises:
         ConfigError: the checkpoint's model or optimizer does not fit this run. (A checkpoint
@@ -85,14 +157,15 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     """
     try:
         loop.model.load_state_dict(state["model"])
-        loop.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
-                          f"model/optimizer ({str(exc).splitlines()[0][:200]})") from None
+                          f"model ({str(exc).splitlines()[0][:200]})") from None
+    loop.scheduler, interval, loop.run_steps = resume_optimizer(
+        loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source)
+    loop.step_scheduler = loop.scheduler if interval == "step" else None
+    loop.step_lr = loop.optimizer.param_groups[0]["lr"]
     if state.get("scaler") and loop.scaler is not None:
         loop.scaler.load_state_dict(state["scaler"])
-    if state.get("scheduler") and loop.scheduler is not None:
-        loop.scheduler.load_state_dict(state["scheduler"])
     loop.monitor.load_state_dict(state.get("monitor"))
     loop.epoch = state["epoch"] + 1
     loop.global_step = state["global_step"]
