@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -40,14 +41,64 @@ class Run:
         return self
 
 
-# "Fails fast, before any rank starts": an upper bound that tells an exit from a hang (a hang
-# runs into the subprocess timeout of a minute or more), not a speed target. These exits take
-# 2-5 s on an idle 2-core machine and reached 12-17 s while four other test suites shared it.
-FAILS_FAST_S = 30.0
+# The override that keeps a CLI run's output short: no printout of the resolved config.
+QUIET = "print_config=false"
 # torchrun on one node with two ranks, starting ddp_exp (run_cli's ``launcher=``).
 TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
               "--nproc_per_node=2", "-m", "ddp_exp"]
 
+
+
+def rel_close(a: float, b: float, rel: float) -> bool:
+    """``a`` and ``b`` agree to ``rel``, relative to the larger of the two."""
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ctrl_c_reaches_python() -> None:
+    """``preexec_fn`` of a child that a test sends SIGINT as a terminal's Ctrl-C would: a shell
+    starts background jobs with SIGINT ignored, the child inherits that, and Python then
+    installs no KeyboardInterrupt handler (the test timed out whenever the suite itself ran in
+    the background)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+TESTS = Path(__file__).resolve().parent
+# Holds the sitecustomize.py that marks phases inside ddp_exp's own code (its imports, the forks).
+PHASE_SITE = TESTS / "phase_site"
+
+
+def start_at_phase(cmd: list[str], cwd: Path, tag: str, marker: Path, phase: str | None = None,
+                   **popen) -> subprocess.Popen:
+    """Start ``cmd`` tagged ``tag`` (stdin closed, stdout and stderr piped unless ``popen`` says
+    otherwise, SIGINT as a terminal gives it) with tests/ and :data:`PHASE_SITE` on PYTHONPATH,
+    and return it once it has touched ``marker``: at ``phase`` of ddp_exp's own code
+    (``phase_site/sitecustomize.py``: ``import``, ``fork``), or where test code plugged into the
+    run touches it (``phases.slow_digits``, ``hydra_hooks.SlowJobStart``); the child waits
+    there. Fails the test with the child's output if it ends first or takes 120 s."""
+    path = os.pathsep.join([str(PHASE_SITE), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = cli_env(tag, PYTHONPATH=path, DDP_EXP_TEST_MARKER=str(marker),
+                  **({"DDP_EXP_TEST_PHASE": phase} if phase else {}))
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
+               "stdin": subprocess.DEVNULL, "preexec_fn": ctrl_c_reaches_python, **popen}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, **options)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            for pid in [proc.pid, *tagged_processes(tag)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"no {marker.name} from {' '.join(cmd)}:\n{out[-3000:]}\n"
+                        f"{(err or '')[-3000:]}")
+        time.sleep(0.02)
+    return proc
 
 
 @dataclass

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import QUIET
 
 from ddp_exp import confusion, dashboard, perf
 from ddp_exp.config import ConfigError, register_configs, validate
 
 TESTS = Path(__file__).resolve().parent
-QUIET = ("print_config=false", "trainer.progress=off", "trainer.save_last=false")
+# Short runs: no config printout, no progress line, no last.pt.
+SHORT = (QUIET, "trainer.progress=off", "trainer.save_last=false")
 
 
 def _tests_on_path() -> dict[str, str]:
@@ -211,7 +213,7 @@ def test_layout_perf_points_confusion_and_histograms_for_world_sizes_1_and_3(run
     on model.pt and summing to val/num_samples; the layout names existing tags; every perf/*
     tag has one point per logging step."""
     common = ("data.val_size=101", "optim.lr=0.0", "trainer.epochs=1",
-              "trainer.log_every_n_steps=5", *QUIET)
+              "trainer.log_every_n_steps=5", *SHORT)
     three = run_cli("world_size=3", "trainer.log_histograms_every_n_epochs=1", *common,
                     job="ws3").ok()
     one = run_cli("world_size=1", "data.batch_size=96", *common, job="ws1").ok()
@@ -258,7 +260,7 @@ def test_slowed_rank_is_named_and_perf_off_trains_the_same(run_cli, tmp_path):
     (config_dir / "model" / "slow.yaml").write_text(yaml.safe_dump(
         {"_target_": "faulty.SlowRankMLP", "hidden_sizes": [128], "sleep_s": 0.05,
          "slow_rank": 1}))
-    common = ("world_size=2", "trainer.max_steps=12", "trainer.log_every_n_steps=4", *QUIET)
+    common = ("world_size=2", "trainer.max_steps=12", "trainer.log_every_n_steps=4", *SHORT)
     slow = run_cli("--config-dir", str(config_dir), "model=slow", *common, job="slow",
                    env=_tests_on_path()).ok()
     off = run_cli("model=mlp", "trainer.perf_metrics=false", *common, job="off").ok()
@@ -288,7 +290,7 @@ def test_slowed_loader_shows_as_data_wait(run_cli):
     2-core machine): perf/data_wait_fraction is high at every logging step."""
     run = run_cli("data=dataset", "data._target_=lazy_data.Computed", "+data.sleep_s=0.005",
                   "data.val_size=20", "data.batch_size=16", "world_size=1",
-                  "trainer.max_steps=6", "trainer.log_every_n_steps=3", *QUIET,
+                  "trainer.max_steps=6", "trainer.log_every_n_steps=3", *SHORT,
                   env={**_tests_on_path(), "OMP_NUM_THREADS": "1"}).ok()
     points = _points(_events(run.job_dir), "perf/data_wait_fraction")
     assert len(points) == 2 and all(v > 0.8 for _, v in points), points

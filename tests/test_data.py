@@ -540,6 +540,7 @@ def _check_frozen_run(run, dataset: ArrayDataset, val_size: int, batch_size: int
 
 
 @pytest.mark.smoke
+@pytest.mark.float_sensitive
 def test_cli_data_file_csv(run_cli, tmp_path):
     features, labels, _ = _arrays(n=64, f=4, seed=3, classes=3)
     path = _write(tmp_path / "train.csv", "csv", features, labels, header=True)
@@ -549,6 +550,7 @@ def test_cli_data_file_csv(run_cli, tmp_path):
     assert load_file(path).num_classes == 3
 
 
+@pytest.mark.float_sensitive
 def test_cli_data_file_pt_regression(run_cli, tmp_path):
     features, _, values = _arrays(n=50, f=5, seed=4)
     path = _write(tmp_path / "train.pt", "pt", features, values)
@@ -583,6 +585,7 @@ def test_cli_synthetic_regression(run_cli):
     assert math.isfinite(m["val/loss"]) and m["val/loss"] < 0.5 * float(np.var(held_out))
 
 
+@pytest.mark.float_sensitive
 def test_cli_synthetic_classification(run_cli):
     m = run_cli("world_size=2", "trainer.epochs=1", "data=synthetic",
                 "data.num_classes=4").ok().metrics

@@ -55,6 +55,7 @@ def test_user_project_trains_its_own_model_data_loss_and_metric(run_cli, tmp_pat
     assert m["val/loss"] > 0.05
 
 
+@pytest.mark.float_sensitive
 def test_user_loss_and_metric_are_exact_across_world_sizes(run_cli, tmp_path):
     """Frozen weights: the custom loss and metric at world_size=3 equal world_size=1."""
     project = tmp_path / "user_project"
@@ -86,6 +87,7 @@ def test_no_output_left_outside_the_job_folder(default_run_1_epoch):
     assert os.path.isdir(cwd / "run" / "tensorboard")
 
 
+@pytest.mark.float_sensitive
 def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli, default_run_1_epoch):
     """Regression: a bare function as a metric or loss (no options, no _partial_) was called
     with no arguments at build time and failed; a function is now bound, a class built (each
@@ -101,6 +103,7 @@ def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli, default_ru
     assert cls["val/loss"] == pytest.approx(default["val/loss"], rel=1e-6)
 
 
+@pytest.mark.float_sensitive
 def test_a_batch_mean_loss_is_refused_before_the_ranks_start(run_cli, default_run_1_epoch):
     """Regression: a torch loss with its default reduction='mean' returns one number per batch;
     taken as per-sample values it made val/loss wrong (0.0099 instead of 1.4732). It must fail

@@ -13,13 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
-from conftest import assert_no_orphans, cli_env, start_watched, tagged_processes
-
-QUIET = "print_config=false"
+from conftest import (
+    QUIET,
+    assert_no_orphans,
+    start_at_phase,
+    start_watched,
+)
 
 
 @pytest.mark.slow
@@ -65,31 +67,28 @@ def test_interrupted_sweep_writes_its_summary(tmp_path, target, sig, code):
     assert (sweep / "summary.md").is_file() and (sweep / "summary.png").is_file()
 
 
-@pytest.mark.slow
-def test_sigterm_before_the_ranks_start_is_recorded_as_interrupted(tmp_path):
-    """U06: SIGTERM while the launcher loads the data (no rank yet): exit 143, one line on
-    stderr, status.json says interrupted (Python's default would end the process silently,
-    leaving no record)."""
-    tag, job = uuid.uuid4().hex, tmp_path / "early"
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", "data._target_=faulty.slow_digits",
-                             f"hydra.run.dir={job}"], cwd=tmp_path,
-                            env=cli_env(tag, PYTHONPATH=os.path.dirname(__file__),
-                                        DDP_EXP_TEST_LOAD_S="30"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+@pytest.mark.parametrize(("sig", "code"), [
+    pytest.param(signal.SIGINT, 130, id="ctrl-c", marks=pytest.mark.smoke),
+    pytest.param(signal.SIGTERM, 143, id="sigterm", marks=pytest.mark.slow),
+])
+def test_a_signal_while_the_launcher_loads_the_data_is_recorded_as_interrupted(tmp_path, sig,
+                                                                               code):
+    """U06 and a fresh user: a signal while the launcher loads the data (no rank yet; held
+    there by ``phases.slow_digits``): exit 130 (143), one line on stderr, status.json says
+    interrupted by that signal. Ctrl-C printed a KeyboardInterrupt traceback and left no
+    status.json; SIGTERM (Python's default) ended the process silently, leaving no record."""
+    tag, job, marker = uuid.uuid4().hex, tmp_path / "early", tmp_path / "loading"
+    proc = start_at_phase([sys.executable, "-m", "ddp_exp", "data._target_=phases.slow_digits",
+                           f"hydra.run.dir={job}"], tmp_path, tag, marker)
     try:
-        deadline = time.monotonic() + 60
-        while not (job / "ddp_exp.log").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)  # inside the 30 s load
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 143, err
-    assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (SIGTERM)"], err
+    assert proc.returncode == code, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [f"interrupted ({sig.name})"], err
     status = json.loads((job / "status.json").read_text())
-    assert status["status"] == "interrupted" and "SIGTERM" in status["error"], status
+    assert status["status"] == "interrupted" and sig.name in status["error"], status
     assert not (job / "tensorboard").exists()
     assert_no_orphans(tag)
 
@@ -99,38 +98,31 @@ def test_sigterm_before_the_ranks_start_is_recorded_as_interrupted(tmp_path):
                                             (signal.SIGINT, True, 130)],
                          ids=["sigterm-launcher", "ctrl-c-group"])
 def test_a_signal_while_the_ranks_are_forked_stops_the_run(tmp_path, sig, group, code):
-    """A signal that comes while the launcher forks its ranks (here: when 2 of 4 exist) ends
-    the run as interrupted, with every rank, and no traceback: it was raised inside Python's
-    after-fork hooks, which dropped it (the run trained to the end and exited 0), a rank
-    raised it as a failure (exit 1), or a rank hung in a lock inherited across the fork
-    (found by a fresh user, 14 of 15 tries wrong; ddp_exp.agent.start_ranks_safely)."""
-    tag, job = uuid.uuid4().hex, tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", "world_size=4", "trainer.epochs=3",
-                             QUIET, f"hydra.run.dir={job}"], cwd=tmp_path, env=cli_env(tag),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=_ctrl_c_reaches_python)
+    """A signal that comes while the launcher forks its ranks (here: held after it forked 2 of
+    4, ``phase_site/sitecustomize.py``, which also proves that the launcher noted the signal
+    inside that window) ends the run as interrupted, with every rank, and no traceback: it was
+    raised inside Python's after-fork hooks, which dropped it (the run trained to the end and
+    exited 0), a rank raised it as a failure (exit 1), or a rank hung in a lock inherited
+    across the fork (found by a fresh user, 14 of 15 tries wrong;
+    ddp_exp.agent.start_ranks_safely)."""
+    tag, job, marker = uuid.uuid4().hex, tmp_path / "run", tmp_path / "forked-2-of-4"
+    proc = start_at_phase([sys.executable, "-m", "ddp_exp", "world_size=4", "trainer.epochs=3",
+                           "launcher.start_method=fork", QUIET, f"hydra.run.dir={job}"],
+                          tmp_path, tag, marker, phase="fork", stderr=subprocess.STDOUT,
+                          start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while len(tagged_processes(tag)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.002)  # the launcher and 2 ranks: it is forking the others
         (os.killpg if group else os.kill)(proc.pid, sig)
         out, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == code, out
+    assert (tmp_path / "forked-2-of-4.held").exists(), "the signal came after the fork window"
     status = json.loads((job / "status.json").read_text())
     assert status["status"] == "interrupted", (status, out)
     for text in ("Traceback", "Exception ignored", "frame #"):
         assert text not in out, out
     assert_no_orphans(tag)
-
-
-def _ctrl_c_reaches_python() -> None:
-    """In the child before exec: SIGINT as a terminal gives it (a shell starts background jobs
-    with SIGINT ignored, and the child would inherit that)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow
@@ -154,17 +146,8 @@ def test_a_signal_before_a_jobs_task_starts_is_recorded_as_interrupted(tmp_path,
     cmd += (["data.batch_size=32,64", f"hydra.sweep.dir={out}"] if mode == "sweep"
             else [f"hydra.run.dir={out}"])
     cmd[3:3] = ["-m"] if mode == "sweep" else []  # Hydra's flags come before the overrides
-    env = cli_env(tag, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
-        DDP_EXP_TEST_MARKER=str(marker))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            preexec_fn=_ctrl_c_reaches_python)
+    proc = start_at_phase(cmd, tmp_path, tag, marker)  # held by the callback
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        assert marker.exists(), proc.communicate(timeout=30)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:

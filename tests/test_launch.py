@@ -218,7 +218,6 @@ def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
     up to a limit, so that none outlives it (fresh-user finding: it exited first)."""
     import subprocess
     import sys
-    import time
     import types
 
     import ddp_exp.__main__ as entry
@@ -231,9 +230,8 @@ def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
         entry._wait_for_local_jobs(timeout_s=20)
         assert job.poll() == 0  # waited for it to end
         fake._PROCESSES["2"] = stuck
-        t0 = time.monotonic()
         entry._wait_for_local_jobs(timeout_s=0.5)  # a job that does not end: the limit holds
-        assert time.monotonic() - t0 < 5 and stuck.poll() is None
+        assert stuck.poll() is None  # not waited for (it sleeps 30 s)
     finally:
         stuck.kill()
         stuck.wait()
@@ -283,7 +281,7 @@ def test_the_agent_wakes_when_its_ranks_finish_or_fail_not_at_its_interval():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["done"] == [[0, 0], [1, 1]], out
     assert out["failed"] == [1], out
-    assert out["done_s"] < 30 and out["failed_s"] < 30, out
+    # (a wait for the 600 s interval runs into the 120 s timeout above)
     assert out["restored"], out
 
 

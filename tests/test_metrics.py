@@ -163,12 +163,16 @@ def _cores(monkeypatch, n: int) -> None:
         monkeypatch.setattr(os, "process_cpu_count", lambda: n)
 
 
-@pytest.mark.parametrize("cores", [1, 2, 8, 16])
-@pytest.mark.parametrize("local_world_size", [1, 2, 3, 4, 32])
-def test_threads_per_rank_default_splits_cores(monkeypatch, cores, local_world_size):
+@pytest.mark.parametrize(("cores", "local_world_size", "threads"), [
+    (1, 1, 1), (1, 4, 1),  # one core: one thread, however many ranks
+    (2, 1, 2), (2, 2, 1), (2, 3, 1),  # more ranks than cores: still one each
+    (8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 4, 2),  # 8 // 3: the remainder stays idle
+    (16, 4, 4), (16, 32, 1),
+])
+def test_threads_per_rank_default_splits_cores(monkeypatch, cores, local_world_size, threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     _cores(monkeypatch, cores)
-    assert distributed.threads_per_rank(local_world_size) == max(1, cores // local_world_size)
+    assert distributed.threads_per_rank(local_world_size) == threads
 
 
 @pytest.mark.parametrize("local_world_size", [1, 2, 4])
@@ -179,22 +183,26 @@ def test_threads_per_rank_honours_omp_num_threads(monkeypatch, local_world_size,
     assert distributed.threads_per_rank(local_world_size) == int(user)
 
 
-@pytest.mark.parametrize("cores", [2, 8, 16])
-@pytest.mark.parametrize("local_world_size", [1, 2])
-@pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_dataloader_workers_take_cores_too(monkeypatch, cores, local_world_size, num_workers):
+@pytest.mark.parametrize(("cores", "local_world_size", "num_workers", "threads"), [
+    (2, 1, 1, 1),  # a rank and its worker share the 2 cores
+    (8, 1, 1, 4), (8, 1, 3, 2), (8, 2, 1, 2), (8, 2, 3, 1),
+    (16, 1, 2, 5), (16, 2, 3, 2),
+    (2, 2, 3, 1),  # never fewer than one
+])
+def test_dataloader_workers_take_cores_too(monkeypatch, cores, local_world_size, num_workers,
+                                           threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     _cores(monkeypatch, cores)
-    expected = max(1, cores // (local_world_size * (1 + num_workers)))
-    assert distributed.threads_per_rank(local_world_size, num_workers) == expected
-    assert expected <= distributed.threads_per_rank(local_world_size)
+    assert distributed.threads_per_rank(local_world_size, num_workers) == threads
 
 
 def test_threads_per_rank_on_this_machine(monkeypatch):
+    """The cores counted are those this process may run on (its affinity)."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores = len(os.sched_getaffinity(0))
-    for lws in (1, 2, 4):
-        assert distributed.threads_per_rank(lws) == max(1, cores // lws)
+    assert distributed.threads_per_rank(1) == cores  # one rank: every core
+    assert distributed.threads_per_rank(cores) == 1
+    assert distributed.threads_per_rank(2 * cores) == 1
 
 
 # -------------------------------------------------------------------- the event stream

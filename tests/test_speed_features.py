@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
+from conftest import free_port
 
 from ddp_exp.config import register_configs
 
@@ -33,6 +33,7 @@ def test_batched_path_equals_dataloader_path(run_cli):
     assert _max_abs_diff(_state(fast.job_dir), _state(generic.job_dir)) == 0.0
 
 
+@pytest.mark.float_sensitive
 def test_accumulation_equals_the_bigger_batch(run_cli):
     """accumulate_grad_batches=2 at batch 16 trains the model of batch 32 (the micro-batch
     losses are weighted by their share of the step's samples)."""
@@ -44,12 +45,6 @@ def test_accumulation_equals_the_bigger_batch(run_cli):
     assert acc.metrics["global_batch_size"] == big.metrics["global_batch_size"] == 64
     assert acc.metrics["val/loss"] == pytest.approx(big.metrics["val/loss"], rel=1e-5)
     assert _max_abs_diff(_state(acc.job_dir), _state(big.job_dir)) < 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir: str,
@@ -106,7 +101,7 @@ def test_one_gradient_all_reduce_per_optimizer_step(tmp_path, accumulate):
     plain = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_count_allreduces, args=(r, 2, port, plain, str(tmp_path), out))
              for r in range(2)]
     for p in procs:
@@ -122,6 +117,7 @@ def test_one_gradient_all_reduce_per_optimizer_step(tmp_path, accumulate):
         assert calls == steps
 
 
+@pytest.mark.float_sensitive
 def test_bf16_mixed_runs_close_to_fp32(run_cli, default_run_2_epochs):
     """bf16 autocast on the CPU: completes, and the final losses stay within 2% of fp32 (the
     session's default 2-epoch run; bf16 keeps 8 bits of mantissa: each matmul's inputs are
@@ -135,6 +131,7 @@ def test_bf16_mixed_runs_close_to_fp32(run_cli, default_run_2_epochs):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_compile_runs_and_matches_eager(run_cli, default_run_1_epoch):
     """torch.compile of the DDP model on the CPU (inductor, C++ codegen): completes, and the
     losses match eager mode (the session's default 1-epoch run) within 1e-4 relative (fused

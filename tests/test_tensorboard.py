@@ -15,13 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import hparams_table, scalars
+from conftest import QUIET, hparams_table, scalars
 
 from ddp_exp.data import build_datasets, load_digits
 from ddp_exp.models import MLP
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-QUIET = "print_config=false"
 VAL, BATCH, EPOCHS, EVERY = 297, 50, 2, 4  # 750 samples per rank: 15 steps of 2 x 50 an epoch
 STEPS_PER_EPOCH = (1797 - VAL) // 2 // BATCH
 
