@@ -11,6 +11,7 @@ torch's own ``OneCycleLR`` built over the new length, or an uninterrupted run.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -44,49 +45,74 @@ def _plain(compose, world_size: int, *overrides: str) -> dict:
     return plain
 
 
-def _checkpoint(cfg: dict, epochs_done: int, metric: float = 1.0) -> dict:
-    """What the loop's checkpoint holds of the optimizer and schedule after ``epochs_done``
-    epochs of the run ``cfg`` (a per-epoch scheduler stepped with ``metric``)."""
+def _params() -> torch.nn.ParameterList:
+    return torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2))])
+
+
+def _loop(cfg: dict) -> SimpleNamespace:
+    """What the rank's loop (ddp_exp.train.Trainer) holds of the optimizer and the schedule,
+    built as it builds them from ``cfg``, for :func:`ddp_exp.train_state.load_state_dict`."""
     from ddp_exp import schedule
+    from ddp_exp.monitor import Monitor
     from ddp_exp.optimizer import build_optimizer
 
     per_epoch = PER_EPOCH[cfg["world_size"]]
-    opt = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))])
-    run_steps = schedule.total_steps(cfg["trainer"]["epochs"], None, per_epoch)
-    sched, interval = schedule.build_scheduler(cfg["scheduler"], opt, run_steps, per_epoch)
-    for _ in range(epochs_done):
-        for _ in range(per_epoch):
-            opt.step()
-            if sched is not None and interval == "step":
-                sched.step()
-        if sched is not None and interval == "epoch":
-            schedule.step_epoch(sched, {"val/loss": metric}, "val/loss")
-    return {"optimizer": opt.state_dict(), "epoch": epochs_done - 1,
-            "global_step": epochs_done * per_epoch, "config": cfg,
-            "scheduler": None if sched is None else sched.state_dict()}
+    model = _params()
+    optimizer = build_optimizer(cfg, model.parameters())
+    run_steps = schedule.total_steps(cfg["trainer"]["epochs"], cfg["trainer"]["max_steps"],
+                                     per_epoch)
+    scheduler, interval = schedule.build_scheduler(cfg["scheduler"], optimizer, run_steps,
+                                                   per_epoch)
+    return SimpleNamespace(
+        cfg=cfg, model=model, optimizer=optimizer, scheduler=scheduler,
+        step_scheduler=scheduler if interval == "step" else None, run_steps=run_steps,
+        steps_per_epoch=per_epoch, scaler=None, monitor=Monitor(None, None, None), epoch=0,
+        global_step=0, world=SimpleNamespace(world_size=cfg["world_size"], rank=0),
+        device=torch.device("cpu"), step_lr=optimizer.param_groups[0]["lr"])
+
+
+def _run_epochs(loop: SimpleNamespace, epochs: int, metric: float) -> list[float]:
+    """Train ``epochs`` epochs of ``loop``'s steps (no gradients: the rate is what is looked
+    at); returns the lr of every optimizer step (of every epoch for a per-epoch scheduler)."""
+    from ddp_exp import schedule
+
+    lrs = []
+    for _ in range(epochs):
+        if loop.scheduler is not None and loop.step_scheduler is None:
+            lrs.append(loop.optimizer.param_groups[0]["lr"])
+        for _ in range(loop.steps_per_epoch):
+            if loop.step_scheduler is not None or loop.scheduler is None:
+                lrs.append(loop.optimizer.param_groups[0]["lr"])
+            loop.optimizer.step()
+            loop.global_step += 1
+            if loop.step_scheduler is not None:
+                loop.step_scheduler.step()
+        if loop.scheduler is not None and loop.step_scheduler is None:
+            schedule.step_epoch(loop.scheduler, {"val/loss": metric}, "val/loss")
+        loop.epoch += 1
+    return lrs
+
+
+def _checkpoint(cfg: dict, epochs_done: int, metric: float = 1.0) -> dict:
+    """What the loop's checkpoint holds of the model, optimizer and schedule after
+    ``epochs_done`` epochs of the run ``cfg`` (a per-epoch scheduler stepped with ``metric``
+    after each)."""
+    loop = _loop(cfg)
+    _run_epochs(loop, epochs_done, metric)
+    return {"model": loop.model.state_dict(), "optimizer": loop.optimizer.state_dict(),
+            "epoch": epochs_done - 1, "global_step": loop.global_step, "config": cfg,
+            "monitor": None, "scheduler": None if loop.scheduler is None
+            else loop.scheduler.state_dict()}
 
 
 def _resumed_lrs(cfg: dict, state: dict, metric: float = 1.0) -> list[float]:
-    """The lr of every optimizer step (per epoch: of every epoch) of the resumed run ``cfg``."""
-    from ddp_exp import schedule, train_state
-    from ddp_exp.optimizer import build_optimizer
+    """The lr of every optimizer step (per epoch: of every epoch) of the run ``cfg`` resumed
+    from ``state`` as a rank resumes (:func:`ddp_exp.train_state.load_state_dict`)."""
+    from ddp_exp import train_state
 
-    per_epoch = PER_EPOCH[cfg["world_size"]]
-    opt = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(2))])
-    sched, interval, _ = train_state.resume_optimizer(cfg, state, opt, per_epoch, "auto")
-    lrs = []
-    for _ in range(state["epoch"] + 1, cfg["trainer"]["epochs"]):
-        if interval == "epoch":
-            lrs.append(opt.param_groups[0]["lr"])
-        for _ in range(per_epoch):
-            if interval == "step":
-                lrs.append(opt.param_groups[0]["lr"])
-            opt.step()
-            if sched is not None and interval == "step":
-                sched.step()
-        if sched is not None and interval == "epoch":
-            schedule.step_epoch(sched, {"val/loss": metric}, "val/loss")
-    return lrs
+    loop = _loop(cfg)
+    train_state.load_state_dict(loop, state, "last.pt")
+    return _run_epochs(loop, cfg["trainer"]["epochs"] - loop.epoch, metric)
 
 
 COSINE = ("scheduler=cosine", "scheduler.warmup_steps=5", "scheduler.min_lr=0.001")
