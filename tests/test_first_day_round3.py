@@ -115,20 +115,82 @@ def test_relative_data_and_resume_paths_under_chdir(run_cli, tmp_path, chdir):
     assert second.metrics["epoch"] == 2
 
 
-def test_relative_data_path_in_a_chdir_sweep(run_cli, tmp_path):
-    """Under -m every job runs in its own folder with chdir=true: the path still means the
-    folder the sweep was started in."""
+def test_a_chdir_sweep_config_print_lock_file_and_wall_s(run_cli, tmp_path):
+    """One sweep, four findings. Item 5: under -m every job runs in its own folder with
+    chdir=true, and data.path still means the folder the sweep was started in (each job
+    failed: "no such file (looked at <sweep>/<job>/mydata.csv)"). Item 11: the whole config
+    was printed once per job (now once per sweep; a later job prints its overrides and keeps
+    the whole in its own ddp_exp.log); every finished job folder showed ``.ddp_exp.lock``
+    (now under ``.hydra/``); summary.md now says what ``wall_s`` measures and that the first
+    job's includes one-off warm-up."""
     _write_csv(tmp_path)
     sweep = tmp_path / "sweep"
     run = run_cli("-m", "data=file", "data.path=mydata.csv", "hydra.job.chdir=true",
                   "data.batch_size=16,32", "trainer.epochs=1", "world_size=1",
-                  "print_config=false", f"hydra.sweep.dir={sweep}", run_dir=False).ok()
-    del run
+                  f"hydra.sweep.dir={sweep}", run_dir=False).ok()
     for job in ("0", "1"):
         status = json.loads((sweep / job / "status.json").read_text())
         assert status["status"] == "completed", status
         metrics = json.loads((sweep / job / "metrics.json").read_text())
         assert metrics["train/num_samples"] == ROWS
+        assert not (sweep / job / ".ddp_exp.lock").exists()
+        assert (sweep / job / ".hydra" / ".ddp_exp.lock").is_file()
+        assert "hidden_sizes:" in (sweep / job / "ddp_exp.log").read_text()
+    assert run.stdout.count("hidden_sizes:") == 1, run.stdout
+    job_lines = [line for line in run.stdout.splitlines() if "this job's overrides:" in line]
+    assert len(job_lines) == 1 and "data.batch_size=32" in job_lines[0], job_lines
+    assert "first job a process runs also pays one-off warm-up" in (
+        sweep / "summary.md").read_text()
+
+
+# ------------------------------------------- item 8: trainer.resume=auto, nothing there
+def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, caplog):
+    """Regression (V05): ``trainer.resume=auto`` without ``hydra.run.dir`` trained from
+    scratch in a new timestamped folder without a word. One warning names the folder and how
+    to resume a run; none when there is a last.pt to continue from or resume is not asked."""
+    from ddp_exp.checkpoint import LAST, checkpoint_dir
+    from ddp_exp.jobdir import refuse_earlier_run
+
+    job = tmp_path / "outputs" / "runs" / "new"
+    job.mkdir(parents=True)
+    caplog.set_level(logging.INFO, logger="ddp_exp")
+    refuse_earlier_run(str(job), "auto")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"trainer.resume=auto: nothing to resume in {job}: starting fresh; to "
+                        "resume a run, pass its folder as hydra.run.dir"]
+    caplog.clear()
+    refuse_earlier_run(str(job), None)
+    os.makedirs(checkpoint_dir(str(job)))
+    Path(checkpoint_dir(str(job)), LAST).write_bytes(b"")
+    refuse_earlier_run(str(job), "auto")
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# ------------------------------------------------ item 11b: the lock file out of sight
+def test_the_lock_file_lives_under_dot_hydra_and_still_locks(tmp_path):
+    """Regression: ``.ddp_exp.lock`` stayed in every finished job folder and made it look in
+    use. It lives in ``.hydra/`` (beside the record it keeps), still refuses a second run
+    there, and a refused single run's folder that holds only what its start made is still
+    removed."""
+    from ddp_exp.jobdir import (
+        LOCK_FILE,
+        JobFolderBusy,
+        job_folder_lock,
+        note_new_folders,
+        remove_refused_folder,
+    )
+
+    job = tmp_path / "run"
+    note_new_folders(str(job))
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    with job_folder_lock(str(job), str(job / ".hydra")):
+        with pytest.raises(JobFolderBusy):
+            with job_folder_lock(str(job), str(job / ".hydra")):
+                pass
+    assert sorted(p.name for p in job.iterdir()) == [".hydra"]
+    assert (job / ".hydra" / LOCK_FILE).is_file()
+    assert remove_refused_folder(str(job), ".hydra", None) and not job.exists()
 
 
 # ----------------------------------------------------------- item 7: your own _target_

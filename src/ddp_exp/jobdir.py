@@ -2,9 +2,9 @@
 
 What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training, in order:
 
-* :func:`job_folder_lock`: the entry holds ``.ddp_exp.lock`` while a world uses the folder, and
-  keeps in it a copy of the ``.hydra/`` record of the run that last held it, put back when a run
-  is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
+* :func:`job_folder_lock`: the entry holds ``.hydra/.ddp_exp.lock`` while a world uses the
+  folder, and keeps in it a copy of the ``.hydra/`` record of the run that last held it, put
+  back when a run is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
 * :func:`earlier_outputs`: what an earlier run left; :func:`refuse_earlier_run` (called by the
   build step) will not train afresh over it (:class:`FolderHoldsRun`);
 * :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
@@ -35,6 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError
 from ddp_exp.files import atomic_write, remove_partial
+
+log = logging.getLogger("ddp_exp")
 
 LOCK_FILE = ".ddp_exp.lock"
 HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
@@ -73,7 +75,9 @@ def earlier_outputs(job_dir: str) -> list[str]:
 def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
     """Refuse to train afresh in a folder that holds an earlier run: its event streams and
     files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
-    ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``.
+    ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``. With
+    ``trainer.resume=auto`` and nothing to continue from, it logs one warning
+    (:func:`nothing_to_resume_line`) and the run starts fresh.
 
     Raises:
         FolderHoldsRun: naming what the earlier run left and how to continue it.
@@ -87,6 +91,22 @@ def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
         raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
                              f"({', '.join(earlier)}): {how}; or give this run its own folder "
                              "(hydra.run.dir; hydra.sweep.dir with -m)")
+    if no_checkpoint and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+        log.warning("%s", nothing_to_resume_line(job_dir))
+
+
+def nothing_to_resume_line(job_dir: str) -> str:
+    """What ``trainer.resume=auto`` says when the job folder has no ``checkpoints/last.pt``:
+    it trains from scratch there (a new folder, when ``hydra.run.dir`` was not given: each
+    run gets its own timestamped one), and how to resume a run instead."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    how = ("pass the sweep's folder as hydra.sweep.dir" if sweep
+           else "pass its folder as hydra.run.dir")
+    return f"trainer.resume=auto: nothing to resume in {job_dir}: starting fresh; to resume a " \
+           f"run, {how}"
 
 
 # The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:
@@ -154,7 +174,7 @@ def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str 
                   if hydra_subdir and hydra_subdir in names else set())
     except OSError:
         return False
-    if not names <= made or not record <= set(HYDRA_RECORD):
+    if not names <= made or not record <= {*HYDRA_RECORD, LOCK_FILE}:
         return False
     shutil.rmtree(job_dir, ignore_errors=True)
     _remove_empty_new_folders(os.path.dirname(job_dir), top)
@@ -188,7 +208,10 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
     the lock file also keeps a copy of the record of the run that last held it: a run refused
     here (folder busy, or nothing left to train) puts that record back, and the folder keeps
-    describing what was trained in it.
+    describing what was trained in it. The lock file is ``<hydra_dir>/.ddp_exp.lock`` (in the
+    job folder itself only with ``hydra.output_subdir=null``): a finished run's folder shows no
+    lock file that would make it look in use (an ``flock`` ends with its process; the file
+    stays, holding the record).
 
     Raises:
         JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
@@ -197,9 +220,10 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     import fcntl
 
     os.makedirs(job_dir, exist_ok=True)
-    with open(os.path.join(job_dir, LOCK_FILE), "a+") as fh:  # a+: keep the record
+    with open(lock_file(job_dir, hydra_dir), "a+") as fh:  # a+: keep the record
         fh.seek(0)
-        previous = _parse_record(fh.read())
+        previous = _parse_record(fh.read()) or _parse_record(_read_text(
+            os.path.join(job_dir, LOCK_FILE)))  # a folder of an earlier version's run
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -217,6 +241,20 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
             raise
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def lock_file(job_dir: str, hydra_dir: str | None) -> str:
+    """The job folder's lock file: under ``hydra_dir`` (``.hydra/``) when Hydra made one."""
+    folder = hydra_dir if hydra_dir and os.path.isdir(hydra_dir) else job_dir
+    return os.path.join(folder, LOCK_FILE)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 def _read_record(hydra_dir: str | None) -> dict[str, str]:

@@ -53,6 +53,7 @@ from ddp_exp.distributed import (
     resolve_placement,
 )
 from ddp_exp.files import atomic_write
+from ddp_exp.sweep import log_config
 from ddp_exp.user_input import settle
 from ddp_exp.worker import (
     FAILURES_ENV,
@@ -122,8 +123,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
     if cfg.launcher.start_method == "fork":
         _preload_for_ranks()
-    if cfg.print_config:
-        log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
+    if cfg.print_config:  # once per sweep: later jobs print their overrides
+        log_config(inputs.cfg)
     if owner:  # an earlier attempt's errors/ would contradict this run's status
         jobdir.clear_errors(inputs.job_dir)
     la = cfg.launcher

@@ -37,6 +37,13 @@ log = logging.getLogger("ddp_exp")
 
 COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
            "samples_per_sec", "error")
+# Under summary.md's table: what wall_s measures, and why the first job's is longer.
+WALL_S_NOTE = ("`wall_s`: seconds from the job's start to its end in the process that ran it "
+               "(set-up, data, model, training, evaluation). The first job a process runs also "
+               "pays one-off warm-up (imports such as torch._dynamo and TensorBoard, made once "
+               "per process: seconds, often more than a small job's training), so its `wall_s` "
+               "is longer for the same work: compare speed by `samples_per_sec`, which counts "
+               "the training loop only.")
 # The recipe's final values (issue 15), columns when some job has them: best/<monitor>,
 # best/epoch, stopped_early, test/loss, test/accuracy, test/<metric>.
 RECIPE_PREFIXES = ("best/", "test/")
@@ -103,6 +110,28 @@ def objective(value: float | None, sweeper: Any) -> float | None:
     log.warning("this job has no finite val/loss (%s): the sweeper is told %s, the worst value "
                 "for direction %s, and the search goes on", value, worst, direction)
     return worst
+
+
+def log_config(cfg: Any) -> None:
+    """Log the resolved config at a job's start (``print_config=true``): the whole of it in a
+    single run and in a sweep's job 0; in a later job of a sweep, one line with the job's
+    overrides on the console (the rest is what job 0 printed) and the whole config in the
+    job's own ``ddp_exp.log``, so that every job folder still says exactly what it ran."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from ddp_exp.jobdir import log_to_job_log_only
+
+    text = OmegaConf.to_yaml(cfg)
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    if hc is None or hc.mode != RunMode.MULTIRUN or not hc.job.num:
+        log.info("config:\n%s", text)
+        return
+    log_to_job_log_only(logging.INFO, f"config:\n{text}")
+    overrides = " ".join(hc.overrides.task) or "none"
+    log.info("config: job 0's (printed above; the whole in this job's ddp_exp.log), with this "
+             "job's overrides: %s", overrides)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -191,7 +220,7 @@ def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         cells = [_fmt(row.get(k)).replace("|", "\\|").replace("\n", " ") for k in names]
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n\n" + WALL_S_NOTE + "\n"
     atomic_write(os.path.join(sweep_dir, "summary.md"), lambda fh: fh.write(text.encode()))
     _plot(sweep_dir, rows)
 
