@@ -295,6 +295,22 @@ def test_a_new_data_key_without_plus_is_told_to_add_the_plus(run_cli):
     assert run.stderr.count("\n") == 1 and "+data.size=" in run.stderr, run.stderr
 
 
+def test_a_new_model_key_without_plus_on_a_packaged_option_says_add_the_plus(compose):
+    """Regression: ``model._target_=mymodel.TinyNet model.width=8`` (TinyNet's own argument,
+    without the +) listed model=mlp's valid keys only, as if width could not be given."""
+    import hydra
+
+    from ddp_exp.__main__ import _one_line
+
+    for override, key in (("model.width=8", "model.width"), ("optim.amsgrad=true",
+                                                             "optim.amsgrad")):
+        with pytest.raises(hydra.errors.ConfigCompositionException) as info:
+            compose(override)
+        line = _one_line(info.value)
+        assert "valid keys: " in line and f"added with +{key}=..." in line, line
+        assert "\n" not in line
+
+
 # ------------------------------------------------------- item 11d: where Python looked
 def test_an_unimportable_user_module_says_where_python_looked(tmp_path, monkeypatch):
     """Regression: ``data._target_=mydata.make`` whose module is nowhere said only "No module

@@ -71,6 +71,7 @@ from ddp_exp.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.usage import register_resolvers
+from ddp_exp.user_input import TARGET_GROUPS
 from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed, world_failure
 
 log = logging.getLogger("ddp_exp")
@@ -215,6 +216,8 @@ def _one_line(exc: BaseException) -> str | None:
     if unknown_key and dataclasses.is_dataclass(schema):
         keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
         msg += f"; valid keys: {', '.join(keys)}"
+        if str(cause.full_key).split(".", 1)[0] in TARGET_GROUPS:  # a _target_ replaced
+            msg += f"; an argument of your own _target_ is added with +{cause.full_key}=..."
     elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
         msg += f"; to add it, write +{cause.full_key}=..."
     return f"{cause.full_key}: {msg}"
