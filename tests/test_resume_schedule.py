@@ -81,6 +81,8 @@ def _run_epochs(loop: SimpleNamespace, epochs: int, metric: float) -> list[float
         if loop.scheduler is not None and loop.step_scheduler is None:
             lrs.append(loop.optimizer.param_groups[0]["lr"])
         for _ in range(loop.steps_per_epoch):
+            if loop.global_step == loop.cfg["trainer"]["max_steps"]:
+                return lrs
             if loop.step_scheduler is not None or loop.scheduler is None:
                 lrs.append(loop.optimizer.param_groups[0]["lr"])
             loop.optimizer.step()
@@ -133,6 +135,17 @@ def test_cosine_continues_over_the_new_length_to_min_lr(compose, before, after):
     assert lrs == pytest.approx([cosine_lr(k, LR, 5, total, 0.001)
                                  for k in range(start + 1, total + 1)], rel=1e-12)
     assert lrs[-1] == pytest.approx(0.001, rel=1e-12)
+
+
+def test_max_steps_after_a_world_change_ends_the_cosine_at_the_last_step(compose):
+    """trainer.max_steps counts the run's steps, the checkpoint's 48 included: at
+    world_size=1 with max_steps=100 the run takes 52 more, the new world's steps 95-146, and
+    the cosine reaches min_lr at the last of them."""
+    state = _checkpoint(_plain(compose, 2, *COSINE, "trainer.epochs=2"), 2)
+    lrs = _resumed_lrs(_plain(compose, 1, *COSINE, "trainer.epochs=4", "trainer.max_steps=100"),
+                       state)
+    assert lrs == pytest.approx([cosine_lr(k, LR, 5, 146, 0.001) for k in range(95, 147)],
+                                rel=1e-12)
 
 
 def test_a_schedule_key_changed_on_resume_governs(compose):
