@@ -13,8 +13,11 @@ Layout, in ``<job_dir>/checkpoints/``:
 
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
-(0-based), ``global_step``, every rank's RNG states and the resolved config: all that is needed to
-continue exactly (the sampler's order is a function of seed and epoch). Files are written to a
+(0-based), ``global_step``, the run's ``steps_per_epoch`` and ``run_steps``, every rank's RNG
+states and the resolved config: all that is needed to continue exactly (the sampler's order is a
+function of seed and epoch; a resumed run rebuilds its schedule from its own config and length,
+:func:`ddp_exp.train_state.resume_optimizer`, and reads the scheduler's state only for
+``ReduceLROnPlateau``'s progress). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.files.atomic_write`), so a reader, or a run killed
 mid-save, sees the previous complete file or the new complete one, never part of one. The loop
 serializes each checkpoint at once and writes it on a background thread
