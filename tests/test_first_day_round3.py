@@ -311,6 +311,20 @@ def test_a_new_model_key_without_plus_on_a_packaged_option_says_add_the_plus(com
         assert "\n" not in line
 
 
+def test_deleting_a_packaged_options_key_says_there_is_no_need(compose):
+    """Regression (V02): ``~model.hidden_sizes``, what a user tries next, was refused with
+    "MLPConfig (DictConfig) does not support deletion" and no way on."""
+    import hydra
+
+    from ddp_exp.__main__ import _one_line
+
+    with pytest.raises(hydra.errors.ConfigCompositionException) as info:
+        compose("~model.hidden_sizes", "model._target_=mymodel.TinyNet")
+    line = _one_line(info.value)
+    assert line.startswith("model.hidden_sizes: ") and "\n" not in line
+    assert "one given in its place drops the keys its signature does not take" in line
+
+
 # ------------------------------------------------------- item 11d: where Python looked
 def test_an_unimportable_user_module_says_where_python_looked(tmp_path, monkeypatch):
     """Regression: ``data._target_=mydata.make`` whose module is nowhere said only "No module

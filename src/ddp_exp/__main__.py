@@ -220,6 +220,10 @@ def _one_line(exc: BaseException) -> str | None:
             msg += f"; an argument of your own _target_ is added with +{cause.full_key}=..."
     elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
         msg += f"; to add it, write +{cause.full_key}=..."
+    elif "does not support deletion" in msg and str(cause.full_key).split(".", 1)[0] in (
+            TARGET_GROUPS):  # ~model.hidden_sizes, to give model._target_=my.Net
+        msg += ("; no need to delete it for your own _target_: one given in its place drops "
+                "the keys its signature does not take")
     return f"{cause.full_key}: {msg}"
 
 
