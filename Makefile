@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 # it: ten lines on a first `make run` (case U08) about a folder this project does not have.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation:UserWarning"
 
-.PHONY: install run test test-fast test-cuda sweep tensorboard bench lint clean
+.PHONY: install run test test-fast test-float test-cuda sweep tensorboard bench lint clean
 
 install: $(VENV)/.installed  ## everything: what running needs, the test and lint tools
 
@@ -42,6 +42,14 @@ test: install  ## the whole suite, as CI runs it (TEST_WORKERS=2 processes)
 
 test-fast: install  ## in-process tests and a smoke set of CLI runs (about 1 minute)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+
+# Another CPU's digits on this one: ATen's kernels without AVX2/AVX512 and MKL's AVX2 ones (the
+# first alone leaves MKL's matrix products bit-identical). The guide's blocks build on each other:
+# one worker runs a whole file (loadfile).
+FLOAT_KERNELS := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2
+
+test-float: install  ## the tests whose values depend on the CPU's kernels, run with another CPU's kernels
+	$(FLOAT_KERNELS) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m float_sensitive
 
 test-cuda: install  ## the CUDA/NCCL tests alone (they skip without a GPU)
 	$(BIN)/python -m pytest -m cuda -rs tests/test_device.py

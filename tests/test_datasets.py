@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import refused_before_ranks
+from conftest import QUIET, refused_before_ranks
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
@@ -26,7 +26,6 @@ from ddp_exp.data.lazy import ItemReader, TorchSplit
 from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
 
 TESTS = Path(__file__).parent
-QUIET = "print_config=false"
 
 
 def _tests_on_path() -> dict[str, str]:
@@ -317,6 +316,7 @@ def test_image_folder_cnn_learns_digits(run_cli, digits_folder):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_lazy_validation_exact_for_world_sizes_1_2_3(run_cli, tmp_path):
     """Must-hold 2: ``optim.lr=0`` on a lazy (train, val) pair with 101 (prime) validation
     samples: val/loss within 1e-6 and val/accuracy identical for world_size 1, 2 and 3, and
@@ -348,10 +348,12 @@ def test_lazy_validation_exact_for_world_sizes_1_2_3(run_cli, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_lazy_path_equals_in_memory_and_world_sizes_agree(run_cli, digits_folder):
     """A Dataset class serving the digits item by item trains bit for bit what ``data=digits``
-    trains (same split, same order); and an image folder at world_size=3, per-rank batch 8, with
-    a worker, trains the weights of world_size=1, batch 24 (DDP equivalence, relative 1e-5)."""
+    trains (same split, same order) and validates it at float32 precision (other batches); and
+    an image folder at world_size=3, per-rank batch 8, with a worker, trains the weights of
+    world_size=1, batch 24 (DDP equivalence, relative 1e-5)."""
     common = ("trainer.epochs=1", QUIET)
     arrays = run_cli("data=digits", "world_size=3", "data.batch_size=8", *common,
                      job="arrays").ok()
@@ -360,8 +362,9 @@ def test_lazy_path_equals_in_memory_and_world_sizes_agree(run_cli, digits_folder
                    env=_tests_on_path()).ok()
     for key in ("train/loss", "val/accuracy"):
         assert lazy.metrics[key] == arrays.metrics[key], key
-    # validation batches of 8 here, 512 for arrays: the float32 forward sums in another order
-    assert lazy.metrics["val/loss"] == pytest.approx(arrays.metrics["val/loss"], rel=1e-9)
+    # validation batches of 8 here, 512 for arrays: the float32 forward sums in another order,
+    # which another CPU's kernels round differently (1e-9 held here, 4e-9 apart with AVX512)
+    assert lazy.metrics["val/loss"] == pytest.approx(arrays.metrics["val/loss"], rel=1e-6)
     a, b = _state(arrays.job_dir), _state(lazy.job_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -392,6 +395,7 @@ def test_nothing_is_materialised(run_cli):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_killed_augmented_run_with_workers_resumes_exactly(run_cli, tmp_path, digits_folder):
     """Must-hold 4: ``data.num_workers=2 data.augment=true``, rank 1 SIGKILLed in epoch 2 after
     epoch 1's checkpoint, then resumed with ``trainer.resume=auto``: the weights of a run never

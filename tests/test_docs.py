@@ -1,16 +1,29 @@
 """docs/guide.md runs as written: every ``bash`` block of the guide is run, in order, in a scratch
-folder laid out like the repository root (``.venv``, ``docs``), and every line of the output
-block that follows it must appear in what it printed, in order.
+folder laid out like the repository root (``.venv``, ``docs``), every command of it must succeed
+(or end with the exit status the guide says), and every line of the output block that follows it
+must appear in what it printed, in order.
 
 Conventions of the guide's quoted output (its introduction says the same):
 
 - a line ``...`` stands for lines left out;
 - ``[...]`` and ``...`` inside a line stand for any text (timestamps, paths, a run's folder);
-- the number before ``samples/s`` is a measurement and may be anything.
+- the number before ``samples/s`` is a measurement and may be anything;
+- a number with decimals is a value at the precision it is quoted: ``0.4687`` matches a printed
+  number within one unit of its last digit (a CPU with other kernels may round the other way).
 
-A block that cannot run here is preceded by ``<!-- docs-test: skip (why) -->`` on the line
-before its fence; every other block runs, so a section added later is covered without touching
-this file. The outputs were taken on a 2-core machine: the blocks run pinned to 2 cores.
+HTML comments on the lines just before a block's fence say what differs for that block:
+
+- ``<!-- docs-test: skip (why) -->``: it cannot run here;
+- ``<!-- docs-test: exit 2 2 (why) -->``: the statuses its failing commands end with, in order
+  (every other command must succeed);
+- ``<!-- docs-test: within 10% (why) -->``: its quoted numbers with decimals, and the counts of
+  its ``(correct/total)`` accuracies, hold at that relative precision only (the digits of a
+  longer training vary with the CPU's kernels).
+
+Every other block runs, so a section added later is covered without touching this file. The
+outputs were taken on a 2-core machine: the blocks run pinned to 2 cores. Every block quotes
+digits of trained models, and the blocks build on each other's outputs: the whole guide is
+``float_sensitive`` (``make test-float`` runs it with another CPU's kernels).
 """
 
 from __future__ import annotations
@@ -20,15 +33,19 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide.md"
-SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+)\)\s*-->")
+MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|exit|within)\s*(.*?)\s*-->")
 BLOCK_TIMEOUT_S = 300
+# What a quoted line's parts stand for: any text; a measured rate (may be anything); a value
+# (a number with decimals, or the count of a "(correct/total)" accuracy).
+TOKEN = re.compile(r"(?P<any>\[\.\.\.\]|\.\.\.)|(?P<rate>[\d,]+(?= samples/s))"
+                   r"|(?P<value>\d+\.\d+|(?<=\()\d+(?=/\d+\)))")
 
 
 @dataclass
@@ -36,11 +53,34 @@ class Block:
     line: int  # 1-based line of the opening fence
     command: str
     expected: list[str]  # the output block's lines ([] when none follows)
-    skip: str | None  # why it cannot run here
+    skip: str | None = None  # why it cannot run here
+    exits: list[int] = field(default_factory=list)  # statuses of its failing commands, in order
+    rel: float | None = None  # relative precision of its quoted values (None: the last digit)
+
+
+def _markers(lines: list[str], fence: int) -> dict[str, str]:
+    """The ``docs-test`` comments on the lines just above line index ``fence``: kind -> text."""
+    found, i = {}, fence - 1
+    while i >= 0 and (hit := MARKER.search(lines[i])):
+        found[hit.group(1)] = hit.group(2)
+        i -= 1
+    return found
+
+
+def _block(start: int, body: list[str], expected: list[str], markers: dict[str, str]) -> Block:
+    block = Block(start + 1, "\n".join(body), expected)
+    if "skip" in markers:
+        block.skip = re.fullmatch(r"\((.+)\)", markers["skip"]).group(1)
+    if "exit" in markers:
+        block.exits = [int(n) for n in re.match(r"[\d ]+", markers["exit"]).group().split()]
+    if "within" in markers:
+        block.rel = float(re.match(r"([\d.]+)%", markers["within"]).group(1)) / 100
+    return block
 
 
 def guide_blocks(text: str) -> list[Block]:
-    """Every ``bash`` block of the guide with the plain block that follows it."""
+    """Every ``bash`` block of the guide with the plain block that follows it and the
+    ``docs-test`` comments above it."""
     lines = text.splitlines()
     fences = []  # (start line index, info string, body lines)
     i = 0
@@ -65,29 +105,56 @@ def guide_blocks(text: str) -> list[Block]:
             between = lines[end + 1:nxt_start]
             if nxt_info == "" and all(not ln.strip() for ln in between):
                 expected = nxt_body
-        marker = SKIP.search(lines[start - 1]) if start > 0 else None
-        blocks.append(Block(start + 1, "\n".join(body), expected,
-                            marker.group(1) if marker else None))
+        blocks.append(_block(start, body, expected, _markers(lines, start)))
     return blocks
 
 
-def line_pattern(quoted: str) -> re.Pattern:
-    """A quoted output line as a regex: ``[...]``/``...`` match anything, samples/s any number."""
-    parts = re.split(r"(\[\.\.\.\]|\.\.\.|[\d,]+(?= samples/s))", quoted)
-    regex = "".join(".*" if p in ("[...]", "...") else r"[\d,]+" if re.fullmatch(r"[\d,]+", p)
-                    and i % 2 == 1 else re.escape(p) for i, p in enumerate(parts))
-    return re.compile(regex)
+def line_pattern(quoted: str) -> tuple[re.Pattern, list[str]]:
+    """A quoted output line as a regex and its values: ``[...]``/``...`` match anything, the
+    number before samples/s any number, each value (:data:`TOKEN`) any number, captured for
+    :func:`line_matches`."""
+    regex, values, pos = "", [], 0
+    for hit in TOKEN.finditer(quoted):
+        regex += re.escape(quoted[pos:hit.start()])
+        if hit.group("any"):
+            regex += ".*"
+        elif hit.group("rate"):
+            regex += r"[\d,]+"
+        else:
+            regex += r"(\d+(?:\.\d+)?)"
+            values.append(hit.group())
+        pos = hit.end()
+    return re.compile(regex + re.escape(quoted[pos:])), values
 
 
-def missing_lines(expected: list[str], output: str) -> list[str]:
+def values_agree(quoted: str, printed: str, rel: float | None = None) -> bool:
+    """``printed`` is the quoted value at the precision the guide claims: within ``rel`` of it
+    (relative) when given, else within one unit of its last quoted digit (``0.4687``: 0.4686
+    to 0.4688; a count exactly)."""
+    q, p = float(quoted), float(printed)
+    if rel is not None:
+        return abs(p - q) <= rel * abs(q)
+    decimals = len(quoted.partition(".")[2])
+    return abs(p - q) <= (10.0 ** -decimals if decimals else 0.0) + 1e-12
+
+
+def line_matches(quoted: str, printed: str, rel: float | None = None) -> bool:
+    """Whether a printed line is the quoted one (:func:`line_pattern`, :func:`values_agree`)."""
+    pattern, values = line_pattern(quoted)
+    hit = pattern.fullmatch(printed)
+    return hit is not None and all(values_agree(q, p, rel)
+                                   for q, p in zip(values, hit.groups(), strict=True))
+
+
+def missing_lines(expected: list[str], output: str, rel: float | None = None) -> list[str]:
     """The quoted lines not found, in order, among the output's lines."""
     out = [ln.rstrip() for ln in output.splitlines()]
     missing, pos = [], 0
     for quoted in expected:
         if quoted.strip() == "...":
             continue
-        pattern = line_pattern(quoted.rstrip())
-        hit = next((i for i in range(pos, len(out)) if pattern.fullmatch(out[i])), None)
+        hit = next((i for i in range(pos, len(out)) if line_matches(quoted.rstrip(), out[i], rel)),
+                   None)
         if hit is None:
             missing.append(quoted)
         else:
@@ -105,15 +172,50 @@ def test_the_guide_has_command_blocks_with_quoted_output():
         assert block.skip is None or block.skip.strip(), block.line
 
 
+def test_guide_markers():
+    text = ("x\n<!-- docs-test: exit 2 2 (refused) -->\n<!-- docs-test: within 5% (a CNN) -->\n"
+            "```bash\ncmd\n```\n\n```\nout\n```\n<!-- docs-test: skip (a port) -->\n"
+            "```bash\nother\n```\n")
+    refused, skipped = guide_blocks(text)
+    assert (refused.line, refused.command, refused.expected) == (4, "cmd", ["out"])
+    assert (refused.exits, refused.rel, refused.skip) == ([2, 2], 0.05, None)
+    assert (skipped.skip, skipped.exits, skipped.rel, skipped.expected) == ("a port", [], None, [])
+
+
 def test_line_patterns():
-    pattern = line_pattern("[...][rank0][x] - epoch 1/2 | loss 2.0411 | 20,465 samples/s")
-    assert pattern.fullmatch("[2026-11-30 10:00:00,1][rank0][x] - epoch 1/2 | loss 2.0411 | "
-                             "7,001 samples/s")
-    assert not pattern.fullmatch("[t][rank0][x] - epoch 1/2 | loss 2.0412 | 7 samples/s")
-    assert line_pattern("wrote .../outputs/x/metrics.json").fullmatch(
-        "wrote /tmp/a/outputs/x/metrics.json")
+    quoted = "[...][rank0][x] - epoch 1/2 | loss 2.0411 | acc 0.5993 (178/297) | 20,465 samples/s"
+    assert line_matches(quoted, "[2026-11-30 10:00:00,1][rank0][x] - epoch 1/2 | loss 2.0411 | "
+                                "acc 0.5993 (178/297) | 7,001 samples/s")
+    # the last digit may round the other way on another CPU; more is another value
+    assert line_matches(quoted, "[t][rank0][x] - epoch 1/2 | loss 2.0412 | acc 0.5993 (178/297) "
+                                "| 7 samples/s")
+    assert not line_matches(quoted, "[t][rank0][x] - epoch 1/2 | loss 2.0413 | acc 0.5993 "
+                                    "(178/297) | 7 samples/s")
+    assert not line_matches(quoted, "[t][rank0][x] - epoch 1/2 | loss 2.0411 | acc 0.5993 "
+                                    "(179/297) | 7 samples/s")
+    assert not line_matches(quoted, "[t][rank0][x] - epoch 1/3 | loss 2.0411 | acc 0.5993 "
+                                    "(178/297) | 7 samples/s")
+    # within 5%: 2.0411 * 1.05 = 2.1432, 178 * 0.95 = 169.1
+    cnn = "[t][rank0][x] - epoch 1/2 | loss 2.1400 | acc 0.5700 (170/297) | 9 samples/s"
+    assert line_matches(quoted, cnn, rel=0.05) and not line_matches(quoted, cnn)
+    assert not line_matches(quoted, cnn.replace("2.1400", "2.1500"), rel=0.05)
+    assert line_matches("wrote .../outputs/x/metrics.json", "wrote /tmp/a/outputs/x/metrics.json")
+    assert line_matches("same: 0.86641902 == 0.86641902", "same: 0.86641903 == 0.86641903")
     assert missing_lines(["a", "...", "c"], "a\nb\nc\n") == []
     assert missing_lines(["c", "a"], "a\nb\nc\n") == ["a"]  # in order
+
+
+# Appends the status of every command that fails (bash's ERR trap) to the file named by $1.
+STATUSES = 'trap \'echo $? >> "$1"\' ERR\n'
+
+
+def test_every_failing_command_of_a_block_is_counted(tmp_path):
+    statuses = tmp_path / "statuses"
+    script = STATUSES + "true\n(exit 2)\necho fine\nfalse\ncat <<'EOF'\nx\nEOF\n"
+    proc = subprocess.run(["bash", "-c", script, "block", str(statuses)], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0 and proc.stdout == "fine\nx\n"
+    assert statuses.read_text().split() == ["2", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -135,19 +237,26 @@ def _pin_to_two_cores() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
-def test_guide_block_runs_and_prints_what_it_quotes(block: Block, workdir: Path):
+def test_guide_block_runs_and_prints_what_it_quotes(block: Block, workdir: Path, tmp_path):
     if block.skip:
         pytest.skip(f"docs/guide.md line {block.line}: {block.skip}")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "HYDRA_FULL_ERROR", "OMP_NUM_THREADS")}
+    statuses = tmp_path / "statuses"
     # stderr into stdout, in the order a terminal shows them (torchrun warns first, on stderr)
-    proc = subprocess.run([*_pin_to_two_cores(), "bash", "-c", block.command], cwd=workdir,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.run([*_pin_to_two_cores(), "bash", "-c", STATUSES + block.command,
+                           "block", str(statuses)], cwd=workdir, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     output = proc.stdout
-    if not block.expected:  # nothing quoted: the block must at least succeed
-        assert proc.returncode == 0, f"docs/guide.md line {block.line}:\n{output[-6000:]}"
-    missing = missing_lines(block.expected, output)
+    failed = [int(n) for n in statuses.read_text().split()] if statuses.exists() else []
+    # a block bash cannot parse runs no command: only its own status says so
+    parsed = proc.returncode == 0 or failed[-1:] == [proc.returncode]
+    assert failed == block.exits and parsed, (
+        f"docs/guide.md line {block.line}: commands ended with {failed} (bash with "
+        f"{proc.returncode}), the guide says {block.exits}:\n{output[-6000:]}")
+    missing = missing_lines(block.expected, output, block.rel)
     assert not missing, (f"docs/guide.md line {block.line}: not printed:\n" + "\n".join(missing)
                          + "\n--- output ---\n" + output[-6000:])
