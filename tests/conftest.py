@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 CASE_TAG = "DDP_EXP_CASE_TAG"
+TESTS = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -54,6 +55,13 @@ def rel_close(a: float, b: float, rel: float) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b))
 
 
+def tests_on_path() -> dict[str, str]:
+    """A CLI run's PYTHONPATH with this folder first (so that ``faulty``, ``lazy_data`` and the
+    other test modules import as a user's code would), the rest of it kept."""
+    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(parts)}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listened on a moment ago (bound, then released)."""
     with socket.socket() as s:
@@ -69,7 +77,6 @@ def ctrl_c_reaches_python() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-TESTS = Path(__file__).resolve().parent
 # Holds the sitecustomize.py that marks phases inside ddp_exp's own code (its imports, the forks).
 PHASE_SITE = TESTS / "phase_site"
 

@@ -10,26 +10,19 @@ straggler rule, scikit-learn's ``confusion_matrix`` of ``model.pt`` on the valid
 from __future__ import annotations
 
 import csv
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import QUIET
+from conftest import QUIET, tests_on_path
 
 from ddp_exp import confusion, dashboard, perf
 from ddp_exp.config import ConfigError, register_configs, validate
 
-TESTS = Path(__file__).resolve().parent
 # Short runs: no config printout, no progress line, no last.pt.
 SHORT = (QUIET, "trainer.progress=off", "trainer.save_last=false")
-
-
-def _tests_on_path() -> dict[str, str]:
-    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join(parts)}
 
 
 def _events(job_dir: Path):
@@ -262,7 +255,7 @@ def test_slowed_rank_is_named_and_perf_off_trains_the_same(run_cli, tmp_path):
          "slow_rank": 1}))
     common = ("world_size=2", "trainer.max_steps=12", "trainer.log_every_n_steps=4", *SHORT)
     slow = run_cli("--config-dir", str(config_dir), "model=slow", *common, job="slow",
-                   env=_tests_on_path()).ok()
+                   env=tests_on_path()).ok()
     off = run_cli("model=mlp", "trainer.perf_metrics=false", *common, job="off").ok()
 
     acc = _events(slow.job_dir)
@@ -291,7 +284,7 @@ def test_slowed_loader_shows_as_data_wait(run_cli):
     run = run_cli("data=dataset", "data._target_=lazy_data.Computed", "+data.sleep_s=0.005",
                   "data.val_size=20", "data.batch_size=16", "world_size=1",
                   "trainer.max_steps=6", "trainer.log_every_n_steps=3", *SHORT,
-                  env={**_tests_on_path(), "OMP_NUM_THREADS": "1"}).ok()
+                  env={**tests_on_path(), "OMP_NUM_THREADS": "1"}).ok()
     points = _points(_events(run.job_dir), "perf/data_wait_fraction")
     assert len(points) == 2 and all(v > 0.8 for _, v in points), points
     assert sum(map(sum, _csv_matrix(run.job_dir)[1])) == 20

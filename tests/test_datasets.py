@@ -8,7 +8,6 @@ folder on PYTHONPATH (``tests/lazy_data.py``).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,20 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import QUIET, refused_before_ranks
+from conftest import QUIET, refused_before_ranks, tests_on_path
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
 from ddp_exp.data.images import ImageFolder, decode, load_image_folder
 from ddp_exp.data.lazy import ItemReader, TorchSplit
 from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
-
-TESTS = Path(__file__).parent
-
-
-def _tests_on_path() -> dict[str, str]:
-    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join(parts)}
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +151,7 @@ def test_bad_input_is_one_line_exit_2_no_rank(run_cli, tmp_path):
     """The CLI's side of a bad data input, for one of BAD_INPUTS (a user's dataset module on
     PYTHONPATH); every case is refused in-process, by the same steps, above."""
     args, words = _bad_input_args(tmp_path, "not a dataset")
-    run = run_cli(*args, env=_tests_on_path(), timeout=60)
+    run = run_cli(*args, env=tests_on_path(), timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and words in errors[0], run.stderr
@@ -217,7 +209,7 @@ def test_bad_data_found_while_training_is_one_line(run_cli, tmp_path, case):
     else:
         args = ["data=dataset", "data._target_=lazy_data.LabelOutOfRange", "data.val_size=297"]
         words = ["class label 11 is outside 0..9"]
-    run = run_cli(*args, "world_size=2", "trainer.epochs=1", QUIET, env=_tests_on_path(),
+    run = run_cli(*args, "world_size=2", "trainer.epochs=1", QUIET, env=tests_on_path(),
                   timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
@@ -235,7 +227,7 @@ def test_a_restarted_ranks_error_is_shown(run_cli, tmp_path):
     marker = tmp_path / "failed-once"
     run = run_cli("data=dataset", "data._target_=lazy_data.FailsOnce",
                   f"+data.marker={marker}", "data.val_size=297", "launcher.max_restarts=1",
-                  "trainer.epochs=1", QUIET, env=_tests_on_path(), timeout=180)
+                  "trainer.epochs=1", QUIET, env=tests_on_path(), timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
     assert marker.exists()
     log_text = (run.job_dir / "ddp_exp.log").read_text()
@@ -328,7 +320,7 @@ def test_lazy_validation_exact_for_world_sizes_1_2_3(run_cli, tmp_path):
     common = ("data=dataset", "data._target_=lazy_data.computed_pair", "optim.lr=0.0",
               "trainer.epochs=1", "data.batch_size=16", QUIET)
     runs = {ws: run_cli(*common, f"world_size={ws}", f"data.num_workers={ws - 1}",
-                        job=f"ws{ws}", env=_tests_on_path(), timeout=180).ok()
+                        job=f"ws{ws}", env=tests_on_path(), timeout=180).ok()
             for ws in (1, 2, 3)}
     model = MLP((16,), 3, [128])
     model.load_state_dict(_state(runs[1].job_dir))
@@ -359,7 +351,7 @@ def test_lazy_path_equals_in_memory_and_world_sizes_agree(run_cli, digits_folder
                      job="arrays").ok()
     lazy = run_cli("data=dataset", "data._target_=lazy_data.DigitsDataset", "data.val_size=297",
                    "world_size=3", "data.batch_size=8", *common, job="lazy",
-                   env=_tests_on_path()).ok()
+                   env=tests_on_path()).ok()
     for key in ("train/loss", "val/accuracy"):
         assert lazy.metrics[key] == arrays.metrics[key], key
     # validation batches of 8 here, 512 for arrays: the float32 forward sums in another order,
@@ -387,7 +379,7 @@ def test_nothing_is_materialised(run_cli):
     run = run_cli("data=dataset", "data._target_=lazy_data.Computed",
                   "+data.num_samples=1000000", "+data.shape=[3,32,32]", "+data.num_classes=10",
                   "data.val_size=64", "world_size=2", "trainer.max_steps=50",
-                  "data.num_workers=1", QUIET, env=_tests_on_path(), timeout=240).ok()
+                  "data.num_workers=1", QUIET, env=tests_on_path(), timeout=240).ok()
     m = run.metrics
     assert 1_000_000 * 3 * 32 * 32 * 4 >= 4e9
     assert m["global_step"] == 50 and m["val/num_samples"] == 64
@@ -400,9 +392,9 @@ def test_killed_augmented_run_with_workers_resumes_exactly(run_cli, tmp_path, di
     """Must-hold 4: ``data.num_workers=2 data.augment=true``, rank 1 SIGKILLed in epoch 2 after
     epoch 1's checkpoint, then resumed with ``trainer.resume=auto``: the weights of a run never
     interrupted (1e-6)."""
-    from test_faults import UNREACHABLE, faulty_args, faulty_env, load_ckpt
+    from test_faults import UNREACHABLE, faulty_args, load_ckpt
 
-    env = faulty_env()
+    env = tests_on_path()
     common = ("data=image_folder", f"data.path={digits_folder}", "data.channels=1",
               "data.augment=true", "data.num_workers=2", "world_size=2", "trainer.epochs=2",
               "launcher.max_restarts=0", QUIET)

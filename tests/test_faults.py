@@ -36,10 +36,10 @@ from conftest import (
     start_at_phase,
     start_watched,
     tagged_processes,
+    tests_on_path,
 )
 from faulty import write_model_yaml
 
-TESTS = Path(__file__).resolve().parent
 TRAIN_N = 1797 - 297  # digits minus the default val_size
 STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
 STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
@@ -50,12 +50,6 @@ COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/loss", "train/
 
 
 # ------------------------------------------------------------------------------------ helpers
-def faulty_env() -> dict[str, str]:
-    """PYTHONPATH with this folder first (so ``faulty`` imports), the rest of it kept."""
-    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join(parts)}
-
-
 def faulty_args(config_dir: Path, **model) -> list[str]:
     """Write ``<config_dir>/model/faulty.yaml`` and return the overrides selecting it."""
     write_model_yaml(config_dir, **model)
@@ -164,7 +158,7 @@ def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
     kill_step = 2 * STEPS_2 + STEPS_2 // 2  # step 60: inside epoch 3 (steps 49..72)
     common = ("world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=0", QUIET)
     killed = run_cli(*faulty_args(conf, fault="kill", fault_step=kill_step), *common,
-                     job="job", env=faulty_env())
+                     job="job", env=tests_on_path())
     assert killed.returncode != 0, output(killed)
     assert "rank      : 1" in root_cause(output(killed))
     assert not (killed.job_dir / "metrics.json").exists()
@@ -174,7 +168,7 @@ def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
 
     # Same model class (the checkpoint must fit), its fault now unreachable.
     resumed = run_cli(*faulty_args(conf, fault="kill", fault_step=UNREACHABLE), *common,
-                      "trainer.resume=auto", job="job", env=faulty_env()).ok()
+                      "trainer.resume=auto", job="job", env=tests_on_path()).ok()
     assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
     assert "epoch 3/4" in resumed.stdout and "epoch 1/4" not in resumed.stdout
     assert_same_result(resumed.job_dir, reference, tol=1e-7)
@@ -231,7 +225,8 @@ def test_elastic_restart_after_rank_killed(run_cli, tmp_path, reference, kill_st
     run = run_cli(*faulty_args(tmp_path / "conf", fault="kill", fault_step=kill_step,
                                once_file=str(once)),
                   "world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=1",
-                  "distributed.timeout_s=30", QUIET, env=faulty_env()).ok()  # a hang ends in 30 s
+                  "distributed.timeout_s=30", QUIET,  # a hang ends in 30 s
+                  env=tests_on_path()).ok()
     assert once.exists(), "the fault never fired"
     last = re.escape(str(run.job_dir / "checkpoints" / "last.pt"))
     resumed = re.findall(rf"resumed from {last}\b.*step (\d+)\b", run.stdout)
@@ -259,7 +254,7 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
     process left (run_cli checks)."""
     run = run_cli(*faulty_args(tmp_path / "conf", fault=fault, fault_step=5, fault_rank=rank),
                   "world_size=2", "trainer.epochs=2", "launcher.max_restarts=0", QUIET,
-                  env=faulty_env(), timeout=120)
+                  env=tests_on_path(), timeout=120)
     text = output(run)
     assert run.returncode != 0, text
     # A rank that raised is one line (issue 26 item 6), its table in the job log; a rank
@@ -291,7 +286,7 @@ def test_a_failing_rank_under_torchrun_is_recorded_like_the_launchers(run_cli, t
     errors/rank<R>.json, the traceback in the job log, one line on stderr (once, however many
     ranks raised it) and no rank's own traceback (fresh-user finding: ~250 lines, no record)."""
     run = run_cli(*faulty_args(tmp_path / "conf", fault=fault, fault_step=5, fault_rank=1),
-                  "trainer.epochs=2", QUIET, env=faulty_env(), timeout=120, launcher=TORCHRUN_2)
+                  "trainer.epochs=2", QUIET, env=tests_on_path(), timeout=120, launcher=TORCHRUN_2)
     text = output(run)
     assert run.returncode == 1, text
     status = json.loads((run.job_dir / "status.json").read_text())
@@ -441,7 +436,7 @@ def test_nan_on_one_rank_stops_all_naming_the_step(run_cli, tmp_path):
     non-zero exit, the error names step 3; nobody hangs."""
     run = run_cli(*faulty_args(tmp_path / "conf", fault="nan", fault_step=3),
                   "world_size=2", "trainer.epochs=2", "trainer.log_every_n_steps=10", QUIET,
-                  env=faulty_env(), timeout=120)
+                  env=tests_on_path(), timeout=120)
     text = output(run)
     assert run.returncode != 0, text
     assert re.search(r"non-finite training loss at step 3\b", text), text

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
@@ -52,9 +52,7 @@ def test_make_lint_is_clean():
 
 
 def test_make_tensorboard_answers_on_loopback_then_stops():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(["make", "-C", str(ROOT), "tensorboard", f"PORT={port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, start_new_session=True)

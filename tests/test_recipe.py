@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import QUIET, refused_before_ranks, rel_close, scalars
+from conftest import QUIET, refused_before_ranks, rel_close, scalars, tests_on_path
 from faulty import write_model_yaml
-from test_faults import faulty_env, load_ckpt, tensorboard_series
+from test_faults import load_ckpt, tensorboard_series
 from test_world import _initial_model, _split
 
 SMALL_CNN = ("model=cnn", "model.channels=[4,8]", "model.hidden_size=16")
@@ -197,12 +197,12 @@ def test_resume_with_scheduler_best_and_patience_is_exact(run_cli, tmp_path):
     ref = run_cli(*recipe, "model=mlp", job="ref").ok()
     write_model_yaml(conf, fault="kill", fault_step=2 * steps + steps // 2)
     faulty = ("--config-dir", str(conf), "model=faulty")
-    killed = run_cli(*faulty, *recipe, job="job", env=faulty_env())
+    killed = run_cli(*faulty, *recipe, job="job", env=tests_on_path())
     assert killed.returncode != 0
     assert load_ckpt(killed.job_dir / "checkpoints" / "last.pt")["monitor"]["bad_epochs"] == 1
     write_model_yaml(conf, fault="kill", fault_step=UNREACHABLE)
     resumed = run_cli(*faulty, *recipe, "trainer.resume=auto", job="job",
-                      env=faulty_env()).ok()
+                      env=tests_on_path()).ok()
 
     got, want = resumed.metrics, ref.metrics
     val = scalars(ref.job_dir, "val/loss")
