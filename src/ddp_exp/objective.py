@@ -151,9 +151,8 @@ class Objective:
             model.train(was_training)
         if not isinstance(output, torch.Tensor):
             raise ConfigError(f"model: the forward returned {_describe(output, len(features))}, "
-                              "not a tensor: a model must "
-                              "return one tensor [batch, outputs] (dict and tuple outputs are "
-                              "not supported yet)")
+                              "not a tensor: a model must return one tensor [batch, outputs] "
+                              "(dict and tuple outputs are not supported yet)")
         problem = output_shape_error(tuple(output.shape), tuple(targets.shape),
                                      self.num_classes, builtin_loss=not self.custom_loss)
         if problem:
