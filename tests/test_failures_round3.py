@@ -206,7 +206,7 @@ def test_a_failed_rank_is_named_by_the_first_line_unless_it_carries_a_traceback(
     """A multi-line message of the rank's own exception is named by its first line (its last
     was a stray tail: the last missing key of a state_dict); a DataLoader worker's, which
     carries the worker's traceback, by its last line, the original error."""
-    from ddp_exp.worker import failure_detail
+    from ddp_exp.failures import failure_detail
 
     assert failure_detail("RuntimeError: Error(s) in loading state_dict for MLP:\n\t"
                           "Missing key(s): net.0.weight") == (

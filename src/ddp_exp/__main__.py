@@ -9,9 +9,10 @@ one line, then torchrun's table); a rank killed without raising (a signal) ends 
 PyTorch's elastic failure summary. Resuming a finished run says so, exit 0.
 ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
-May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which
-task owns the folder), :mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.worker` (a
-failed rank's record under torchrun), :mod:`ddp_exp.sweep`.
+May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.failures` (a failed world's line),
+:mod:`ddp_exp.usage` (``--help``), :mod:`ddp_exp.cluster` (which task owns the folder),
+:mod:`ddp_exp.jobdir`, :mod:`ddp_exp.launch`, :mod:`ddp_exp.worker` (a failed rank's record
+under torchrun), :mod:`ddp_exp.sweep`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from omegaconf import DictConfig
 from ddp_exp import sweep
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import ConfigError, register_configs, skip_needless_mode_composition
+from ddp_exp.failures import world_failure
 from ddp_exp.jobdir import (
     AlreadyComplete,
     LeaveFolderAlone,
@@ -72,7 +74,7 @@ from ddp_exp.sweep import (
 )
 from ddp_exp.usage import register_resolvers
 from ddp_exp.user_input import TARGET_GROUPS
-from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed, world_failure
+from ddp_exp.worker import PEER_FAILURE_GRACE_S, RankFailed
 
 log = logging.getLogger("ddp_exp")
 

@@ -19,9 +19,9 @@ process pins itself to one intra-op thread before any torch compute (../shared/D
 
 May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.cluster` (a scheduler's layout),
 :mod:`ddp_exp.distributed` (placement, the process group), :mod:`ddp_exp.build`,
-:mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.files`,
-:mod:`ddp_exp.rendezvous` (one node's), :mod:`ddp_exp.agent` (the agent's wait),
-:mod:`ddp_exp.worker` (what each rank runs).
+:mod:`ddp_exp.jobdir` (``errors/``, partial files, the job log), :mod:`ddp_exp.failures`
+(a build that fails), :mod:`ddp_exp.files`, :mod:`ddp_exp.rendezvous` (one node's),
+:mod:`ddp_exp.agent` (the agent's wait), :mod:`ddp_exp.worker` (what each rank runs).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -52,6 +51,7 @@ from ddp_exp.distributed import (
     oversubscription_warning,
     resolve_placement,
 )
+from ddp_exp.failures import build_failure_recorded
 from ddp_exp.files import atomic_write
 from ddp_exp.sweep import log_config
 from ddp_exp.user_input import settle
@@ -160,44 +160,6 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     if warning:
         log.warning("%s", warning)
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
-
-
-class BuildFailed(ConfigError):
-    """An exception other than a refusal of the input (:class:`ddp_exp.config.ConfigError`)
-    while the launcher built and probed the run, before any rank started: a bug of ddp_exp's
-    or in the user's own code. The entry point prints it in one line (exit 2); the run's
-    folder is kept with what :func:`build_failure_recorded` wrote there."""
-
-    folder_kept = True  # __main__ removes no folder and writes no status.json of its own
-
-
-@contextlib.contextmanager
-def build_failure_recorded(job_dir: str, owner: bool):
-    """Around what the launcher builds and probes before any rank starts. A
-    :class:`ddp_exp.config.ConfigError` (the user's input refused in one line; a single run's
-    folder is then removed) passes as it is. Any other exception is recorded as a failed run
-    is: ``status.json`` (``failed``, naming the exception) and its traceback in the job log,
-    written by the folder's ``owner``; it is raised again as :class:`BuildFailed`, one line
-    naming the exception and where its traceback is. Interrupts (``KeyboardInterrupt``, not
-    an ``Exception``) pass untouched."""
-    t_start = time.time()
-    try:
-        yield
-    except ConfigError:
-        raise
-    except Exception as exc:
-        import traceback
-
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        log_file = jobdir.job_log_file()
-        error = (f"the launcher failed before any rank started: {type(exc).__name__}: {first}"
-                 f" (the traceback is in {log_file or 'the job log'})")
-        if owner:
-            with contextlib.suppress(Exception):  # the record must not hide the error
-                jobdir.log_to_job_log_only(logging.ERROR, f"{error}\n{traceback.format_exc()}")
-                jobdir.write_status(job_dir, "failed", list(HydraConfig.get().overrides.task),
-                                    time.time() - t_start, error)
-        raise BuildFailed(error) from exc
 
 
 def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:

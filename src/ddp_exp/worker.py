@@ -5,9 +5,9 @@ it receives the already composed config as plain data (:class:`RankInputs`), nev
 so a rank can neither re-compose the config, nor make its own output folder, nor start a sweep.
 
 Uses the loop (:mod:`ddp_exp.train`, :mod:`ddp_exp.train_state`), :mod:`ddp_exp.checkpoint`,
-:mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.data`
-and :mod:`ddp_exp.config`, and :mod:`ddp_exp.agent`'s gate for forked ranks; the launcher
-starts it.
+:mod:`ddp_exp.metrics`, :mod:`ddp_exp.distributed`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.data`,
+:mod:`ddp_exp.config`, :mod:`ddp_exp.failures` (the failure line) and :mod:`ddp_exp.agent`'s
+gate for forked ranks; the launcher starts it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from ddp_exp.distributed import (
     peak_rss_mb,
     threads_per_rank,
 )
+from ddp_exp.failures import failure_detail
 from ddp_exp.metrics import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
@@ -82,40 +83,6 @@ class RankFailed(Exception):
     def __init__(self, line: str, job_dir: str, report: bool, peer: bool):
         super().__init__(line)
         self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
-
-
-def failure_detail(message: str) -> str:
-    """The line that names a failed rank's error in a message ``"<type>: <text>"`` (the
-    format of torch's error files), at most 300 characters: its first line; where the message
-    carries another process's traceback (a DataLoader worker's error, re-raised in the rank as
-    "Caught ValueError in DataLoader worker process 0. Original Traceback ..."), its last
-    line, the original error."""
-    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
-    if not lines:
-        return "unknown error"
-    carried = any(ln.startswith(("Original Traceback", "Traceback (most recent call last)"))
-                  for ln in lines)
-    return (lines[-1] if carried else lines[0])[:300]
-
-
-def world_failure(exc: Any) -> tuple[str, bool]:
-    """What the launcher reports for a world that failed (torch's ``ChildFailedError``, whose
-    first failure is the root cause): ``rank R failed: <type>: <message>``, and whether the
-    rank raised a Python exception (recorded in its error file by ``@record``: any exception,
-    from ddp_exp or from the user's own Dataset, model, loss or transform). Such a failure is
-    reported in that one line, its table and traceback going to the job log; a rank that died
-    without raising (a signal, ``os._exit``) has no traceback to show and the line is
-    ``rank R failed: Signal 9 (SIGKILL) received by PID ...`` or ``exit code N``."""
-    rank, failure = exc.get_first_failure()
-    message = failure.message
-    # @record's error file (ErrorHandler.record_exception) holds {"message": "<type>: ...",
-    # "extraInfo": {"py_callstack": ...}}; a rank that wrote none gets a string made up by torch.
-    raised = isinstance(message, dict)
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    detail = (failure_detail(message) if str(message).strip()
-              else f"exit code {failure.exitcode}")
-    return f"rank {rank} failed: {detail}", raised
 
 
 def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
