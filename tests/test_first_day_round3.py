@@ -215,7 +215,7 @@ def test_a_target_override_drops_the_replaced_options_arguments(compose, tmp_pat
          {"_target_": "torch.optim.lr_scheduler.ExponentialLR", "interval": "step",
           "gamma": 0.9}, ["warmup_steps", "min_lr"]),
         (["data=synthetic", "data._target_=mydata.make"], "data", None,
-         ["num_samples", "num_features", "num_classes", "noise_std", "seed"]),
+         ["num_samples", "num_features", "noise_std", "seed"]),  # num_classes: ddp_exp's too
     ]
     from omegaconf import OmegaConf
 
@@ -248,6 +248,10 @@ def test_a_target_override_keeps_what_the_new_target_accepts_or_the_user_typed(c
     assert user_input.drop_replaced_keys(typed, {"model.hidden_sizes", "model._target_"}) == {
         "model": ["dropout"]}
     assert list(typed.model.hidden_sizes) == [4]
+    (tmp_path / "mydata.py").write_text(MY_DATA)
+    data = compose("data=file", "data.path=x.csv", "data._target_=mydata.make")
+    assert user_input.drop_replaced_keys(data, {"data.path", "data._target_"}) == {}
+    assert data.data.task == "auto"  # ddp_exp reads it (data.task), whatever the target takes
     for overrides in (["model._target_=anymodel.Net"], ["model._target_=nosuchmodule.Net"],
                       [], ["model=cnn"], ["scheduler=step"]):
         assert user_input.drop_replaced_keys(compose(*overrides)) == {}, overrides

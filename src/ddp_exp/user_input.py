@@ -18,7 +18,8 @@ adopted), and changes two things, so that ranks receive plain, final values:
   ``optim`` and ``scheduler``; keys that ddp_exp itself reads (``data.batch_size``,
   ``optim.lr_scaling``, ...) are never arguments of the option's target and stay.
 
-May use: :mod:`ddp_exp.config` (``find_target``, ``command_folder``), :mod:`ddp_exp.schema`.
+May use: :mod:`ddp_exp.config` (``find_target``, ``command_folder``), :mod:`ddp_exp.schema`,
+:mod:`ddp_exp.data` (the data keys it reads itself).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def drop_replaced_keys(cfg: DictConfig, typed: set[str] = frozenset()) -> dict[s
         old, new = _keywords(cls._target_), _keywords(target)
         if old is None or new is None or new is ...:
             continue
-        base = _base_fields(group)
+        base = _base_fields(group) | _read_by_ddp_exp(group)
         gone = [k for k in node if k not in base and (old is ... or k in old) and k not in new
                 and f"{group}.{k}" not in typed]
         if not gone:
@@ -196,6 +197,16 @@ def _base_fields(group: str) -> set[str]:
         if g == group and (name == "base" or (group == "scheduler" and name == "none")):
             return {f.name for f in dataclasses.fields(cls)}
     return {"_target_"}
+
+
+def _read_by_ddp_exp(group: str) -> set[str]:
+    """Keys of ``group`` that ddp_exp reads itself even where a target takes them too
+    (``data.task``, ``data.num_classes``): never dropped."""
+    if group != "data":
+        return set()
+    from ddp_exp.data import DESCRIBING_KEYS, PATH_KEYS
+
+    return {*DESCRIBING_KEYS, *PATH_KEYS}
 
 
 def _keywords(target: Any) -> set[str] | type(...) | None:
