@@ -205,6 +205,17 @@ def test_plateau_keeps_its_progress_under_the_new_keys(compose):
     assert lrs == pytest.approx([LR * 0.5, LR * 0.5 * 0.1], rel=1e-12)
 
 
+def test_plateau_rate_follows_the_new_worlds_scaling(compose):
+    """optim.lr_scaling=linear, 2 ranks to 1: the rate ReduceLROnPlateau had reduced to (half
+    of 0.05) is rescaled to the new world's base (0.025): 0.0125."""
+    plateau = ("scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau",
+               "scheduler.interval=epoch", "+scheduler.patience=0", "+scheduler.factor=0.5",
+               "optim.lr_scaling=linear")
+    state = _checkpoint(_plain(compose, 2, *plateau, "trainer.epochs=2"), 2)
+    lrs = _resumed_lrs(_plain(compose, 1, *plateau, "trainer.epochs=3"), state)
+    assert lrs == pytest.approx([LR / 2 * 0.5], rel=1e-12)
+
+
 def test_the_learning_rate_is_the_new_configs(compose):
     """scheduler=none: optim.lr_scaling=linear on a world of another size, and an optim.lr
     changed on resume, give the new config's rate (the checkpoint's is the old world's)."""
