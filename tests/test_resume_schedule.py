@@ -15,12 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import copy_job, folder_files, refused_before_ranks, run_once
+from conftest import QUIET, copy_job, folder_files, refused_before_ranks, run_once
 from omegaconf import OmegaConf
 from test_faults import load_ckpt, tensorboard_series
 from test_recipe import cosine_lr
 
-QUIET = "print_config=false"
 LR = 0.05  # optim.lr of conf/optim/sgd.yaml, unscaled (lr_scaling: none)
 PER_EPOCH = {1: 47, 2: 24}  # digits: 1500 training samples, data.batch_size=32, by world size
 ONE_CYCLE = ("scheduler._target_=torch.optim.lr_scheduler.OneCycleLR", "+scheduler.max_lr=0.1")
