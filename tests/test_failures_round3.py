@@ -16,22 +16,15 @@ User code plugs in through the public entry (``tests/faulty.py`` on ``PYTHONPATH
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import refused_before_ranks
+from conftest import QUIET, refused_before_ranks, tests_on_path
 from faulty import write_model_yaml
 from omegaconf import open_dict
 
 TESTS = Path(__file__).parent
-QUIET = "print_config=false"
-
-
-def _env() -> dict[str, str]:
-    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join(parts)}
 
 
 def _shaped_model_args(config_dir: Path, **node) -> list[str]:
@@ -126,7 +119,7 @@ def test_a_user_loss_that_raises_on_the_output_is_one_line(compose, tmp_path, mo
 # ------------------------------------------------------------------------- from the CLI
 def test_wrong_output_shape_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_path):
     run = run_cli(*_shaped_model_args(tmp_path / "conf", kind="width", width=3),
-                  "data=synthetic", "trainer.epochs=1", QUIET, env=_env())
+                  "data=synthetic", "trainer.epochs=1", QUIET, env=tests_on_path())
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.splitlines() == [
         "error: model: the output has shape [batch, 3] but the targets have shape [batch, 1]: "
@@ -137,7 +130,7 @@ def test_wrong_output_shape_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_
 def test_a_dict_output_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_path):
     """R05: was a 54-line traceback, exit 1, a folder without status.json."""
     run = run_cli(*_shaped_model_args(tmp_path / "conf", kind="dict"), "trainer.epochs=1",
-                  QUIET, env=_env())
+                  QUIET, env=tests_on_path())
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.splitlines() == [
         "error: model: the forward returned a dict {'logits': tensor [batch, 10]}, not a "
@@ -156,7 +149,7 @@ def test_any_exception_while_the_launcher_builds_is_one_line_and_recorded(run_cl
     folder.mkdir(parents=True)
     (folder / "broken.yaml").write_text("_target_: faulty.BrokenParameters\n")
     run = run_cli("--config-dir", str(config_dir), "model=broken", "trainer.epochs=1", QUIET,
-                  env=_env())
+                  env=tests_on_path())
     log = run.job_dir / "ddp_exp.log"
     line = ("error: the launcher failed before any rank started: RuntimeError: parameters "
             f"are broken (the traceback is in {log})")
@@ -184,8 +177,8 @@ def test_an_exception_from_user_code_in_a_rank_is_one_line(run_cli, tmp_path, ca
         args = ["data=dataset", "data._target_=faulty.RaisingDigits", "data.val_size=297",
                 f"data.num_workers={1 if case == 'dataset_workers' else 0}"]
         error = None
-    run = run_cli(*args, "trainer.epochs=1", "launcher.max_restarts=0", QUIET, env=_env(),
-                  timeout=120)
+    run = run_cli(*args, "trainer.epochs=1", "launcher.max_restarts=0", QUIET,
+                  env=tests_on_path(), timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank "), run.stderr
