@@ -358,3 +358,17 @@ def test_the_console_script_hint_says_it_does_not_look_in_the_folder(tmp_path, m
     with pytest.raises(ConfigError) as info:
         locate("nosuchmodule_r3.make", "data._target_")
     assert "python -m ddp_exp" in str(info.value) and "PYTHONPATH" in str(info.value)
+
+
+@pytest.mark.parametrize("override, key", [("data.val_size=${oops}", "data.val_size"),
+                                           ("trainer.epochs=${now:}", "trainer.epochs")])
+def test_an_interpolation_that_resolves_nowhere_is_one_line_naming_its_key(run_cli, tmp_path,
+                                                                          override, key):
+    """Regression: a typed ``${...}`` that names no key was resolved while the entry point read
+    Hydra's override list (an ``InterpolationKeyError`` traceback, exit 0, a folder without
+    ``status.json``), and a bad resolver call failed later in the same way: one line naming the
+    key, exit 2, no folder."""
+    run = run_cli(override)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith(f"error: {key}: "), run.stderr
+    assert not (tmp_path / "run").exists()

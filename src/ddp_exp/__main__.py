@@ -46,7 +46,12 @@ from omegaconf import DictConfig
 
 from ddp_exp import sweep
 from ddp_exp.cluster import owns_folder
-from ddp_exp.config import ConfigError, register_configs, skip_needless_mode_composition
+from ddp_exp.config import (
+    ConfigError,
+    register_configs,
+    skip_needless_mode_composition,
+    task_overrides,
+)
 from ddp_exp.failures import world_failure
 from ddp_exp.jobdir import (
     AlreadyComplete,
@@ -109,7 +114,7 @@ def _task(cfg: DictConfig) -> float | None:
     main_process = _is_rank0() and owns_folder(cfg)
     t_start = time.time()
     error, code = None, 0
-    job_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
+    job_dir, overrides = hc.runtime.output_dir, task_overrides(hc)
     try:
         hydra_dir = (os.path.join(job_dir, hc.output_subdir) if hc.output_subdir is not None
                      else None)

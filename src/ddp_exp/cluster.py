@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config import ConfigError, task_overrides
 from ddp_exp.schema import CLUSTERS
 
 log = logging.getLogger("ddp_exp")
@@ -226,7 +226,7 @@ def _apply_slurm(cfg: DictConfig, layout: ClusterLayout) -> ClusterLayout:
                           "launcher=slurm (Hydra's submitit launcher), or one srun per job")
     if layout.ranks is not None:  # one task per rank: joins as under torchrun
         return layout
-    explicit = any(o.split("=", 1)[0].lstrip("+~") == "world_size" for o in hc.overrides.task)
+    explicit = any(o.split("=", 1)[0].lstrip("+~") == "world_size" for o in task_overrides(hc))
     gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
     cfg.launcher.nnodes = layout.nnodes
     if not explicit and gpus.isdigit() and int(gpus) > 0 and cfg.device != "cpu":

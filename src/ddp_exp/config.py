@@ -126,6 +126,35 @@ def skip_needless_mode_composition() -> None:
     Hydra.get_mode = get_mode
 
 
+def task_overrides(hydra_cfg: Any) -> list[str]:
+    """The job's command-line overrides (``hydra.overrides.task``) as the user typed them.
+
+    Read unresolved: an override such as ``data.val_size=${oops}`` is a string here, and
+    iterating Hydra's list node would resolve it (an ``InterpolationKeyError`` traceback before the
+    config's own check could name the key).
+    """
+    return [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Resolve every ``${...}`` of the job's config once, before anything reads it.
+
+    Raises:
+        ConfigError: an interpolation that names no key or fails in its resolver (a typed
+            ``data.val_size=${oops}``), in one line naming the key and OmegaConf's reason.
+    """
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        key = getattr(exc, "full_key", None) or "the config"
+        raise ConfigError(f"{key}: {reason} (an interpolation ${{...}} names a key of the "
+                          "config, e.g. ${trainer.epochs}, or a resolver such as ${now:%H})"
+                          ) from None
+
+
 def run_stamp(cluster: str | None) -> str:
     """The single-run folder's name under ``outputs/runs/`` (resolver
     ``${ddp_exp.run_stamp:${launcher.cluster}}`` in ``hydra.run.dir``): ``slurm-<SLURM_JOB_ID>``

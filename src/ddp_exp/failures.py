@@ -23,7 +23,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 
 from ddp_exp import jobdir
-from ddp_exp.config import ConfigError
+from ddp_exp.config import ConfigError, task_overrides
 
 
 def failure_detail(message: str) -> str:
@@ -93,6 +93,6 @@ def build_failure_recorded(job_dir: str, owner: bool):
         if owner:
             with contextlib.suppress(Exception):  # the record must not hide the error
                 jobdir.log_to_job_log_only(logging.ERROR, f"{error}\n{traceback.format_exc()}")
-                jobdir.write_status(job_dir, "failed", list(HydraConfig.get().overrides.task),
+                jobdir.write_status(job_dir, "failed", task_overrides(HydraConfig.get()),
                                     time.time() - t_start, error)
         raise BuildFailed(error) from exc

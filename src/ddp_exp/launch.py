@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import agent, cluster, jobdir
 from ddp_exp.build import prepare
-from ddp_exp.config import ConfigError, check_precision, validate
+from ddp_exp.config import ConfigError, check_precision, task_overrides, validate
 from ddp_exp.distributed import (
     World,
     destroy_process_group,
@@ -346,7 +346,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     hc = HydraConfig.get()
     if hc.mode is not None and hc.mode.name == "MULTIRUN":
         raise ConfigError(MULTIRUN_UNDER_TORCHRUN)
-    explicit = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") == "world_size"]
+    explicit = [o for o in task_overrides(hc) if o.split("=", 1)[0].lstrip("+~") == "world_size"]
     if explicit and cfg.world_size != world.world_size:
         raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="
                           f"{world.world_size}; drop world_size= or make them equal")

@@ -30,6 +30,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ddp_exp.config import task_overrides
 from ddp_exp.files import atomic_write
 from ddp_exp.jobdir import STATUS_FILE, note_new_folders, remove_new_empty_folder
 
@@ -129,7 +130,7 @@ def log_config(cfg: Any) -> None:
         log.info("config:\n%s", text)
         return
     log_to_job_log_only(logging.INFO, f"config:\n{text}")
-    overrides = " ".join(hc.overrides.task) or "none"
+    overrides = " ".join(task_overrides(hc)) or "none"
     log.info("config: job 0's (printed above; the whole in this job's ddp_exp.log), with this "
              "job's overrides: %s", overrides)
 

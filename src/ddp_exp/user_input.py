@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ddp_exp import schema
-from ddp_exp.config import command_folder, find_target
+from ddp_exp.config import check_interpolations, command_folder, find_target, task_overrides
 
 log = logging.getLogger("ddp_exp")
 
@@ -47,8 +47,10 @@ TARGET_GROUPS = ("data", "model", "optim", "scheduler")
 
 
 def settle(cfg: DictConfig) -> None:
-    """Make the paths in ``cfg`` absolute (:func:`absolute_paths`) and drop the arguments a
-    replaced ``_target_`` cannot take (:func:`drop_replaced_keys`), in place. Idempotent."""
+    """Check the interpolations of ``cfg`` (:func:`ddp_exp.config.check_interpolations`),
+    make its paths absolute (:func:`absolute_paths`) and drop the arguments a replaced
+    ``_target_`` cannot take (:func:`drop_replaced_keys`), in place. Idempotent."""
+    check_interpolations(cfg)  # a ${...} that resolves nowhere: one line naming its key
     absolute_paths(cfg, command_folder())  # first: a node that loses keys loses its schema
     drop_replaced_keys(cfg, _typed_keys())
 
@@ -132,8 +134,7 @@ def _typed_keys() -> set[str]:
 
     if not HydraConfig.initialized():
         return set()
-    overrides = OmegaConf.select(HydraConfig.get(), "overrides.task", default=None) or []
-    return {str(o).split("=", 1)[0].lstrip("+~") for o in overrides}
+    return {o.split("=", 1)[0].lstrip("+~") for o in task_overrides(HydraConfig.get())}
 
 
 def drop_replaced_keys(cfg: DictConfig, typed: set[str] = frozenset()) -> dict[str, list[str]]:
