@@ -48,6 +48,7 @@ from ddp_exp import sweep
 from ddp_exp.cluster import owns_folder
 from ddp_exp.config import (
     ConfigError,
+    null_group_line,
     register_configs,
     skip_needless_mode_composition,
     task_overrides,
@@ -558,7 +559,7 @@ def _main() -> None:
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
         line = (_caused_by(exc, ConfigError) or _no_slurm_here(exc)
-                or _output_folder_error(exc))
+                or _output_folder_error(exc) or null_group_line(exc, sys.argv[1:]))
         lost = _lost_job_line(exc)  # not the input's fault: a job's failure
         if (line or lost) is None or user_wants_traceback:
             raise

@@ -100,6 +100,48 @@ def _own_groups() -> set[str]:
     return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
 
 
+def group_options(group: str) -> list[str]:
+    """The options ddp_exp ships in config group ``group`` (``conf/<group>/*.yaml``, sorted);
+    empty for a name that is no group of ``conf/``."""
+    import importlib.resources
+
+    root = importlib.resources.files("ddp_exp.conf")
+    if group.startswith(("_", ".")) or not root.joinpath(group).is_dir():
+        return []
+    return sorted(p.name[:-5] for p in root.joinpath(group).iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for ``group=null`` on the command line (``scheduler=null``; Hydra raises a
+    ``ValueError``, "Config group override must be a string or a list"): a config group takes
+    one of its options; the line names the one that means "none" (``scheduler=none``), or says
+    that a preset group is empty unless chosen, or lists the options. None for any other
+    error, or when no argument of ``argv`` sets a group (a key without a dot) to null."""
+    if not (isinstance(exc, ValueError) and "Config group override must be" in str(exc)):
+        return None
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        group = key.lstrip("+")
+        if not sep or "." in group or value.strip().lower() != "null":
+            continue
+        options = group_options(group)
+        if "none" in options:
+            hint = f"{group}=none"
+        elif group in PRESET_GROUPS:
+            hint = f"leave {group} out: no {group} preset is applied unless one is chosen"
+        elif options:
+            hint = f"choose one of {', '.join(options)}"
+        else:
+            hint = f"leave {group} out, or choose one of its options"
+        return f"{arg}: a config group takes one of its options, not null; {hint}"
+    return None
+
+
+# Groups whose option is null in conf/config.yaml's defaults list: presets applied on demand.
+PRESET_GROUPS = ("experiment", "hparams_search", "debug")
+
+
 def skip_needless_mode_composition() -> None:
     """Answer ``@hydra.main``'s run-mode question without composing when the answer is known.
 
@@ -223,11 +265,14 @@ def validate(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         key = missing[0]
-        folder = "image" in str(cfg.data.get("_target_", ""))
-        hint = {"data.path": "a folder <class>/<image> of images" if folder
-                else "a .pt, .npz or .csv file of features and targets",
-                "data._target_": "a function or class returning a map-style Dataset"
-                }.get(key, "a value")
+        if key == "data.path":
+            hint = ("a folder <class>/<image> of images" if "image" in str(cfg.data._target_)
+                    else "a .pt, .npz or .csv file of features and targets")
+        elif key == "data._target_":
+            hint = "a function or class returning a map-style Dataset"
+        else:  # a group deleted with ~data: its options, as for a group given null
+            options = group_options(key)
+            hint = f"one of {', '.join(options)}" if options else "a value"
         raise ConfigError(f"{key} is required but was not set: add {key}=... ({hint})")
 
     known = {f.name for f in dataclasses.fields(schema.Config)}

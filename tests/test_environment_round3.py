@@ -1,0 +1,42 @@
+"""Issue 32 items 3-8: runs that survive their environment (R11, R12, R16, R19 of
+../shared/cases/README.md): ``group=null`` and ``~group``, a primary config of the user's own,
+leftover torchrun variables, nohup, a full disk, and the smaller reports of item 8."""
+
+from __future__ import annotations
+
+from ddp_exp.config import group_options, null_group_line
+
+HYDRA_NULL_GROUP = ValueError("Config group override must be a string or a list. Got NoneType")
+
+
+# --- item 6 (R19): group=null and ~group -------------------------------------------------------
+
+def test_null_group_names_the_option_that_means_none():
+    """``scheduler=null`` was Hydra's 41-line ValueError, exit 1: now one line with the hint."""
+    line = null_group_line(HYDRA_NULL_GROUP, ["world_size=2", "scheduler=null"])
+    assert line == ("scheduler=null: a config group takes one of its options, not null; "
+                    "scheduler=none")
+    assert "cnn, linear, mlp" in null_group_line(HYDRA_NULL_GROUP, ["model=null"])
+    assert "leave debug out" in null_group_line(HYDRA_NULL_GROUP, ["debug=null"])
+    # Another error, or a null that is not a group's (a key with a dot), is not this one.
+    assert null_group_line(ValueError("other"), ["scheduler=null"]) is None
+    assert null_group_line(HYDRA_NULL_GROUP, ["trainer.max_steps=null"]) is None
+    assert group_options("scheduler") == ["cosine", "none", "step"]
+    assert group_options("no_such_group") == []
+
+
+def test_deleted_group_is_one_line_with_its_options(compose, tmp_path):
+    """``~data`` was a 63-line MissingMandatoryValue traceback that left a folder."""
+    from conftest import refused_before_ranks
+
+    message = refused_before_ranks(compose("~data"), tmp_path / "run")
+    assert message.startswith("data is required but was not set: add data=... (one of ")
+    assert "digits" in message and "synthetic" in message
+
+
+def test_null_group_on_the_command_line(run_cli):
+    run = run_cli("scheduler=null")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == ("error: scheduler=null: a config group takes one of its "
+                                  "options, not null; scheduler=none")
+    assert not run.job_dir.exists()
