@@ -218,15 +218,21 @@ def test_every_failing_command_of_a_block_is_counted(tmp_path):
     assert statuses.read_text().split() == ["2", "1"]
 
 
+@dataclass
+class Workdir:
+    root: Path  # laid out like the repository root: outputs/ of the guide's runs land here
+    ran: set[int] = field(default_factory=set)  # the blocks run in it (their lines)
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A folder laid out like the repository root: outputs/ of the guide's runs land here."""
+def workdir(tmp_path_factory) -> Workdir:
+    """A folder laid out like the repository root, for this process's blocks of the guide."""
     root = tmp_path_factory.mktemp("guide")
     (root / ".venv").symlink_to(Path(sys.prefix))  # the environment running the tests
     (root / "docs").symlink_to(ROOT / "docs")
     for name in ("tests", "examples"):  # PYTHONPATH=tests ... (the guide's test models)
         (root / name).symlink_to(ROOT / name)
-    return root
+    return Workdir(root)
 
 
 def _pin_to_two_cores() -> list[str]:
@@ -236,20 +242,36 @@ def _pin_to_two_cores() -> list[str]:
     return []
 
 
-@pytest.mark.slow
-@pytest.mark.float_sensitive
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
-def test_guide_block_runs_and_prints_what_it_quotes(block: Block, workdir: Path, tmp_path):
-    if block.skip:
-        pytest.skip(f"docs/guide.md line {block.line}: {block.skip}")
+def run_block(block: Block, workdir: Workdir, statuses: Path) -> subprocess.CompletedProcess:
+    """Run ``block`` in the work folder, as the guide's reader would (bash, 2 cores, stderr
+    into stdout in the order a terminal shows them), appending the status of each command that
+    fails to ``statuses``. The blocks build on each other's outputs: when pytest-xdist gave
+    this process a block without those before it, they run first (unchecked)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "HYDRA_FULL_ERROR", "OMP_NUM_THREADS")}
+    earlier = [b for b in BLOCKS if b.line < block.line and not b.skip
+               and b.line not in workdir.ran]
+    for b in [*earlier, block]:
+        workdir.ran.add(b.line)
+        proc = subprocess.run([*_pin_to_two_cores(), "bash", "-c", STATUSES + b.command,
+                               "block", str(statuses if b is block else os.devnull)],
+                              cwd=workdir.root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.float_sensitive
+# A block that runs those before it (run_block) may take minutes; each command's own timeout
+# (BLOCK_TIMEOUT_S) is the hang check.
+@pytest.mark.timeout(BLOCK_TIMEOUT_S * len(BLOCKS))
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
+def test_guide_block_runs_and_prints_what_it_quotes(block: Block, workdir: Workdir, tmp_path):
+    if block.skip:
+        pytest.skip(f"docs/guide.md line {block.line}: {block.skip}")
     statuses = tmp_path / "statuses"
-    # stderr into stdout, in the order a terminal shows them (torchrun warns first, on stderr)
-    proc = subprocess.run([*_pin_to_two_cores(), "bash", "-c", STATUSES + block.command,
-                           "block", str(statuses)], cwd=workdir, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    proc = run_block(block, workdir, statuses)
     output = proc.stdout
     failed = [int(n) for n in statuses.read_text().split()] if statuses.exists() else []
     # a block bash cannot parse runs no command: only its own status says so
