@@ -4,6 +4,9 @@ leftover torchrun variables, nohup, a full disk, and the smaller reports of item
 
 from __future__ import annotations
 
+import pytest
+from omegaconf import OmegaConf
+
 from ddp_exp.config import group_options, null_group_line
 
 HYDRA_NULL_GROUP = ValueError("Config group override must be a string or a list. Got NoneType")
@@ -40,3 +43,33 @@ def test_null_group_on_the_command_line(run_cli):
     assert run.stderr.strip() == ("error: scheduler=null: a config group takes one of its "
                                   "options, not null; scheduler=none")
     assert not run.job_dir.exists()
+
+
+# --- item 7: a primary config of the user's own ------------------------------------------------
+
+def test_primary_config_without_ddp_exps_is_one_line(run_cli, tmp_path):
+    """``--config-dir D --config-name bare`` with a ``bare.yaml`` whose defaults list lacks
+    ddp_exp's ``config`` was a 70-line "Key 'launcher' is not in struct", exit 1, a folder
+    left: now one line saying what the primary config must include, before any folder."""
+    conf = tmp_path / "myconf"
+    conf.mkdir()
+    (conf / "bare.yaml").write_text("defaults:\n  - data: digits\n  - _self_\nworld_size: 1\n")
+    run = run_cli("--config-dir", str(conf), "--config-name", "bare")
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --config-name bare: "), run.stderr
+    assert "defaults: [config, <your options>, _self_]" in lines[0]
+    assert not run.job_dir.exists()
+
+
+def test_primary_config_check_only_for_a_named_primary_config():
+    from ddp_exp.config import PrimaryConfigCheck, primary_config_overrides
+
+    assert primary_config_overrides(["world_size=2", "--config-dir", "conf"]) == []
+    for argv in (["--config-name", "bare"], ["-cn", "bare"], ["--config-name=bare"]):
+        [override] = primary_config_overrides(argv)
+        assert override.endswith("=ddp_exp.config.PrimaryConfigCheck")
+    with pytest.raises(SystemExit) as info:
+        PrimaryConfigCheck().on_run_start(config=OmegaConf.create({"world_size": 1}),
+                                          config_name="bare")
+    assert info.value.code == 2

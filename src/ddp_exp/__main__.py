@@ -49,6 +49,7 @@ from ddp_exp.cluster import owns_folder
 from ddp_exp.config import (
     ConfigError,
     null_group_line,
+    primary_config_overrides,
     register_configs,
     skip_needless_mode_composition,
     task_overrides,
@@ -505,7 +506,7 @@ def _main() -> None:
     from hydra.errors import HydraException
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    sys.argv += torchrun_overrides(sys.argv)
+    sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
     empty = _empty_output_folder(sys.argv[1:])
     if empty:
         print(f"error: {empty}", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -136,6 +137,44 @@ def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
             hint = f"leave {group} out, or choose one of its options"
         return f"{arg}: a config group takes one of its options, not null; {hint}"
     return None
+
+
+def primary_config_overrides(argv: list[str]) -> list[str]:
+    """Overrides appended to ``argv`` when the command names a primary config of the user's own
+    (``--config-name``/``-cn``): a Hydra callback (:class:`PrimaryConfigCheck`) that refuses, before
+    Hydra creates the run's folder, a primary config whose defaults list lacks ddp_exp's
+    ``config``. Hydra's callbacks come from the primary config, so the check is added here;
+    ddp_exp's own ``config`` needs none (empty list)."""
+    if not any(arg.split("=", 1)[0] in ("--config-name", "-cn") for arg in argv):
+        return []
+    return [f"++hydra.callbacks.ddp_exp_primary_config._target_={__name__}.PrimaryConfigCheck"]
+
+
+class PrimaryConfigCheck(Callback):
+    """Hydra callback (:func:`primary_config_overrides`) run before a single run's folder or a
+    sweep's is made: a composed config without the top-level keys of ddp_exp's schema (a
+    ``bare.yaml`` whose defaults list lacks ``config``) ends the command with one line, exit 2.
+    Hydra turns an ``Exception`` raised in a callback into a warning, so this prints the line
+    and raises ``SystemExit(2)``."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, kwargs.get("config_name"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, kwargs.get("config_name"))
+
+    @staticmethod
+    def _check(config: DictConfig, name: str | None) -> None:
+        lacking = [f.name for f in dataclasses.fields(schema.Config) if f.name not in config]
+        if not lacking:
+            return
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank composes it
+            print(f"error: --config-name {name}: the primary config lacks ddp_exp's keys "
+                  f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''}): a primary "
+                  "config of your own must include ddp_exp's, first in its defaults list "
+                  "(defaults: [config, <your options>, _self_]); or leave --config-name out and "
+                  "give your options with --config-dir", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 # Groups whose option is null in conf/config.yaml's defaults list: presets applied on demand.
