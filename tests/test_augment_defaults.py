@@ -2,7 +2,7 @@
 (issue 26 item 10): augmenting never makes the preset worse than the same run without it.
 
 The old default (torchvision's ImageNet recipe: a random resized crop down to 8% of the area and
-a horizontal flip) cost this run 0.10-0.20 of validation accuracy (seeds 0-4 at 6 epochs); the
+a horizontal flip) cost this run 0.10-0.20 of validation accuracy (seeds 0-3 at 6 epochs); the
 default for small images (rotation, shift, zoom) was within -0.007..+0.013 of no augmentation
 over the same seeds. The margin below, 0.03 (9 of 297 validation samples), is four times the
 largest deficit seen and a third of the smallest loss the old default had.

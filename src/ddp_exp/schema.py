@@ -78,7 +78,7 @@ class ImageFolderDataConfig(DataConfig):
     path: str = MISSING
     image_size: int | None = None  # side after resize + centre crop (null: the files' size)
     channels: int = 3  # 1 (grey) or 3 (RGB, as torchvision's loader)
-    augment: bool = False  # training only: random resized crop + horizontal flip (Kornia)
+    augment: bool = False  # training only: random rotation, shift and zoom; no flip (Kornia)
     mean: list[float] | None = None  # per-channel normalisation (null: none)
     std: list[float] | None = None
     transform: Any = None  # a _target_ node: the user's transform of each training sample
