@@ -4,7 +4,10 @@ leftover torchrun variables, nohup, a full disk, and the smaller reports of item
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from conftest import QUIET
 from omegaconf import OmegaConf
 
 from ddp_exp.config import group_options, null_group_line
@@ -73,3 +76,55 @@ def test_primary_config_check_only_for_a_named_primary_config():
         PrimaryConfigCheck().on_run_start(config=OmegaConf.create({"world_size": 1}),
                                           config_name="bare")
     assert info.value.code == 2
+
+
+# --- item 4 (R12): leftover torchrun variables ------------------------------------------------
+
+def test_leftover_torchrun_variables_launch_its_own_world(run_cli):
+    """A shell left with an earlier torchrun's rank variables (no ``TORCHELASTIC_RUN_ID``, which
+    every torchrun rank has): the run waited ``distributed.timeout_s`` for a rank 1 that never
+    came; now it launches its own world at once and says in one line what it ignored."""
+    from conftest import free_port
+
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    run = run_cli("trainer.epochs=1", QUIET, "distributed.timeout_s=15", env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert ("warning: ignored RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: set, but "
+            "no torchrun started this command") in run.stderr
+    assert run.metrics["world_size"] == 2  # its own world, with rank 0 reporting
+    assert (run.job_dir / "status.json").exists()
+
+
+def test_under_torchrun_needs_the_agents_run_id(monkeypatch):
+    from ddp_exp.launch import ignore_leftover_torchrun_variables, under_torchrun
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
+                       ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert not under_torchrun()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert under_torchrun()
+    assert ignore_leftover_torchrun_variables() == []  # a real torchrun rank keeps them
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert ignore_leftover_torchrun_variables() == ["RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                    "MASTER_PORT"]
+    assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
+
+
+def test_a_torchrun_ranks_wait_names_distributed_timeout_s(monkeypatch, compose):
+    """Under torchrun a rank waits for its peers ``distributed.timeout_s``: the line said
+    ``launcher.rdzv_timeout_s`` / ``launcher.rdzv_endpoint``, which bound nothing there."""
+    from torch.distributed import DistStoreError
+
+    from ddp_exp.__main__ import _rendezvous_line
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500"),
+                       ("TORCHELASTIC_RUN_ID", "abc")):
+        monkeypatch.setenv(key, value)
+    line = _rendezvous_line(DistStoreError("Timed out after 601 seconds waiting for clients"),
+                            compose("distributed.timeout_s=30"))
+    assert "within distributed.timeout_s=30 s" in line and "127.0.0.1:29500" in line, line
+    assert "launcher." not in line and "\n" not in line, line

@@ -68,6 +68,7 @@ from ddp_exp.jobdir import (
 from ddp_exp.launch import (
     MULTIRUN_UNDER_TORCHRUN,
     asks_for_multirun,
+    ignore_leftover_torchrun_variables,
     run_job,
     torchrun_overrides,
     under_torchrun,
@@ -202,9 +203,16 @@ def _is_rank0() -> bool:
 
 def _rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
     """One line for a rendezvous that failed in this launcher (a node that never came, a port
-    taken, two nodes with one node_rank)."""
+    taken, two nodes with one node_rank), naming the setting that bounded the wait: under
+    torchrun, a rank's wait for its peers is ``distributed.timeout_s``."""
     la = cfg.launcher
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if under_torchrun():  # this rank waited for its peers at torchrun's store
+        return (f"rank {os.environ['RANK']} of torchrun's WORLD_SIZE={os.environ['WORLD_SIZE']} "
+                f"did not meet the other ranks at {os.environ.get('MASTER_ADDR')}:"
+                f"{os.environ.get('MASTER_PORT')} within distributed.timeout_s="
+                f"{cfg.distributed.timeout_s:g} s ({type(exc).__name__}: {first}); every rank "
+                "must start within distributed.timeout_s")
     return (f"the {la.rdzv_backend} rendezvous at {la.rdzv_endpoint} failed "
             f"({type(exc).__name__}: {first}); every one of the launcher.nnodes={la.nnodes} "
             "nodes must start within launcher.rdzv_timeout_s with the same endpoint"
@@ -408,6 +416,11 @@ def main() -> None:
     the process then ends through :func:`exit_now`."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    leftover = ignore_leftover_torchrun_variables()
+    if leftover:  # a shell's variables from an earlier torchrun experiment (R12)
+        print(f"warning: ignored {', '.join(leftover)}: set, but no torchrun started this "
+              "command (no TORCHELASTIC_RUN_ID); it launches its own world", file=sys.stderr,
+              flush=True)
     if under_torchrun() and asks_for_multirun(sys.argv[1:]):
         # Refused before Hydra creates a sweep folder: every rank sees it, rank 0 reports it
         # once; the others give it a moment to print before torchrun stops the world.

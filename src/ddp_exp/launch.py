@@ -9,7 +9,8 @@ parallel jobs cannot collide or merge), across nodes c10d (or static) on
 ``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``;
 the agent checks its ranks when one finishes or fails (:mod:`ddp_exp.agent`).
 
-When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment),
+When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` and
+``TORCHELASTIC_RUN_ID`` in the environment),
 :func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
 and broadcasts its resolved config, so every rank trains on the same config.
 
@@ -73,9 +74,34 @@ MULTIRUN_UNDER_TORCHRUN = ("multirun (-m) cannot run under torchrun: start the s
                            "python -m ddp_exp -m ..., which launches one world per job")
 
 
+# What torchrun's agent sets for each rank; ``TORCHELASTIC_RUN_ID`` says an agent started it.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+TORCHRUN_VARIABLES = (*RANK_VARIABLES, "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
 def under_torchrun() -> bool:
-    """True when this process is a rank started by torchrun (or any elastic agent)."""
-    return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    """True when this process is a rank started by torchrun (or any elastic agent): its rank
+    variables and ``TORCHELASTIC_RUN_ID`` are set, torch's own test
+    (``torch.distributed.is_torchelastic_launched``). ``RANK``/``WORLD_SIZE`` alone are often
+    left in a shell by an earlier experiment (:func:`ignore_leftover_torchrun_variables`)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and all(k in os.environ for k in RANK_VARIABLES)
+
+
+def ignore_leftover_torchrun_variables() -> list[str]:
+    """Remove from this process's environment the variables of a torchrun rank
+    (:data:`TORCHRUN_VARIABLES`) when no agent started it (no ``TORCHELASTIC_RUN_ID``), so that
+    the command launches its own world instead of waiting ``distributed.timeout_s`` for the
+    peers of a world that no longer exists (R12: Lightning-AI/pytorch-lightning #16313, #5651);
+    its ranks get their own from the elastic agent. Returns the names removed, for a line that
+    says so; empty under torchrun or when none is set."""
+    if under_torchrun() or not any(k in os.environ for k in RANK_VARIABLES):
+        return []
+    found = [k for k in TORCHRUN_VARIABLES if k in os.environ]
+    for key in found:
+        del os.environ[key]
+    return found
 
 
 def asks_for_multirun(argv: list[str]) -> bool:
@@ -106,7 +132,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
     layout = cluster.apply_layout(cfg)
     if layout is not None and layout.ranks is not None:  # srun started one task per rank
-        os.environ.update(layout.ranks)
+        os.environ.update({**layout.ranks, "TORCHELASTIC_RUN_ID": layout.job_id or "srun"})
         return run_under_torchrun(cfg)
     if layout is not None:
         _log_as_task(cfg.launcher.cluster, layout)
