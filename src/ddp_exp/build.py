@@ -17,6 +17,7 @@ May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.data`, :mod:`ddp_exp.data.loaders`
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, monitor, schedule, train_state
+from ddp_exp import checkpoint, jobdir, monitor, schedule, train_state
 from ddp_exp import data as data_module
 from ddp_exp.config import ConfigError, effective_lr, global_batch_size
 from ddp_exp.data import Datasets
@@ -130,11 +131,12 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
         raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
                           "does not fit this model ("
                           f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
-    if (state.get("monitor") or {}).get("stopped_early"):
+    owed = _end_owed(source, state)
+    if (state.get("monitor") or {}).get("stopped_early") and not owed:
         raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} stopped "
                               "early (trainer.early_stopping_patience): nothing left to "
                               "train; the job folder is unchanged")
-    if state["epoch"] + 1 >= cfg.trainer.epochs:
+    if state["epoch"] + 1 >= cfg.trainer.epochs and not owed:
         raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
                               f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
                               f"{cfg.trainer.epochs}: nothing left to train (raise "
@@ -145,10 +147,28 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
                               f"{state['global_step']} optimizer step(s), trainer.max_steps="
                               f"{max_steps}: nothing left to train (raise trainer.max_steps to "
                               "continue); the job folder is unchanged")
+    if owed and (state["epoch"] + 1 >= cfg.trainer.epochs
+                 or (state.get("monitor") or {}).get("stopped_early")):
+        log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
+                 "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
+                 cfg.trainer.resume, source)
+    checkpoint.repair_best(source, state)
     if state.get("world_size") not in (None, world_size):
         log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
                     "batch differ from the interrupted run", state["world_size"], world_size)
     return state
+
+
+def _end_owed(source: str, state: dict[str, Any]) -> bool:
+    """Whether the run that wrote ``source`` (a ``checkpoints/last.pt``) still owes its end:
+    the checkpoint's job folder has no ``status.json`` saying ``completed`` (a kill between the
+    final checkpoint and ``metrics.json`` / ``status.json``). Only ``last.pt`` is a run's
+    state: a ``best.pt`` or an epoch file given as ``trainer.resume`` owes nothing."""
+    del state
+    if os.path.basename(source) != checkpoint.LAST:
+        return False
+    job_dir = os.path.dirname(os.path.dirname(os.path.abspath(source)))
+    return jobdir.run_status(job_dir) != "completed"
 
 
 def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Datasets,

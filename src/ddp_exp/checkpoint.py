@@ -138,6 +138,33 @@ def best_path(job_dir: str) -> str:
     return os.path.join(checkpoint_dir(job_dir), BEST)
 
 
+def repair_best(source: str, state: dict[str, Any]) -> bool:
+    """Put ``best.pt`` back where a kill left it behind: when ``source`` is a run's
+    ``last.pt`` whose epoch is the monitor's best (``state["monitor"]["best_epoch"]``), its
+    ``best.pt`` must be the same file; a run killed between the ``last.pt`` rename and the
+    ``best.pt`` link kept an older epoch's ``best.pt`` (and a temp link, which
+    :func:`ddp_exp.files.remove_partial` deletes). Call in the launching process before any
+    rank starts.
+
+    Returns:
+        True when ``best.pt`` was replaced by a link to ``source``.
+    """
+    if os.path.basename(source) != LAST:
+        return False
+    best_epoch = (state.get("monitor") or {}).get("best_epoch")
+    if best_epoch is None or best_epoch != state.get("epoch"):
+        return False
+    best = os.path.join(os.path.dirname(source), BEST)
+    if os.path.exists(best) and os.path.samefile(source, best):
+        return False
+    tmp = temp_name(best)
+    os.link(source, tmp)
+    os.replace(tmp, best)
+    log.info("%s: best.pt is now epoch %d's checkpoint, the monitor's best (the same file as "
+             "%s)", os.path.dirname(source), best_epoch + 1, LAST)
+    return True
+
+
 def load(path: str, key: str = "trainer.resume", map_location: str | torch.device = "cpu"
          ) -> dict[str, Any]:
     """Load and check a checkpoint with ``torch.load(weights_only=True)``.

@@ -62,14 +62,122 @@ class FolderHoldsRun(LeaveFolderAlone):
 
 
 def earlier_outputs(job_dir: str) -> list[str]:
-    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files."""
+    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files. A
+    temp file (``.last.pt.<tag>.tmp``, left by a writer killed mid-write) is not an output."""
     found = [name for name in ("metrics.json", "model.pt")
              if os.path.isfile(os.path.join(job_dir, name))]
     for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
         folder = os.path.join(job_dir, sub)
-        if os.path.isdir(folder) and any(pattern in f for f in os.listdir(folder)):
+        if os.path.isdir(folder) and any(pattern in f and not _is_temp(f)
+                                         for f in os.listdir(folder)):
             found.append(f"{sub}/")
     return found
+
+
+def _is_temp(name: str) -> bool:
+    """A temp file of :func:`ddp_exp.files.atomic_write` / :func:`ddp_exp.files.temp_name`."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+# What a run of ddp_exp writes into its job folder before its first checkpoints/last.pt (the
+# Hydra record and the job log aside, named by Hydra's config): an attempt killed in its first
+# epoch left only these.
+_FIRST_EPOCH_FILES = {LOCK_FILE, STATUS_FILE, ERRORS_DIR, "tensorboard", "checkpoints",
+                      "standardization.json"}
+# Previous records (the .hydra/ files of the run that last held the folder), noted by
+# job_folder_lock: job folder (absolute) -> record.
+_previous_records: dict[str, dict[str, str]] = {}
+
+
+def killed_first_epoch(job_dir: str) -> str | None:
+    """Whether ``job_dir`` holds only what an attempt of this same run, stopped before its first
+    ``checkpoints/last.pt``, wrote: then ``trainer.resume=auto`` starts the run afresh there.
+
+    The proof, all of it: no ``metrics.json``, ``model.pt`` or complete checkpoint (only temp
+    files under ``checkpoints/``); ``status.json`` absent (a kill) or ``interrupted`` /
+    ``failed``; nothing in the folder but what ddp_exp and Hydra write there (the ``.hydra/``
+    record, the job log, ``tensorboard/`` event files, ``errors/``, ``standardization.json``,
+    the lock file); and, where the launching process took the folder's lock
+    (:func:`job_folder_lock`), the earlier attempt's ``config.yaml`` equals this run's but for
+    ``trainer.resume``. A user's file, a finished or another config's run keep the refusal.
+
+    Returns:
+        Why not (one phrase), or None when the folder is such an attempt.
+    """
+    if any(os.path.isfile(os.path.join(job_dir, n)) for n in ("metrics.json", "model.pt")):
+        return "it finished"
+    status = run_status(job_dir)
+    if status not in (None, "interrupted", "failed"):
+        return f"its status.json says {status!r}"
+    hydra_subdir, log_file = _hydra_names()
+    allowed = _FIRST_EPOCH_FILES | {n for n in (hydra_subdir, log_file) if n}
+    try:
+        names = set(os.listdir(job_dir))
+        checkpoints = os.listdir(checkpoint.checkpoint_dir(job_dir)) if "checkpoints" in names \
+            else []
+        events = os.listdir(os.path.join(job_dir, "tensorboard")) if "tensorboard" in names \
+            else []
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    others = sorted(names - allowed)
+    if others:
+        return f"it holds {others[0]!r}, which ddp_exp did not write"
+    if not all(_is_temp(n) for n in checkpoints):
+        return "it holds a checkpoint"
+    if not all("tfevents" in n for n in events):
+        return "tensorboard/ holds files ddp_exp did not write"
+    previous = _previous_records.get(os.path.abspath(job_dir))
+    if previous and hydra_subdir and not _same_config(
+            previous.get("config.yaml"), _read_text(os.path.join(job_dir, hydra_subdir,
+                                                                 "config.yaml"))):
+        return "it was started with another config"
+    return None
+
+
+def run_status(job_dir: str) -> str | None:
+    """``status.json``'s ``status`` in ``job_dir`` (``completed``, ``failed``,
+    ``interrupted``), None when there is none, ``unreadable`` when it cannot be read."""
+    text = _read_text(os.path.join(job_dir, STATUS_FILE))
+    if not text:
+        return None
+    try:
+        return str(json.loads(text).get("status"))
+    except (ValueError, AttributeError):
+        return "unreadable"
+
+
+def _hydra_names() -> tuple[str | None, str | None]:
+    """The names, in the job folder, of Hydra's record folder and of the job log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else ".hydra"
+    log_file = job_log_file()
+    return subdir, os.path.basename(log_file) if log_file else None
+
+
+def _same_config(before: str | None, now: str) -> bool:
+    """Two ``.hydra/config.yaml`` texts compose the same run, ``trainer.resume`` aside."""
+    if before is None or not now:
+        return True  # nothing to compare with
+    try:
+        a, b = OmegaConf.create(before), OmegaConf.create(now)
+        for c in (a, b):
+            if OmegaConf.select(c, "trainer") is not None:
+                c.trainer.pop("resume", None)
+        return OmegaConf.to_container(a) == OmegaConf.to_container(b)
+    except Exception:  # an unreadable record: not the same
+        return False
+
+
+def clear_killed_attempt(job_dir: str) -> None:
+    """Delete what an attempt killed before its first checkpoint wrote
+    (:func:`killed_first_epoch`): its event files, temp files, ``errors/``, ``status.json`` and
+    ``standardization.json``; the ``.hydra/`` record and the job log stay."""
+    for sub in ("tensorboard", "checkpoints", ERRORS_DIR):
+        shutil.rmtree(os.path.join(job_dir, sub), ignore_errors=True)
+    for name in (STATUS_FILE, "standardization.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(job_dir, name))
 
 
 def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
@@ -77,22 +185,38 @@ def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
     files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
     ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``. With
     ``trainer.resume=auto`` and nothing to continue from, it logs one warning
-    (:func:`nothing_to_resume_line`) and the run starts fresh.
+    (:func:`nothing_to_resume_line`) and the run starts fresh; when the folder holds only an
+    attempt of this run killed before its first checkpoint (:func:`killed_first_epoch`), that
+    attempt's files are deleted first (by rank 0 alone) and the run starts afresh there.
+    Temp files a killed writer left (``.<name>.<tag>.tmp``) are deleted when the run goes on
+    (rank 0).
 
     Raises:
         FolderHoldsRun: naming what the earlier run left and how to continue it.
     """
+    rank0 = os.environ.get("RANK", "0") == "0"  # once, under torchrun too
     no_checkpoint = resume == "auto" and not os.path.isfile(
         os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
     earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
+    why_not = killed_first_epoch(job_dir) if earlier and no_checkpoint else "n/a"
+    if why_not is None:
+        if rank0:
+            clear_killed_attempt(job_dir)
+            remove_partial_files(job_dir)
+            log.warning("trainer.resume=auto: %s holds an attempt of this run stopped before "
+                        "its first checkpoint (%s): starting the run afresh there",
+                        job_dir, ", ".join(earlier))
+        return
     if earlier:  # training afresh here would mix two runs' event streams and files
-        how = ("trainer.resume=auto finds no checkpoints/last.pt to continue from"
-               if no_checkpoint else "continue it with trainer.resume=auto")
+        how = (f"trainer.resume=auto finds no checkpoints/last.pt to continue from, and "
+               f"{why_not}" if no_checkpoint else "continue it with trainer.resume=auto")
         raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
                              f"({', '.join(earlier)}): {how}; or give this run its own folder "
                              "(hydra.run.dir; hydra.sweep.dir with -m)")
-    if no_checkpoint and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+    if no_checkpoint and rank0:
         log.warning("%s", nothing_to_resume_line(job_dir))
+    if rank0 and os.path.isdir(job_dir):  # the run goes on here: no killed writer's temp file
+        remove_partial_files(job_dir)
 
 
 def nothing_to_resume_line(job_dir: str) -> str:
@@ -230,6 +354,7 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
             _restore_record(hydra_dir, previous)
             raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
                                 "give this run its own folder") from None
+        _previous_records[os.path.abspath(job_dir)] = previous  # for killed_first_epoch
         try:
             _write_record(fh, _read_record(hydra_dir))
             yield

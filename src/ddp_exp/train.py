@@ -158,6 +158,7 @@ class Trainer:
         self.epoch = 0  # the next epoch to run
         self.global_step = 0
         self.window = LossWindow(device)  # train/loss intervals, across epochs
+        self.last_train: tuple[float | None, int] = (None, 0)  # last epoch's train loss, samples
 
     @property
     def steps_per_epoch(self) -> int:
@@ -314,7 +315,7 @@ class Trainer:
             raise
         self.checkpoint_files.close()  # every file on disk before best.pt is read back
         if last is None:  # resumed from a checkpoint of the final epoch: nothing left to train
-            last = EpochResult(self.epoch - 1, self.global_step, None, 0, 0.0,
+            last = EpochResult(self.epoch - 1, self.global_step, *self.last_train, 0.0,
                                self.evaluator.validate(self.epoch, self.global_step))
         self.evaluator.report_confusion(self.global_step)
         final = self._final(last, run_samples, train_s)
@@ -331,12 +332,13 @@ class Trainer:
         max_steps = trainer["max_steps"]
         last: EpochResult | None = None
         train_s, run_samples = 0.0, 0
-        while self.epoch < trainer["epochs"]:
+        while self.epoch < trainer["epochs"] and not self.monitor.stopped_early:
             loss_sum, samples, seconds = self.train_epoch()
             train_s, run_samples = train_s + seconds, run_samples + samples
             last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
                                seconds, self.evaluator.validate(self.epoch, self.global_step))
             log.info(epoch_line(last, trainer["epochs"]))
+            self.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
             if self.perf is not None:  # the straggler line (trainer.perf_metrics)
                 self.perf.end_epoch(self.epoch)
             dashboard.write_histograms(self.writer, self.model, self.epoch, self.global_step,

@@ -62,6 +62,9 @@ def state_dict(loop: Any) -> dict[str, Any]:
                            loop.window.interval_s],
         "rng": ranks_rng,
         "config": loop.cfg,
+        # The last epoch's train loss and samples: metrics.json of a run resumed after its final
+        # epoch (only the end left to do) reports them as the uninterrupted run does.
+        "last_train": list(loop.last_train),
     }
 
 
@@ -173,6 +176,9 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
         total, count, seconds = state["train_interval"]
         loop.window.interval_sum, loop.window.interval_count = float(total), int(count)
         loop.window.interval_s = float(seconds)
+    if state.get("last_train"):
+        loss, samples = state["last_train"]
+        loop.last_train = (None if loss is None else float(loss), int(samples))
     ranks_rng = state.get("rng") or []
     if len(ranks_rng) == loop.world.world_size:  # same world: continue every rank's stream
         mine = ranks_rng[loop.world.rank]

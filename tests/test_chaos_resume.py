@@ -1,0 +1,192 @@
+"""Issue 32 items 1 and 2: a run killed at any point resumes with ``trainer.resume=auto`` to the
+uninterrupted run's outputs. The kill points are chosen by watching the folder (the first event
+file) or by a rename that waits for the kill (``chaos_site/sitecustomize.py``: the temp file
+written, the rename not done), never by a sleep; the whole process group gets SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    QUIET,
+    TESTS,
+    assert_no_orphans,
+    cli_env,
+    refused_before_ranks,
+    run_tagged,
+    tagged_processes,
+)
+
+CHAOS_SITE = TESTS / "chaos_site"
+# The reference run's overrides: conftest's default_run_2_epochs.
+RUN = ["world_size=2", "trainer.epochs=2", QUIET]
+# What differs between two runs of the same computation: wall-clock measures and memory.
+TIMING = ("time/", "perf/", "train/samples_per_sec")
+
+
+def _kill_at(job: Path, cwd: Path, point: str | None, *more: str) -> None:
+    """Start the run in ``job`` (with the overrides ``more``) and SIGKILL its process group: at
+    ``point`` (``<file>:<n>``: just before the n-th rename onto that file), or, with None, as
+    soon as the first TensorBoard event file exists (inside the first epoch)."""
+    tag = uuid.uuid4().hex
+    marker = cwd / f"marker-{tag}"
+    env = cli_env(tag, PYTHONPATH=os.pathsep.join([str(CHAOS_SITE),
+                                                   os.environ.get("PYTHONPATH", "")]))
+    if point:
+        env.update(DDP_EXP_TEST_CHAOS=point, DDP_EXP_TEST_MARKER=str(marker))
+    log = cwd / f"killed-{tag}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *RUN, *more,
+                                 f"hydra.run.dir={job}"], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.exists() if point else
+                   list((job / "tensorboard").glob("events.out.tfevents*"))):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"not killed at {point or 'the first event file'}:\n{log.read_text()[-3000:]}"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in tagged_processes(tag):
+            os.kill(pid, signal.SIGKILL)
+    assert_no_orphans(tag)
+
+
+def _resume(job: Path, cwd: Path) -> subprocess.CompletedProcess:
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *RUN, "trainer.resume=auto",
+                          f"hydra.run.dir={job}"], cwd, uuid.uuid4().hex, 180)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _same_outputs(job: Path, reference: Path) -> None:
+    """The resumed job's outputs are the uninterrupted run's: metrics.json (wall-clock keys
+    aside), model.pt and best.pt's weights bit for bit (the same computation in the same order
+    on this machine), status completed, no temp file left."""
+    def measured(path: Path) -> dict:
+        return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith(TIMING)}
+
+    assert measured(job / "metrics.json") == measured(reference / "metrics.json")
+    assert json.loads((job / "status.json").read_text())["status"] == "completed"
+    for name in ("model.pt", "checkpoints/best.pt", "checkpoints/last.pt"):
+        got, want = (torch.load(d / name, weights_only=True) for d in (job, reference))
+        if name != "model.pt":
+            assert got["epoch"] == want["epoch"], name
+            got, want = got["model"], want["model"]
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want), name
+    assert [p for p in job.rglob("*.tmp")] == []
+
+
+@pytest.mark.slow
+def test_kills_in_the_first_epoch_and_after_the_last_checkpoint_resume_exactly(
+        default_run_2_epochs, tmp_path):
+    """One job killed three times, each resume=auto killed again, then resumed to its end:
+
+    1. once the first event file exists (item 1: today the resume refuses with exit 2, "the job
+       folder ... already holds a run (tensorboard/)");
+    2. the resume, which starts afresh there, with its first last.pt written to the temp file
+       and not renamed (item 1: a temp file counted as an earlier run);
+    3. the next resume, afresh again, with the final epoch's last.pt in place and its best.pt
+       link not (a .best.pt.<pid>.tmp left, best.pt epoch 1's: item 2; today "nothing left to
+       train", exit 0, no metrics.json, model.pt or status.json).
+
+    The last resume finishes the run: outputs equal to the uninterrupted run's, one event file
+    (the killed attempts' removed), no temp file."""
+    reference = default_run_2_epochs.job_dir
+    job = tmp_path / "run"
+    _kill_at(job, tmp_path, None)
+    assert not (job / "checkpoints" / "last.pt").exists(), "killed too late to test item 1"
+
+    _kill_at(job, tmp_path, "last.pt:1", "trainer.resume=auto")
+    assert list((job / "checkpoints").glob(".last.pt.*.tmp"))
+    assert not (job / "checkpoints" / "last.pt").exists()
+
+    _kill_at(job, tmp_path, "best.pt:2", "trainer.resume=auto")
+    assert torch.load(job / "checkpoints/last.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(job / "checkpoints/best.pt", weights_only=True)["epoch"] == 0
+    assert list((job / "checkpoints").glob(".best.pt.*.tmp"))
+    assert not (job / "metrics.json").exists()
+
+    proc = _resume(job, tmp_path)
+    assert "finishing it" in proc.stdout + proc.stderr
+    _same_outputs(job, reference)
+    assert len(list((job / "tensorboard").glob("events.out.tfevents*"))) == 2  # 3rd and 4th
+
+
+def _killed_attempt(job: Path) -> None:
+    """What a run killed in its first epoch leaves: Hydra's record, an event file, a temp
+    checkpoint (the job log is Hydra's, which this process has not set up)."""
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (job / "tensorboard").mkdir()
+    (job / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(b"x")
+    (job / "checkpoints").mkdir()
+    (job / "checkpoints" / ".last.pt.abc.tmp").write_bytes(b"x")
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    ("notes.txt", "holds 'notes.txt', which ddp_exp did not write"),
+    ("checkpoints/best.pt", "holds a checkpoint"),
+    ("model.pt", "it finished"),
+])
+def test_resume_auto_keeps_refusing_a_folder_that_is_not_a_killed_attempt(compose, tmp_path,
+                                                                          extra, why):
+    """A folder that holds more than a killed first epoch (a user's file, a complete
+    checkpoint, a finished run's weights) is still refused, naming why; nothing is changed."""
+    job = tmp_path / "run"
+    _killed_attempt(job)
+    (job / extra).write_bytes(b"x")
+    message = refused_before_ranks(compose("trainer.resume=auto", "trainer.epochs=1"), job)
+    assert "already holds a run" in message and why in message, message
+
+
+def test_a_temp_file_alone_is_no_earlier_run(tmp_path):
+    """A partial .last.pt.<tag>.tmp is not an earlier run's output (today: checkpoints/)."""
+    from ddp_exp.jobdir import earlier_outputs
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / ".last.pt.abc.tmp").write_bytes(b"x")
+    assert earlier_outputs(str(tmp_path)) == []
+
+
+def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted(tmp_path):
+    """The killed attempt's record (the lock file's copy of its .hydra/config.yaml) must be this
+    run's config but for trainer.resume: another config keeps the refusal; the same one is
+    cleared (event files, temp files, errors/, status.json) and starts afresh."""
+    from ddp_exp.jobdir import FolderHoldsRun, job_folder_lock, refuse_earlier_run
+
+    job = tmp_path / "run"
+    _killed_attempt(job)
+    (job / "status.json").write_text('{"status": "interrupted"}')
+    (job / "errors").mkdir()
+    hydra_dir = str(job / ".hydra")
+    (job / ".hydra" / ".ddp_exp.lock").write_text(json.dumps(
+        {"config.yaml": "seed: 1\ntrainer:\n  resume: null\n"}))
+    (job / ".hydra" / "config.yaml").write_text("seed: 0\ntrainer:\n  resume: auto\n")
+    with pytest.raises(FolderHoldsRun, match="started with another config"):
+        with job_folder_lock(str(job), hydra_dir):
+            refuse_earlier_run(str(job), "auto")
+    assert (job / "tensorboard").is_dir() and (job / "status.json").is_file()
+
+    (job / ".hydra" / ".ddp_exp.lock").write_text(json.dumps(
+        {"config.yaml": "seed: 0\ntrainer:\n  resume: null\n"}))
+    (job / ".hydra" / "config.yaml").write_text("seed: 0\ntrainer:\n  resume: auto\n")
+    with job_folder_lock(str(job), hydra_dir):
+        refuse_earlier_run(str(job), "auto")
+    assert sorted(p.name for p in job.iterdir()) == [".hydra"]
