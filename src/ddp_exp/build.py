@@ -152,7 +152,8 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
         log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
                  "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
                  cfg.trainer.resume, source)
-    checkpoint.repair_best(source, state)
+    if os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+        checkpoint.repair_best(source, state)
     if state.get("world_size") not in (None, world_size):
         log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
                     "batch differ from the interrupted run", state["world_size"], world_size)

@@ -68,10 +68,18 @@ def earlier_outputs(job_dir: str) -> list[str]:
              if os.path.isfile(os.path.join(job_dir, name))]
     for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
         folder = os.path.join(job_dir, sub)
-        if os.path.isdir(folder) and any(pattern in f and not _is_temp(f)
-                                         for f in os.listdir(folder)):
+        if any(pattern in f and not _is_temp(f) for f in _names(folder)):
             found.append(f"{sub}/")
     return found
+
+
+def _names(folder: str) -> list[str]:
+    """``os.listdir(folder)``; empty when there is no such folder (under torchrun, rank 0 may
+    be deleting a killed attempt's folders while another rank looks)."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _is_temp(name: str) -> bool:
@@ -113,10 +121,8 @@ def killed_first_epoch(job_dir: str) -> str | None:
     allowed = _FIRST_EPOCH_FILES | {n for n in (hydra_subdir, log_file) if n}
     try:
         names = set(os.listdir(job_dir))
-        checkpoints = os.listdir(checkpoint.checkpoint_dir(job_dir)) if "checkpoints" in names \
-            else []
-        events = os.listdir(os.path.join(job_dir, "tensorboard")) if "tensorboard" in names \
-            else []
+        checkpoints = _names(checkpoint.checkpoint_dir(job_dir))
+        events = _names(os.path.join(job_dir, "tensorboard"))
     except OSError as exc:
         return f"it cannot be read ({exc.strerror})"
     others = sorted(names - allowed)
