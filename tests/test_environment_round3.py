@@ -128,3 +128,36 @@ def test_a_torchrun_ranks_wait_names_distributed_timeout_s(monkeypatch, compose)
                             compose("distributed.timeout_s=30"))
     assert "within distributed.timeout_s=30 s" in line and "127.0.0.1:29500" in line, line
     assert "launcher." not in line and "\n" not in line, line
+
+
+# --- item 3 (R11): nohup -----------------------------------------------------------------------
+
+def test_a_signal_ignored_at_start_stays_ignored_in_the_launcher_and_every_rank(tmp_path):
+    """Under ``nohup`` (SIGHUP ignored), a closed terminal's SIGHUP to the whole process group
+    ended the run: exit 129, "interrupted (SIGHUP)" (torch's agent installs its handler, and
+    the forked ranks inherit it; pytorch/pytorch #76894). Now the run trains to its end."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from conftest import assert_no_orphans, cli_env
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    tag, job = uuid.uuid4().hex, tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", "trainer.epochs=20", QUIET,
+                             f"hydra.run.dir={job}"], cwd=tmp_path, env=cli_env(tag),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=nohup)
+    lines, sent = [], False
+    for line in proc.stdout:  # the hangup comes while the ranks train (epoch 2 of 20)
+        lines.append(line)
+        if not sent and "epoch 2/20" in line:
+            os.killpg(proc.pid, signal.SIGHUP)
+            sent = True
+    assert proc.wait(timeout=120) == 0, "".join(lines)
+    assert sent and "epoch 20/20" in "".join(lines), "".join(lines)
+    assert (job / "metrics.json").exists()
+    assert_no_orphans(tag)

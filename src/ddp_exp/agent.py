@@ -90,6 +90,12 @@ def wake_on_rank_events(interval_s: float) -> Iterator[None]:
 
 # Held back while the agent forks its ranks (start_ranks_safely), until the ranks exist.
 START_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The signals torch's agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE), and those of
+# them ignored when this process started (read when ddp_exp's entry imports this module, before
+# any handler of ours): ``nohup`` ignores SIGHUP, a shell's background job SIGINT and SIGQUIT.
+AGENT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                      if hasattr(signal, n))
+IGNORED_AT_START = frozenset(s for s in AGENT_SIGNALS if signal.getsignal(s) is signal.SIG_IGN)
 # The signals that came while the agent forked its ranks (a forked rank inherits the list).
 _held: list[int] = []
 
@@ -105,7 +111,10 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
     """While open, each start of the local ranks by an elastic agent of this process (the
     first, and each restart) holds SIGINT and SIGTERM back while it starts the rank processes,
     and raises the first one that came (torch's handler: ``SignalException``, the agent stops
-    the ranks: interrupted) once every rank is started and known to the agent. Before, a
+    the ranks: interrupted) once every rank is started and known to the agent. A signal ignored
+    when the command started (:data:`IGNORED_AT_START`: ``nohup``'s SIGHUP) is ignored again
+    before the forks, in the agent and so in every rank, where torch's agent had installed its
+    handler (pytorch/pytorch #76894). Before, a
     signal that came while the agent forked was raised by torch's handler inside Python's
     after-fork hooks, which print "Exception ignored" and drop it: the run trained on to the
     end, or a rank that had it raised it as a failure. (A thread's signal mask cannot hold it
@@ -125,7 +134,10 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
     def _start(self: Any) -> Any:  # after torch has set its handlers, around the forks
         if threading.current_thread() is not threading.main_thread():
             return start_processes(self)
-        handlers = {sig: signal.signal(sig, _hold) for sig in START_SIGNALS}
+        for sig in IGNORED_AT_START:  # torch's handler replaced SIG_IGN (nohup, R11)
+            signal.signal(sig, signal.SIG_IGN)
+        handlers = {sig: signal.signal(sig, _hold) for sig in START_SIGNALS
+                    if sig not in IGNORED_AT_START}
         try:
             return start_processes(self)
         finally:
@@ -158,7 +170,8 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
 
 
 def pass_fork_gate() -> None:
-    """In a rank, first thing: SIGINT and SIGTERM end the rank at once (the default action:
+    """In a rank, first thing: SIGINT and SIGTERM end the rank at once, unless ignored when the
+    command started (:data:`IGNORED_AT_START`) (the default action:
     a forked rank inherits the agent's Python handlers, and with them a rank blocked in native
     code ignored SIGTERM until the launcher's grace period ended); one that came while the
     agent forked (held back, :func:`start_ranks_safely`) ends the rank now. Then wait until
@@ -168,7 +181,8 @@ def pass_fork_gate() -> None:
     agent's (closed after the last fork, or when the agent dies) and those of the ranks forked
     before this one (closed as each passes here or exits)."""
     for sig in START_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in IGNORED_AT_START:
+            signal.signal(sig, signal.SIG_DFL)
     if _held:  # came while the agent forked (to it or to this rank): the world is stopping
         signal.raise_signal(_held[0])
     gate = os.environ.pop(FORK_GATE_ENV, None)
