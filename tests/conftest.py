@@ -129,7 +129,7 @@ def start_watched(cmd: list[str], cwd: Path, tag: str, awaited: str,
     stdout in a thread that sets ``seen`` at the first line containing ``awaited``."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag), stdout=subprocess.PIPE,
                             stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_reaches_python)
     lines: list[str] = []
     seen = threading.Event()
 
