@@ -33,10 +33,11 @@ RUN = ["world_size=2", "trainer.epochs=2", QUIET]
 TIMING = ("time/", "perf/", "train/samples_per_sec")
 
 
-def _kill_at(job: Path, cwd: Path, point: str | None, *more: str) -> None:
-    """Start the run in ``job`` (with the overrides ``more``) and SIGKILL its process group: at
-    ``point`` (``<file>:<n>``: just before the n-th rename onto that file), or, with None, as
-    soon as the first TensorBoard event file exists (inside the first epoch)."""
+def _kill_at(job: Path, cwd: Path, point: str | None, *args: str) -> None:
+    """Start the run in ``job`` (overrides ``args``, :data:`RUN` if none) and SIGKILL its
+    process group: at ``point`` (``<file>:<n>``: just before the n-th rename onto that file),
+    or, with None, as soon as the first TensorBoard event file exists (inside the first
+    epoch)."""
     tag = uuid.uuid4().hex
     marker = cwd / f"marker-{tag}"
     env = cli_env(tag, PYTHONPATH=os.pathsep.join([str(CHAOS_SITE),
@@ -45,7 +46,7 @@ def _kill_at(job: Path, cwd: Path, point: str | None, *more: str) -> None:
         env.update(DDP_EXP_TEST_CHAOS=point, DDP_EXP_TEST_MARKER=str(marker))
     log = cwd / f"killed-{tag}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *RUN, *more,
+        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *(args or RUN),
                                  f"hydra.run.dir={job}"], cwd=cwd, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -67,8 +68,9 @@ def _kill_at(job: Path, cwd: Path, point: str | None, *more: str) -> None:
     assert_no_orphans(tag)
 
 
-def _resume(job: Path, cwd: Path) -> subprocess.CompletedProcess:
-    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *RUN, "trainer.resume=auto",
+def _resume(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``trainer.resume=auto`` in ``job`` (overrides ``args``, :data:`RUN` if none): exit 0."""
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *(args or RUN), "trainer.resume=auto",
                           f"hydra.run.dir={job}"], cwd, uuid.uuid4().hex, 180)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -113,11 +115,11 @@ def test_kills_in_the_first_epoch_and_after_the_last_checkpoint_resume_exactly(
     _kill_at(job, tmp_path, None)
     assert not (job / "checkpoints" / "last.pt").exists(), "killed too late to test item 1"
 
-    _kill_at(job, tmp_path, "last.pt:1", "trainer.resume=auto")
+    _kill_at(job, tmp_path, "last.pt:1", *RUN, "trainer.resume=auto")
     assert list((job / "checkpoints").glob(".last.pt.*.tmp"))
     assert not (job / "checkpoints" / "last.pt").exists()
 
-    _kill_at(job, tmp_path, "best.pt:2", "trainer.resume=auto")
+    _kill_at(job, tmp_path, "best.pt:2", *RUN, "trainer.resume=auto")
     assert torch.load(job / "checkpoints/last.pt", weights_only=True)["epoch"] == 1
     assert torch.load(job / "checkpoints/best.pt", weights_only=True)["epoch"] == 0
     assert list((job / "checkpoints").glob(".best.pt.*.tmp"))
@@ -190,3 +192,20 @@ def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted
     with job_folder_lock(str(job), hydra_dir):
         refuse_earlier_run(str(job), "auto")
     assert sorted(p.name for p in job.iterdir()) == [".hydra"]
+
+
+@pytest.mark.slow
+def test_a_run_that_stopped_early_killed_before_metrics_json_is_finished(run_cli, tmp_path):
+    """Item 2 for a run that stopped early: killed with model.pt in place and metrics.json not
+    (the last rename before it), resume=auto trains no more epochs and finishes the run as the
+    uninterrupted one did (today: "stopped early ... nothing left to train", no metrics.json)."""
+    stop = ["world_size=1", "trainer.epochs=6", QUIET, "trainer.monitor_mode=max",
+            "trainer.early_stopping_patience=1"]
+    reference = run_cli(*stop, job="reference").ok()
+    assert reference.metrics["stopped_early"] is True
+    job = tmp_path / "run"
+    _kill_at(job, tmp_path, "metrics.json:1", *stop)
+    assert (job / "model.pt").exists() and not (job / "metrics.json").exists()
+    proc = _resume(job, tmp_path, *stop)
+    assert "finishing it" in proc.stdout + proc.stderr
+    _same_outputs(job, reference.job_dir)
