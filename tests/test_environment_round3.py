@@ -4,6 +4,7 @@ leftover torchrun variables, nohup, a full disk, and the smaller reports of item
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -161,3 +162,91 @@ def test_a_signal_ignored_at_start_stays_ignored_in_the_launcher_and_every_rank(
     assert sent and "epoch 20/20" in "".join(lines), "".join(lines)
     assert (job / "metrics.json").exists()
     assert_no_orphans(tag)
+
+
+# --- item 5 (R16): a full disk ------------------------------------------------------------------
+# In-process by fault injection (ENOSPC raised where the file is written), and once for real on a
+# small tmpfs where this machine lets the test mount one (root with CAP_SYS_ADMIN; skipped
+# elsewhere).
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tmp_path):
+    from ddp_exp.files import DiskFull, atomic_write
+
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"epoch 3")
+
+    def write(fh):
+        fh.write(b"half")
+        _no_space()
+
+    with pytest.raises(DiskFull) as info:
+        atomic_write(str(path), write)
+    assert str(info.value).startswith(f"no space left on the disk that holds {path} ")
+    assert "\n" not in str(info.value)
+    assert path.read_bytes() == b"epoch 3" and [p.name for p in tmp_path.iterdir()] == [
+        "last.pt"]
+
+
+def test_bookkeeping_writes_are_best_effort_on_a_full_disk(tmp_path, monkeypatch, capsys):
+    """``write_status`` raised from ``atomic_write`` with a traceback, and copying the error
+    files raised again so torch's failure table never printed; a sweep's summary likewise."""
+    from types import SimpleNamespace
+
+    from ddp_exp import files, jobdir, sweep
+
+    monkeypatch.setattr(files, "_unwritten_reported", set(), raising=False)
+    monkeypatch.setattr(files.tempfile, "mkstemp", _no_space)
+    jobdir.write_status(str(tmp_path), "failed", [], 1.0, "rank 0 failed: ValueError: x")
+    jobdir.write_status(str(tmp_path), "failed", [], 1.0, "again")  # one line per process
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: status.json not written: no space left on the disk that holds "
+                   f"{tmp_path / 'status.json'} ([Errno 28] No space left on device): free "
+                   "space there, or give hydra.run.dir a folder on another disk"], err
+    # Where the run's own line says the disk is full, not a word more.
+    monkeypatch.setattr(files, "_unwritten_reported", set(), raising=False)
+    jobdir.write_status(str(tmp_path), "failed", [], 1.0,
+                        "rank 0 failed: DiskFull: no space left on the disk that holds x")
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "status.json").exists()
+
+    error_file = tmp_path / "agent" / "error.json"
+    error_file.parent.mkdir()
+    error_file.write_text("{}")
+    failure = SimpleNamespace(error_file=str(error_file), message={"message": "DiskFull: no "
+                              "space left on the disk that holds x"})
+    monkeypatch.setattr(jobdir.shutil, "copyfile", _no_space)
+    jobdir.keep_error_files(SimpleNamespace(failures={0: failure}), str(tmp_path / "job"))
+    assert failure.error_file.startswith("<not kept: ")
+    row = {"job": "0", "overrides": "a=1", "status": "completed", "val/loss": 0.5,
+           "val/accuracy": 0.9, "train/loss": 0.4, "samples_per_sec": 1e4, "wall_s": 3.0}
+    sweep.write_summary(str(tmp_path), [row])
+    assert capsys.readouterr().err == ""  # reported once already in this process
+
+
+def test_a_full_disk_is_one_line_naming_it(run_cli, tmp_path):
+    import subprocess
+
+    disk = tmp_path / "small"
+    disk.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs",
+                                  str(disk)], capture_output=True).returncode == 0
+    except OSError:
+        mounted = False
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        (disk / "filler").write_bytes(b"\0" * (360 * 1024))  # 40 KiB left: no first last.pt
+        run = run_cli("trainer.epochs=3", QUIET, f"hydra.run.dir={disk / 'run'}",
+                      run_dir=False)
+        assert run.returncode == 1, run.stderr
+        assert run.stderr.strip().splitlines() == [
+            f"error: rank 0 failed: DiskFull: no space left on the disk that holds "
+            f"{disk / 'run' / 'checkpoints' / 'last.pt'} ([Errno 28] No space left on device): "
+            "free space there, or give hydra.run.dir a folder on another disk"], run.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -55,6 +55,7 @@ from ddp_exp.config import (
     task_overrides,
 )
 from ddp_exp.failures import world_failure
+from ddp_exp.files import DiskFull, is_disk_full
 from ddp_exp.jobdir import (
     AlreadyComplete,
     LeaveFolderAlone,
@@ -351,6 +352,21 @@ def _lost_job_line(exc: BaseException) -> str | None:
             "folder's status.json and ddp_exp.log say what happened to it")
 
 
+def _disk_full_line(exc: BaseException) -> str | None:
+    """One line for a full disk (``ENOSPC``/``EDQUOT``) met outside a rank: Hydra writing its
+    ``.hydra/`` record, the launcher's own files (R16). Names the file, or else the job folder
+    (``OSError`` of a file object's write names none). None for other errors."""
+    if not is_disk_full(exc):
+        return None
+    if isinstance(exc, DiskFull):
+        return str(exc)
+    log_file = job_log_file()  # Hydra has reset its config: the job log's folder, or the typed
+    typed = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")]
+    folder = (os.path.dirname(log_file) if log_file else
+              os.path.abspath(typed[-1]) if typed else "the job folder")
+    return str(DiskFull(exc.errno, exc.strerror, exc.filename or folder))
+
+
 def _output_folder_error(exc: BaseException) -> str | None:
     """One line for Hydra failing to create the run's or the sweep's folder (the path is a
     file, under a file, or not writable); None for any other error, an ``OSError`` of our own
@@ -575,7 +591,7 @@ def _main() -> None:
     except Exception as exc:  # a ConfigError raised where Hydra resolves (a preset's resolver)
         line = (_caused_by(exc, ConfigError) or _no_slurm_here(exc)
                 or _output_folder_error(exc) or null_group_line(exc, sys.argv[1:]))
-        lost = _lost_job_line(exc)  # not the input's fault: a job's failure
+        lost = _lost_job_line(exc) or _disk_full_line(exc)  # not the input's: a job's failure
         if (line or lost) is None or user_wants_traceback:
             raise
         if line:

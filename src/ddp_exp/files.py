@@ -9,6 +9,7 @@ import glob
 import os
 import pickle
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,23 +22,78 @@ def _umask() -> int:
     return mask
 
 
+# errno values of a full disk: no space left, or the user's quota there used up.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFull(OSError):
+    """A write failed because the disk that holds ``filename`` is full (``ENOSPC``) or the
+    user's quota there is used up (``EDQUOT``); ``str()`` is one line naming the path. An
+    ``OSError`` from a file object's write names no path (R16, pytorch/pytorch #10577)."""
+
+    def __str__(self) -> str:
+        return (f"no space left on the disk that holds {self.filename} ([Errno {self.errno}] "
+                f"{self.strerror}): free space there, or give hydra.run.dir a folder on "
+                "another disk")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` of a full disk or quota (:data:`DISK_FULL_ERRNOS`)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
     ``path``; a reader sees the old file or the complete new one, never part of one (POSIX
-    rename is atomic within a file system). The temp file is removed if ``write`` fails."""
+    rename is atomic within a file system). The temp file is removed if ``write`` fails.
+
+    Raises:
+        DiskFull: the disk (or quota) that holds ``path`` is full; ``path`` keeps what it held.
+        OSError: any other failure to write or rename.
+    """
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=folder)
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if is_disk_full(exc) and not isinstance(exc, DiskFull):
+            raise DiskFull(exc.errno, exc.strerror, os.path.abspath(path)) from None
         raise
+
+
+_unwritten_reported: set[str] = set()
+
+
+def best_effort(path: str, write: Callable[[], None], reported: str | None = None) -> bool:
+    """Run ``write()``, the write of a bookkeeping file at ``path`` (``status.json``, an error
+    file's copy, a sweep's summary) that must not hide the run's own outcome: an ``OSError``
+    (a full disk above all) ends in one ``warning:`` line on stderr naming the path, at most
+    one line per process for a full disk, and none where ``reported`` (the run's own error
+    line) says already that the disk is full. Returns True when ``write`` succeeded."""
+    try:
+        write()
+        return True
+    except OSError as exc:
+        full = is_disk_full(exc)
+        line = str(exc) if isinstance(exc, DiskFull) else (
+            str(DiskFull(exc.errno, exc.strerror, path)) if full else f"{path}: {exc}")
+        said = "disk full" in _unwritten_reported
+        if full:
+            _unwritten_reported.add("disk full")
+            if said or (reported and "no space left on the disk" in reported):
+                return False
+        print(f"warning: {os.path.basename(path)} not written: {line}", file=sys.stderr,
+              flush=True)
+        return False
 
 
 def temp_name(path: str, tag: str = "") -> str:

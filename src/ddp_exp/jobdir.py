@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError
-from ddp_exp.files import atomic_write, remove_partial
+from ddp_exp.files import atomic_write, best_effort, remove_partial
 
 log = logging.getLogger("ddp_exp")
 
@@ -443,11 +443,14 @@ def log_to_job_log_only(level: int, text: str) -> None:
 def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
                  error: str | None = None) -> None:
     """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
-    ``interrupted``."""
+    ``interrupted``. Best-effort (:func:`ddp_exp.files.best_effort`): a status that cannot be
+    written (a full disk) is one ``warning:`` line, or none where ``error`` says the disk is
+    full already; the run's exit status stays its own."""
     payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
                "error": error}
     text = json.dumps(payload, indent=2) + "\n"
-    atomic_write(os.path.join(job_dir, STATUS_FILE), lambda fh: fh.write(text.encode()))
+    path = os.path.join(job_dir, STATUS_FILE)
+    best_effort(path, lambda: atomic_write(path, lambda fh: fh.write(text.encode())), error)
 
 
 def record_unstarted_interrupt(signal_name: str, job_log: str | None) -> str | None:
@@ -502,11 +505,27 @@ def keep_error_files(exc, job_dir: str) -> None:
     for rank, failure in exc.failures.items():
         if os.path.isfile(failure.error_file):
             kept = os.path.join(job_dir, ERRORS_DIR, f"rank{rank}.json")
-            os.makedirs(os.path.dirname(kept), exist_ok=True)
-            shutil.copyfile(failure.error_file, kept)
-            failure.error_file = kept
+
+            def copy(source: str = failure.error_file, kept: str = kept) -> None:
+                os.makedirs(os.path.dirname(kept), exist_ok=True)
+                shutil.copyfile(source, kept)
+
+            # Best-effort: on a full disk the failure's own line says so (R16).
+            reported = "no space left on the disk" if _names_full_disk(failure) else None
+            if best_effort(kept, copy, reported):
+                failure.error_file = kept
+            else:
+                failure.error_file = f"<not kept: {kept} could not be written>"
         else:  # killed by a signal, or exited without raising: nothing was written
             failure.error_file = "<none: the rank wrote no error file>"
+
+
+def _names_full_disk(failure: Any) -> bool:
+    """Whether a failed rank's recorded message already says its disk is full."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return "no space left on the disk" in str(message)
 
 
 def remove_partial_files(job_dir: str) -> list[str]:

@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ddp_exp.config import task_overrides
-from ddp_exp.files import atomic_write
+from ddp_exp.files import atomic_write, best_effort
 from ddp_exp.jobdir import STATUS_FILE, note_new_folders, remove_new_empty_folder
 
 log = logging.getLogger("ddp_exp")
@@ -208,21 +208,25 @@ def _fmt(value: Any) -> str:
 
 
 def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
-    """``summary.csv`` (full precision), ``summary.md`` (a table) and ``summary.png``."""
+    """``summary.csv`` (full precision), ``summary.md`` (a table) and ``summary.png``, each
+    best-effort (:func:`ddp_exp.files.best_effort`: a full disk is one line, and the sweep's
+    exit status still says which jobs failed)."""
     names = columns(rows)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if row.get(k) is None else row[k] for k in names})
-    atomic_write(os.path.join(sweep_dir, "summary.csv"), lambda fh: fh.write(buf.getvalue()
-                                                                              .encode()))
+    csv_path = os.path.join(sweep_dir, "summary.csv")
+    best_effort(csv_path, lambda: atomic_write(csv_path, lambda fh: fh.write(
+        buf.getvalue().encode())))
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for row in rows:
         cells = [_fmt(row.get(k)).replace("|", "\\|").replace("\n", " ") for k in names]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n\n" + WALL_S_NOTE + "\n"
-    atomic_write(os.path.join(sweep_dir, "summary.md"), lambda fh: fh.write(text.encode()))
+    md_path = os.path.join(sweep_dir, "summary.md")
+    best_effort(md_path, lambda: atomic_write(md_path, lambda fh: fh.write(text.encode())))
     _plot(sweep_dir, rows)
 
 
@@ -267,7 +271,8 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    atomic_write(os.path.join(sweep_dir, "summary.png"), lambda fh: fh.write(buf.getvalue()))
+    png_path = os.path.join(sweep_dir, "summary.png")
+    best_effort(png_path, lambda: atomic_write(png_path, lambda fh: fh.write(buf.getvalue())))
 
 
 def summarize_interrupted(sweep_dir: str) -> None:
