@@ -250,3 +250,55 @@ def test_a_full_disk_is_one_line_naming_it(run_cli, tmp_path):
             "free space there, or give hydra.run.dir a folder on another disk"], run.stderr
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+# --- item 8: the smaller reports ---------------------------------------------------------------
+
+def test_a_truncated_last_pt_points_to_the_intact_checkpoint_beside_it(tmp_path):
+    """R15: the line ended "(OSError: [Errno 22] Invalid argument)" and named no way out;
+    ``best.pt`` as a hard link to the same truncated file is no way out either."""
+    import torch
+
+    from ddp_exp import checkpoint
+    from ddp_exp.config import ConfigError
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for epoch in (0, 1):
+        torch.save({"format": checkpoint.FORMAT, "epoch": epoch}, folder / f"epoch_{epoch:04d}.pt")
+    data = (folder / "epoch_0001.pt").read_bytes()
+    last = folder / "last.pt"
+    last.write_bytes(data[: len(data) // 2])
+    os.link(last, folder / "best.pt")
+    with pytest.raises(ConfigError) as info:
+        checkpoint.load(str(last))
+    message = str(info.value)
+    assert message == (f"trainer.resume={str(last)!r}: cannot load it as a checkpoint: not a "
+                       "complete torch.save file: truncated or corrupt; an intact checkpoint "
+                       f"beside it: trainer.resume={folder / 'epoch_0001.pt'}"), message
+    for name in ("epoch_0000.pt", "epoch_0001.pt"):
+        (folder / name).unlink()
+    with pytest.raises(ConfigError) as info:  # no intact one: nothing is promised
+        checkpoint.load(str(last))
+    assert str(info.value).endswith("truncated or corrupt"), str(info.value)
+
+
+def test_an_image_deleted_mid_run_is_an_io_failure_not_a_config_error(tmp_path):
+    """R20: an image deleted while the run reads the folder is a runtime I/O failure (exit 1,
+    one line naming the file); it was reported as ``ddp_exp.config.ConfigError``."""
+    from PIL import Image
+
+    from ddp_exp.config import ConfigError
+    from ddp_exp.data.images import decode
+
+    gone = tmp_path / "cat" / "1.png"
+    with pytest.raises(OSError) as info:
+        decode(str(gone), 8, 1)
+    assert isinstance(info.value, FileNotFoundError) and not isinstance(info.value, ConfigError)
+    assert str(gone) in str(info.value) and "\n" not in str(info.value)
+    bad = tmp_path / "bad.png"  # a file that is no image stays the data's (config) error
+    bad.write_bytes(b"not an image")
+    with pytest.raises(ConfigError):
+        decode(str(bad), 8, 1)
+    Image.new("L", (8, 8)).save(tmp_path / "ok.png")
+    assert decode(str(tmp_path / "ok.png"), 8, 1).shape == (1, 8, 8)

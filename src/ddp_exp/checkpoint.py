@@ -33,6 +33,7 @@ import glob
 import io
 import logging
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -178,11 +179,37 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
+        intact = intact_beside(path)
         raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint: "
-                          f"{load_failure(exc)}") from None
+                          f"{load_failure(exc)}" + (
+                              f"; an intact checkpoint beside it: trainer.resume={intact}"
+                              if intact else "")) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
     return state
+
+
+def intact_beside(path: str) -> str | None:
+    """The newest checkpoint in ``path``'s folder that loads (``epoch_NNNN.pt`` newest first,
+    then ``best.pt``), other than ``path`` and the files that are ``path`` under another name
+    (``best.pt`` is often a hard link to ``last.pt``): what a user could resume from when
+    ``path`` is truncated or corrupt (R15). None when there is none."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"epoch_\d+\.pt", n)),
+                       reverse=True) + [BEST]
+    except OSError:
+        return None
+    for name in names:
+        candidate = os.path.join(folder, name)
+        try:
+            if os.path.samefile(candidate, path):
+                continue
+            torch.load(candidate, map_location="cpu", weights_only=True)
+        except Exception:  # missing, or broken too: the next one
+            continue
+        return candidate
+    return None
 
 
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:

@@ -197,7 +197,6 @@ def load_failure(exc: BaseException) -> str:
     broken = ("zip archive" in text
               or isinstance(exc, (EOFError, pickle.UnpicklingError, KeyError))
               or (isinstance(exc, OSError) and exc.errno == errno.EINVAL))
-    if broken:
-        return (f"not a complete torch.save file: truncated or corrupt "
-                f"({type(exc).__name__}: {first})")
+    if broken:  # the reader's own words (EINVAL, "zip archive") say nothing more to a user
+        return "not a complete torch.save file: truncated or corrupt"
     return f"{type(exc).__name__}: {first}"

@@ -134,12 +134,23 @@ def decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
     Raises:
         ConfigError: the file is not an image Pillow can read (named; found while training when
             ``image_size`` is set, since only then are the headers not all read up front).
+        OSError: the file cannot be read at all (``FileNotFoundError``: deleted or moved while
+            the run reads the folder), a runtime failure, not the config's.
     """
     try:
         return _decode(path, image_size, channels)
-    except (OSError, ValueError, SyntaxError) as exc:  # what Pillow raises for a bad file
-        raise ConfigError(f"data.path: cannot read image {path!r} ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    except OSError as exc:
+        if exc.errno is not None:  # gone or unreadable mid-run (not Pillow's): no config error
+            raise OSError(exc.errno, f"data.path: cannot read image ({exc.strerror})",
+                          path) from None
+        raise ConfigError(_unreadable(path, exc)) from None
+    except (ValueError, SyntaxError) as exc:  # what Pillow raises for a bad file
+        raise ConfigError(_unreadable(path, exc)) from None
+
+
+def _unreadable(path: str, exc: BaseException) -> str:
+    return (f"data.path: cannot read image {path!r} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})")
 
 
 def _decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
