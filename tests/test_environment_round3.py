@@ -302,3 +302,15 @@ def test_an_image_deleted_mid_run_is_an_io_failure_not_a_config_error(tmp_path):
         decode(str(bad), 8, 1)
     Image.new("L", (8, 8)).save(tmp_path / "ok.png")
     assert decode(str(tmp_path / "ok.png"), 8, 1).shape == (1, 8, 8)
+
+
+def test_the_troubleshooting_table_says_how_long_a_paused_world_may_wait():
+    """A world stopped with Ctrl-Z for longer than ``distributed.timeout_s`` dies on resume
+    with gloo's "Timed out waiting ... for recv": the README's troubleshooting table names
+    the key that sets the bound."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    [row] = [ln for ln in table.splitlines() if "Ctrl-Z" in ln]
+    assert "Timed out waiting" in row and "distributed.timeout_s" in row, row
