@@ -171,7 +171,7 @@ def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted
     """The killed attempt's record (the lock file's copy of its .hydra/config.yaml) must be this
     run's config but for trainer.resume: another config keeps the refusal; the same one is
     cleared (event files, temp files, errors/, status.json) and starts afresh."""
-    from ddp_exp.jobdir import FolderHoldsRun, job_folder_lock, refuse_earlier_run
+    from ddp_exp.jobdir import FolderHoldsRun, job_folder_lock, make_way, refuse_earlier_run
 
     job = tmp_path / "run"
     _killed_attempt(job)
@@ -190,7 +190,8 @@ def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted
         {"config.yaml": "seed: 0\ntrainer:\n  resume: null\n"}))
     (job / ".hydra" / "config.yaml").write_text("seed: 0\ntrainer:\n  resume: auto\n")
     with job_folder_lock(str(job), hydra_dir):
-        refuse_earlier_run(str(job), "auto")
+        assert refuse_earlier_run(str(job), "auto") is True
+        make_way(str(job), True)
     assert sorted(p.name for p in job.iterdir()) == [".hydra"]
 
 

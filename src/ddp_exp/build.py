@@ -83,7 +83,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint that does not fit), before any rank starts.
     """
     t_start = time.time()
-    refuse_earlier_run(job_dir, cfg.trainer.resume)
+    killed_attempt = refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
@@ -107,6 +107,9 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         _load_optimizer_states(cfg.trainer.resume, plain, state, optimizer, scheduler,
                                len(datasets.train))
+        if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
+            checkpoint.repair_best(source, state)
+    jobdir.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
@@ -152,8 +155,6 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
         log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
                  "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
                  cfg.trainer.resume, source)
-    if os.environ.get("RANK", "0") == "0":  # once, under torchrun too
-        checkpoint.repair_best(source, state)
     if state.get("world_size") not in (None, world_size):
         log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
                     "batch differ from the interrupted run", state["world_size"], world_size)

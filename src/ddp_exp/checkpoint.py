@@ -29,6 +29,7 @@ loop puts into a checkpoint and takes back is :mod:`ddp_exp.train_state`'s.
 
 from __future__ import annotations
 
+import filecmp
 import glob
 import io
 import logging
@@ -144,8 +145,8 @@ def repair_best(source: str, state: dict[str, Any]) -> bool:
     ``last.pt`` whose epoch is the monitor's best (``state["monitor"]["best_epoch"]``), its
     ``best.pt`` must be the same file; a run killed between the ``last.pt`` rename and the
     ``best.pt`` link kept an older epoch's ``best.pt`` (and a temp link, which
-    :func:`ddp_exp.files.remove_partial` deletes). Call in the launching process before any
-    rank starts.
+    :func:`ddp_exp.files.remove_partial` deletes). Call in the launching process (rank 0 under
+    torchrun) once every check has passed, before any rank starts.
 
     Returns:
         True when ``best.pt`` was replaced by a link to ``source``.
@@ -156,8 +157,9 @@ def repair_best(source: str, state: dict[str, Any]) -> bool:
     if best_epoch is None or best_epoch != state.get("epoch"):
         return False
     best = os.path.join(os.path.dirname(source), BEST)
-    if os.path.exists(best) and os.path.samefile(source, best):
-        return False
+    if os.path.exists(best) and (os.path.samefile(source, best)
+                                 or filecmp.cmp(source, best, shallow=False)):
+        return False  # the same file, or a copy of it (a copied job folder)
     tmp = temp_name(best)
     os.link(source, tmp)
     os.replace(tmp, best)

@@ -186,43 +186,52 @@ def clear_killed_attempt(job_dir: str) -> None:
             os.unlink(os.path.join(job_dir, name))
 
 
-def refuse_earlier_run(job_dir: str, resume: str | None) -> None:
+def refuse_earlier_run(job_dir: str, resume: str | None) -> bool:
     """Refuse to train afresh in a folder that holds an earlier run: its event streams and
     files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
     ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``. With
     ``trainer.resume=auto`` and nothing to continue from, it logs one warning
-    (:func:`nothing_to_resume_line`) and the run starts fresh; when the folder holds only an
-    attempt of this run killed before its first checkpoint (:func:`killed_first_epoch`), that
-    attempt's files are deleted first (by rank 0 alone) and the run starts afresh there.
-    Temp files a killed writer left (``.<name>.<tag>.tmp``) are deleted when the run goes on
-    (rank 0).
+    (:func:`nothing_to_resume_line`) and the run starts fresh, also when the folder holds only
+    an attempt of this run killed before its first checkpoint (:func:`killed_first_epoch`).
+    Changes nothing: :func:`make_way` does, once every other check has passed.
+
+    Returns:
+        True when the folder holds such a killed attempt, which :func:`make_way` clears.
 
     Raises:
         FolderHoldsRun: naming what the earlier run left and how to continue it.
     """
-    rank0 = os.environ.get("RANK", "0") == "0"  # once, under torchrun too
     no_checkpoint = resume == "auto" and not os.path.isfile(
         os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
     earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
     why_not = killed_first_epoch(job_dir) if earlier and no_checkpoint else "n/a"
     if why_not is None:
-        if rank0:
-            clear_killed_attempt(job_dir)
-            remove_partial_files(job_dir)
-            log.warning("trainer.resume=auto: %s holds an attempt of this run stopped before "
-                        "its first checkpoint (%s): starting the run afresh there",
-                        job_dir, ", ".join(earlier))
-        return
+        return True
     if earlier:  # training afresh here would mix two runs' event streams and files
         how = (f"trainer.resume=auto finds no checkpoints/last.pt to continue from, and "
                f"{why_not}" if no_checkpoint else "continue it with trainer.resume=auto")
         raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
                              f"({', '.join(earlier)}): {how}; or give this run its own folder "
                              "(hydra.run.dir; hydra.sweep.dir with -m)")
-    if no_checkpoint and rank0:
+    if no_checkpoint and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
         log.warning("%s", nothing_to_resume_line(job_dir))
-    if rank0 and os.path.isdir(job_dir):  # the run goes on here: no killed writer's temp file
-        remove_partial_files(job_dir)
+    return False
+
+
+def make_way(job_dir: str, killed_attempt: bool) -> None:
+    """Once the run may start in ``job_dir`` (every check passed, no rank started yet), on
+    rank 0 alone: delete a killed attempt's files (``killed_attempt``, as
+    :func:`refuse_earlier_run` returned; :func:`clear_killed_attempt`), saying so, and the
+    temp files a killed writer left (``.<name>.<tag>.tmp``)."""
+    if os.environ.get("RANK", "0") != "0" or not os.path.isdir(job_dir):
+        return
+    if killed_attempt:
+        earlier = earlier_outputs(job_dir)
+        clear_killed_attempt(job_dir)
+        log.warning("trainer.resume=auto: %s holds an attempt of this run stopped before its "
+                    "first checkpoint (%s): starting the run afresh there", job_dir,
+                    ", ".join(earlier))
+    remove_partial_files(job_dir)
 
 
 def nothing_to_resume_line(job_dir: str) -> str:
