@@ -149,7 +149,7 @@ def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, caplog):
     scratch in a new timestamped folder without a word. One warning names the folder and how
     to resume a run; none when there is a last.pt to continue from or resume is not asked."""
     from ddp_exp.checkpoint import LAST, checkpoint_dir
-    from ddp_exp.jobdir import refuse_earlier_run
+    from ddp_exp.earlier_run import refuse_earlier_run
 
     job = tmp_path / "outputs" / "runs" / "new"
     job.mkdir(parents=True)

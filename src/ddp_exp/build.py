@@ -11,6 +11,7 @@ May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.data`, :mod:`ddp_exp.data.loaders`
 :mod:`ddp_exp.models`, :mod:`ddp_exp.objective`, :mod:`ddp_exp.train` (the optimizer),
 :mod:`ddp_exp.schedule`, :mod:`ddp_exp.monitor`, :mod:`ddp_exp.checkpoint`,
 :mod:`ddp_exp.metrics` (hyper-parameters), :mod:`ddp_exp.jobdir` (refusals, the job log),
+:mod:`ddp_exp.earlier_run` (an earlier run in the job folder),
 :mod:`ddp_exp.worker` (:class:`RankInputs`).
 """
 
@@ -25,12 +26,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp import checkpoint, jobdir, monitor, schedule, train_state
+from ddp_exp import checkpoint, earlier_run, monitor, schedule, train_state
 from ddp_exp import data as data_module
 from ddp_exp.config import ConfigError, effective_lr, global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import seeded
-from ddp_exp.jobdir import AlreadyComplete, job_log_file, refuse_earlier_run
+from ddp_exp.jobdir import AlreadyComplete, job_log_file
 from ddp_exp.metrics import flatten_hparams
 from ddp_exp.models import build_model
 from ddp_exp.objective import Objective
@@ -83,7 +84,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint that does not fit), before any rank starts.
     """
     t_start = time.time()
-    killed_attempt = refuse_earlier_run(job_dir, cfg.trainer.resume)
+    killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
@@ -109,7 +110,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                                len(datasets.train))
         if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
             checkpoint.repair_best(source, state)
-    jobdir.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+    earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
@@ -170,7 +171,7 @@ def _end_owed(source: str, state: dict[str, Any]) -> bool:
     if os.path.basename(source) != checkpoint.LAST:
         return False
     job_dir = os.path.dirname(os.path.dirname(os.path.abspath(source)))
-    return jobdir.run_status(job_dir) != "completed"
+    return earlier_run.run_status(job_dir) != "completed"
 
 
 def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Datasets,
