@@ -14,6 +14,11 @@ does one of:
 With ``once_file`` set, the fault fires only if that file does not exist yet, and creates it
 when firing, so an elastically restarted world does not fail again.
 
+With ``after_checkpoint`` (a ``last.pt`` path) the fault first waits until that checkpoint
+records epoch ``after_epoch`` or later (rank 0 writes it in a background thread, which a loaded
+machine may not have finished a few steps into the next epoch): a test that kills "after epoch
+k's checkpoint" then kills there, whatever the load.
+
 Use it with a config dir holding ``model/faulty.yaml`` (see :func:`write_model_yaml`), then
 ``python -m ddp_exp --config-dir <dir> model=faulty`` with this folder on ``PYTHONPATH``.
 """
@@ -37,7 +42,8 @@ class FaultyMLP(MLP):
     def __init__(self, input_shape: Sequence[int], num_outputs: int,
                  hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0,
                  fault: str = "none", fault_step: int = 0, fault_rank: int = 1,
-                 once_file: str | None = None):
+                 once_file: str | None = None, after_checkpoint: str | None = None,
+                 after_epoch: int = 0):
         super().__init__(input_shape, num_outputs, hidden_sizes=hidden_sizes, dropout=dropout)
         if fault not in FAULTS:
             raise ValueError(f"fault={fault!r}: one of {FAULTS}")
@@ -45,6 +51,8 @@ class FaultyMLP(MLP):
         self.fault_step = int(fault_step)
         self.fault_rank = int(fault_rank)
         self.once_file = once_file
+        self.after_checkpoint = after_checkpoint
+        self.after_epoch = int(after_epoch)
         self.calls = 0  # a plain attribute: not in the state_dict
 
     def _fires(self) -> bool:
@@ -67,6 +75,8 @@ class FaultyMLP(MLP):
             return out
         self.calls += 1
         if self._fires():
+            if self.after_checkpoint:
+                wait_for_checkpoint(self.after_checkpoint, self.after_epoch)
             if self.fault == "raise":
                 raise RuntimeError(f"injected failure at step {self.calls}")
             if self.fault == "kill":
@@ -76,16 +86,35 @@ class FaultyMLP(MLP):
         return out
 
 
+def wait_for_checkpoint(path: str, epoch: int, timeout_s: float = 120.0) -> None:
+    """Poll ``path`` (every 10 ms) until it holds a checkpoint of ``epoch`` or later; a
+    checkpoint that never comes fails the rank after ``timeout_s`` seconds (the test then
+    fails on the wrong epoch, not on a hang)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if torch.load(path, weights_only=True)["epoch"] >= epoch:
+                return
+        except (OSError, RuntimeError, KeyError):  # not there yet (renamed into place whole)
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"{path} never held epoch {epoch} within {timeout_s:.0f} s")
+
+
 def write_model_yaml(config_dir: Path, name: str = "faulty", fault: str = "none",
                      fault_step: int = 0, fault_rank: int = 1, once_file: str | None = None,
-                     hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0) -> Path:
+                     hidden_sizes: Sequence[int] = (128,), dropout: float = 0.0,
+                     after_checkpoint: str | None = None, after_epoch: int = 0) -> Path:
     """Write ``<config_dir>/model/<name>.yaml`` for :class:`FaultyMLP`; returns ``config_dir``.
 
     ``hidden_sizes`` and ``dropout`` default to conf/model/mlp.yaml's values, so the faulty
     model starts from the same seeded weights as ``model=mlp``."""
     node = {"_target_": "faulty.FaultyMLP", "hidden_sizes": list(hidden_sizes),
             "dropout": dropout, "fault": fault, "fault_step": fault_step,
-            "fault_rank": fault_rank, "once_file": once_file}
+            "fault_rank": fault_rank, "once_file": once_file,
+            "after_checkpoint": after_checkpoint, "after_epoch": after_epoch}
     folder = Path(config_dir) / "model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))

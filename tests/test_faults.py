@@ -157,24 +157,21 @@ def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
     conf = tmp_path / "conf"
     kill_step = 2 * STEPS_2 + STEPS_2 // 2  # step 60: inside epoch 3 (steps 49..72)
     common = ("world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=0", QUIET)
-    killed = run_cli(*faulty_args(conf, fault="kill", fault_step=kill_step), *common,
-                     job="job", env=tests_on_path())
+    killed = run_cli(*faulty_args(conf, fault="kill", fault_step=kill_step,
+                                  after_checkpoint=str(tmp_path / "job/checkpoints/last.pt"),
+                                  after_epoch=1), *common, job="job", env=tests_on_path())
     assert killed.returncode != 0, output(killed)
     assert "rank      : 1" in root_cause(output(killed))
     assert not (killed.job_dir / "metrics.json").exists()
     last = load_ckpt(killed.job_dir / "checkpoints" / "last.pt")
-    # Epochs 0 and 1 (0-based) completed; epoch 1's checkpoint is written in the background,
-    # so on a loaded machine the kill 12 steps later may come before it lands: last.pt then
-    # holds epoch 0, complete, and the resume starts one epoch earlier, just as exactly.
-    assert last["epoch"] in (0, 1), last["epoch"]
-    assert last["global_step"] == (last["epoch"] + 1) * STEPS_2
+    assert last["epoch"] == 1  # epochs 0 and 1 (0-based) complete
+    assert last["global_step"] == 2 * STEPS_2
 
     # Same model class (the checkpoint must fit), its fault now unreachable.
     resumed = run_cli(*faulty_args(conf, fault="kill", fault_step=UNREACHABLE), *common,
                       "trainer.resume=auto", job="job", env=tests_on_path()).ok()
     assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
-    first = f"epoch {last['epoch'] + 2}/4"
-    assert first in resumed.stdout and f"epoch {last['epoch'] + 1}/4" not in resumed.stdout
+    assert "epoch 3/4" in resumed.stdout and "epoch 1/4" not in resumed.stdout
     assert_same_result(resumed.job_dir, reference, tol=1e-7)
 
 
@@ -226,15 +223,17 @@ def test_elastic_restart_after_rank_killed(run_cli, tmp_path, reference, kill_st
     restarts from checkpoints/last.pt (after epoch 1: step 24), or from scratch when no epoch
     had finished, and ends exactly as an uninterrupted run."""
     once = tmp_path / "fired"
+    done = kill_step // STEPS_2 * STEPS_2  # the step of the last checkpoint before the kill
+    after = ({"after_checkpoint": str(tmp_path / "run/checkpoints/last.pt"),
+              "after_epoch": done // STEPS_2 - 1} if done else {})
     run = run_cli(*faulty_args(tmp_path / "conf", fault="kill", fault_step=kill_step,
-                               once_file=str(once)),
+                               once_file=str(once), **after),
                   "world_size=2", "trainer.epochs=4", "seed=0", "launcher.max_restarts=1",
                   "distributed.timeout_s=30", QUIET,  # a hang ends in 30 s
                   env=tests_on_path()).ok()
     assert once.exists(), "the fault never fired"
     last = re.escape(str(run.job_dir / "checkpoints" / "last.pt"))
     resumed = re.findall(rf"resumed from {last}\b.*step (\d+)\b", run.stdout)
-    done = kill_step // STEPS_2 * STEPS_2  # the step of the last checkpoint before the kill
     assert resumed == ([str(done)] if done else []), run.stdout
     # U07: one line in the job log says which restart, which rank failed and from where.
     where = (f"continues from {run.job_dir / 'checkpoints' / 'last.pt'} (epoch "

@@ -195,7 +195,8 @@ def test_resume_with_scheduler_best_and_patience_is_exact(run_cli, tmp_path):
     conf = tmp_path / "conf"
     steps = math.ceil(1500 / 64)
     ref = run_cli(*recipe, "model=mlp", job="ref").ok()
-    write_model_yaml(conf, fault="kill", fault_step=2 * steps + steps // 2)
+    write_model_yaml(conf, fault="kill", fault_step=2 * steps + steps // 2,
+                     after_checkpoint=str(tmp_path / "job/checkpoints/last.pt"), after_epoch=1)
     faulty = ("--config-dir", str(conf), "model=faulty")
     killed = run_cli(*faulty, *recipe, job="job", env=tests_on_path())
     assert killed.returncode != 0
