@@ -22,6 +22,7 @@ import shutil
 from omegaconf import OmegaConf
 
 from ddp_exp import checkpoint
+from ddp_exp.files import read_text
 from ddp_exp.jobdir import (
     ERRORS_DIR,
     LOCK_FILE,
@@ -105,24 +106,16 @@ def killed_first_epoch(job_dir: str) -> str | None:
         return "tensorboard/ holds files ddp_exp did not write"
     previous = previous_record(job_dir)
     if previous and hydra_subdir and not _same_config(
-            previous.get("config.yaml"), _read_text(os.path.join(job_dir, hydra_subdir,
+            previous.get("config.yaml"), read_text(os.path.join(job_dir, hydra_subdir,
                                                                  "config.yaml"))):
         return "it was started with another config"
     return None
 
 
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return ""
-
-
 def run_status(job_dir: str) -> str | None:
     """``status.json``'s ``status`` in ``job_dir`` (``completed``, ``failed``,
     ``interrupted``), None when there is none, ``unreadable`` when it cannot be read."""
-    text = _read_text(os.path.join(job_dir, STATUS_FILE))
+    text = read_text(os.path.join(job_dir, STATUS_FILE))
     if not text:
         return None
     try:

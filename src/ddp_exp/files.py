@@ -42,6 +42,15 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
+def read_text(path: str) -> str:
+    """The text of ``path``; ``""`` when it cannot be read (missing, a folder, no permission)."""
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
     ``path``; a reader sees the old file or the complete new one, never part of one (POSIX

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import checkpoint
 from ddp_exp.config import ConfigError
-from ddp_exp.files import atomic_write, best_effort, remove_partial
+from ddp_exp.files import atomic_write, best_effort, read_text, remove_partial
 
 log = logging.getLogger("ddp_exp")
 
@@ -189,7 +189,7 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
     os.makedirs(job_dir, exist_ok=True)
     with open(lock_file(job_dir, hydra_dir), "a+") as fh:  # a+: keep the record
         fh.seek(0)
-        previous = _parse_record(fh.read()) or _parse_record(_read_text(
+        previous = _parse_record(fh.read()) or _parse_record(read_text(
             os.path.join(job_dir, LOCK_FILE)))  # a folder of an earlier version's run
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -217,14 +217,6 @@ def lock_file(job_dir: str, hydra_dir: str | None) -> str:
     """The job folder's lock file: under ``hydra_dir`` (``.hydra/``) when Hydra made one."""
     folder = hydra_dir if hydra_dir and os.path.isdir(hydra_dir) else job_dir
     return os.path.join(folder, LOCK_FILE)
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 def _read_record(hydra_dir: str | None) -> dict[str, str]:
