@@ -293,8 +293,8 @@ def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
         return real(name, *a)
 
     monkeypatch.setattr(importlib.util, "find_spec", no_plugins_at_all)
-    assert missing_plugin_hint("Could not find 'hydra/sweeper/optuna'") == (
-        "hint: this needs Hydra's optuna plugin: pip install -e '.[sweeps]'")
+    assert missing_plugin_hint("Could not find 'hydra/launcher/joblib'") == (
+        "hint: this needs Hydra's joblib plugin: pip install -e '.[sweeps]'")
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert missing_plugin_hint(error) is None  # installed here: Hydra's own message is enough
 

@@ -249,7 +249,13 @@ def _one_line(exc: BaseException) -> str | None:
 PLUGIN_EXTRAS = {
     "submitit": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
     "joblib": ("hydra_plugins.hydra_joblib_launcher", "sweeps"),
-    "optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweeps"),
+}
+# Plugins that presets no longer use, and the line that names the replacement.
+REPLACED_PLUGINS = {
+    ("hydra/sweeper/optuna'", "hydra/sweeper=optuna:"):
+        "hint: hydra/sweeper=optuna (Hydra's Optuna sweeper: optuna<3, no pruning) is replaced "
+        "by hydra/sweeper=ddp_optuna, the same keys but sampler.name (pip install -e "
+        "'.[optuna]'; see docs/sweeps.md)",
 }
 
 
@@ -258,6 +264,9 @@ def missing_plugin_hint(error_text: str) -> str | None:
     looks for and that is not installed, e.g. ``launcher=slurm`` without the ``slurm`` extra."""
     import importlib.util
 
+    for words, line in REPLACED_PLUGINS.items():
+        if any(word in error_text for word in words):
+            return line
     for word, (module, extra) in PLUGIN_EXTRAS.items():
         if word not in error_text:
             continue

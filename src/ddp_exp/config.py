@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import schema
+from hydra_plugins import ddp_optuna_sweeper
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,7 @@ def register_configs() -> None:
     once per process."""
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
+    ddp_optuna_sweeper.register()  # hydra/sweeper=ddp_optuna, also from an editable install
     for group, name, node in schema.SCHEMAS:
         if (group, name) in schema.OPEN_SCHEMAS:
             node = open_node(node)

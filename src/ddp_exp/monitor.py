@@ -7,7 +7,10 @@ validation every rank calls :meth:`Monitor.update` with the same all-reduced val
 all-reduce hands every rank the same bits), so every rank takes the same decisions: whether the
 epoch is the new best (rank 0 then writes ``best.pt``), and whether ``trainer.
 early_stopping_patience`` epochs have passed without improvement, after which every rank stops
-after the same epoch. A strict improvement counts; a non-finite value never does.
+after the same epoch. A strict improvement counts; a non-finite value never does. In a
+``hydra/sweeper=ddp_optuna`` trial, :attr:`Monitor.trial` (:mod:`ddp_exp.pruning`) reports the
+value to the study after each validation, and a prune decision stops every rank the same way
+(``pruned_at_epoch`` in metrics.json).
 
 Uses :mod:`ddp_exp.config` (errors); the launcher's checks and the loop use it.
 """
@@ -79,6 +82,8 @@ class Monitor:
         self.best_epoch: int | None = None  # 0-based
         self.bad_epochs = 0
         self.stopped_early = False
+        self.trial: Any = None  # a ddp_exp.pruning.TrialLink in a ddp_optuna sweep's trial
+        self.pruned_at_epoch: int | None = None  # 1-based
 
     def update(self, val: dict[str, Any], epoch: int) -> bool:
         """Record ``epoch``'s (0-based) reduced validation results; True if it is the new best."""
@@ -94,12 +99,18 @@ class Monitor:
             self.bad_epochs += 1
         if self.patience is not None and self.bad_epochs >= self.patience:
             self.stopped_early = True
+        if self.trial is not None and self.trial.should_prune(value, epoch):
+            self.stopped_early, self.pruned_at_epoch = True, epoch + 1
         return better
 
     def stop_line(self, epochs: int) -> str:
         """Why the run stops (for the log)."""
         best = "none" if self.best is None else f"{self.best:.6g}"
         epoch = "-" if self.best_epoch is None else self.best_epoch + 1
+        if self.pruned_at_epoch is not None:
+            return (f"pruned: the sweep's pruner stops this trial after epoch "
+                    f"{self.pruned_at_epoch}/{epochs} ({self.metric} best {best} at epoch "
+                    f"{epoch}); every rank stops here")
         return (f"early stopping: {self.metric} has not improved ({self.mode}) for "
                 f"{self.bad_epochs} epoch(s), trainer.early_stopping_patience={self.patience}; "
                 f"best {best} at epoch {epoch}/{epochs}; every rank stops here")
@@ -108,6 +119,8 @@ class Monitor:
         """``best/<monitor>``, ``best/epoch`` (1-based, as in the log and metrics.json's
         ``epoch``) and ``stopped_early``, for metrics.json."""
         out: dict[str, Any] = {"stopped_early": self.stopped_early}
+        if self.trial is not None:  # a ddp_optuna trial: pruned or not (null)
+            out["pruned_at_epoch"] = self.pruned_at_epoch
         if self.metric is not None:
             out[f"best/{self.metric}"] = self.best
             out["best/epoch"] = None if self.best_epoch is None else self.best_epoch + 1
@@ -116,7 +129,7 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "mode": self.mode, "best": self.best,
                 "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs,
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early, "pruned_at_epoch": self.pruned_at_epoch}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Continue counting from a checkpoint's state (kept only if it watched the same
@@ -125,3 +138,4 @@ class Monitor:
             return
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.bad_epochs, self.stopped_early = state["bad_epochs"], state["stopped_early"]
+        self.pruned_at_epoch = state.get("pruned_at_epoch")

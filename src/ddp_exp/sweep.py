@@ -12,7 +12,8 @@ inside callbacks into warnings.)
 :func:`objective` is what a job returns to Hydra's sweeper (Optuna's worst value for a failed
 job).
 
-May use: :mod:`ddp_exp.files` (atomic writes), :mod:`ddp_exp.jobdir` (``status.json``'s name,
+May use: :mod:`ddp_exp.files` (atomic writes), :mod:`ddp_exp.pruning` (a ddp_optuna sweep's
+trial states and curves), :mod:`ddp_exp.jobdir` (``status.json``'s name,
 which folders this process created).
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ddp_exp import pruning
 from ddp_exp.config import task_overrides
 from ddp_exp.files import atomic_write, best_effort
 from ddp_exp.jobdir import STATUS_FILE, note_new_folders, remove_new_empty_folder
@@ -158,6 +160,7 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
     (killed before it could write, or still running in another process) is ``incomplete``.
     """
     rows = []
+    trials = pruning.trial_states(sweep_dir)  # hydra/sweeper=ddp_optuna: state, pruned_at_epoch
     for name in os.listdir(sweep_dir):
         job_dir = os.path.join(sweep_dir, name)
         if not os.path.isdir(os.path.join(job_dir, ".hydra")):
@@ -177,6 +180,10 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
             "error": status.get("error"),
             **recipe_values(metrics),
         })
+        if trials is not None:  # the study's state; a trial it never recorded: FAIL
+            trial = trials.get(name) or {}
+            rows[-1].update(state=trial.get("state") or "FAIL",
+                            pruned_at_epoch=trial.get("pruned_at_epoch"))
     rows.sort(key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit()
                              else 0, r["job"]))
     return rows
@@ -250,8 +257,12 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
         x_label = keys[0]
     metrics = [("val/loss", "val/loss"), ("val/accuracy", "val/accuracy"),
                ("train/loss", "train/loss"), ("samples_per_sec", "train samples/s")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
-    for ax, (key, title) in zip(axes, metrics, strict=True):
+    trials = pruning.trial_states(sweep_dir)
+    fig, axes = plt.subplots(1, len(metrics) + bool(trials),
+                             figsize=(4 * (len(metrics) + bool(trials)), 3.2))
+    if trials:  # a ddp_optuna sweep: each trial's curve, pruned ones cut
+        pruning.plot_curves(axes[-1], trials)
+    for ax, (key, title) in zip(axes, metrics, strict=False):
         ys = [r[key] if r[key] is not None else math.nan for r in done]
         if numeric:
             order = sorted(range(len(xs)), key=lambda i: xs[i])
