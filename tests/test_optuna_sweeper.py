@@ -99,6 +99,9 @@ def test_pruned_search_states_summary_and_best(asha):
             assert metrics["pruned_at_epoch"] == metrics["epoch"] < 6, metrics
             assert row["pruned_at_epoch"] == str(metrics["epoch"]), row
             assert metrics["stopped_early"] is True
+            status = json.loads((job / "status.json").read_text())
+            assert status["status"] == "completed" and status["pruned"] is True
+            assert status["pruned_at_epoch"] == metrics["epoch"]
         else:
             assert t.state.name == "COMPLETE" and metrics["epoch"] == 6
             assert metrics["pruned_at_epoch"] is None and row["pruned_at_epoch"] == ""

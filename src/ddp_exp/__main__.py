@@ -188,7 +188,8 @@ def _task(cfg: DictConfig) -> float | None:
 
     if main_process:
         write_status(job_dir, "failed" if error else "completed", overrides,
-                     time.time() - t_start, error)
+                     time.time() - t_start, error,
+                     None if error or final is None else final.get("pruned_at_epoch"))
     if error is None:
         return objective(None if final is None else final.get("val/loss"), hc.sweeper)
     if hc.mode == RunMode.MULTIRUN:

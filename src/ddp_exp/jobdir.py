@@ -272,13 +272,17 @@ def log_to_job_log_only(level: int, text: str) -> None:
 
 
 def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
-                 error: str | None = None) -> None:
+                 error: str | None = None, pruned_at_epoch: int | None = None) -> None:
     """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
-    ``interrupted``. Best-effort (:func:`ddp_exp.files.best_effort`): a status that cannot be
-    written (a full disk) is one ``warning:`` line, or none where ``error`` says the disk is
-    full already; the run's exit status stays its own."""
+    ``interrupted``; a trial that hydra/sweeper=ddp_optuna's pruner stopped also has
+    ``pruned: true`` and ``pruned_at_epoch`` (its status stays ``completed``). Best-effort
+    (:func:`ddp_exp.files.best_effort`): a status that cannot be written (a full disk) is one
+    ``warning:`` line, or none where ``error`` says the disk is full already; the run's exit
+    status stays its own."""
     payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
                "error": error}
+    if pruned_at_epoch is not None:
+        payload.update(pruned=True, pruned_at_epoch=pruned_at_epoch)
     text = json.dumps(payload, indent=2) + "\n"
     path = os.path.join(job_dir, STATUS_FILE)
     best_effort(path, lambda: atomic_write(path, lambda fh: fh.write(text.encode())), error)
