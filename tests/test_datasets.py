@@ -119,7 +119,7 @@ BAD_INPUTS = {
     "not a pair": (["data=dataset", "data._target_=lazy_data.SingleTensors"], None,
                    "not an (input, target) pair"),
     "mapping, no key": (["data=dataset", "data._target_=lazy_data.MappingItems"], None,
-                        "data.input_key is required"),
+                        "data.target_key is required"),
     "not a dataset": (["data=dataset", "data._target_=lazy_data.not_a_dataset"], None,
                       "returned int, not a map-style dataset"),
     "classes differ": (["data=dataset", "data._target_=lazy_data.pair_with_other_classes"], None,

@@ -88,13 +88,11 @@ def _with_model(cfg, **node):
     ([], {"kind": "width", "width": 5},
      "model: the output has shape [batch, 5] but the targets have shape [batch]: the model "
      "must return [batch, 10] (10 classes)"),
-    ([], {"kind": "dict"},
-     "model: the forward returned a dict {'logits': tensor [batch, 10]}, not a tensor: a model "
-     "must return one tensor [batch, outputs] (dict and tuple outputs are not supported yet)"),
-    ([], {"kind": "tuple"},
-     "model: the forward returned a tuple of 2 (tensor [batch, 10], tensor [batch, 10]), not a "
-     "tensor: a model must return one tensor [batch, outputs] (dict and tuple outputs are not "
-     "supported yet)"),
+    # Issue 28: a mapping output is read at trainer.output_key (a tuple's first element is the
+    # output: tests/test_sequences.py); a mapping without that key is refused.
+    (["trainer.output_key=out"], {"kind": "dict"},
+     "trainer.output_key='out' is not a key of the model's output, a dict {'logits': tensor "
+     "[batch, 10]}; set trainer.output_key=<key>"),
 ])
 def test_a_model_output_that_does_not_fit_is_refused_before_ranks(compose, tmp_path,
                                                                     monkeypatch, data, node,
@@ -130,12 +128,11 @@ def test_wrong_output_shape_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_
 def test_a_dict_output_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_path):
     """R05: was a 54-line traceback, exit 1, a folder without status.json."""
     run = run_cli(*_shaped_model_args(tmp_path / "conf", kind="dict"), "trainer.epochs=1",
-                  QUIET, env=tests_on_path())
+                  "trainer.output_key=out", QUIET, env=tests_on_path())
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.splitlines() == [
-        "error: model: the forward returned a dict {'logits': tensor [batch, 10]}, not a "
-        "tensor: a model must return one tensor [batch, outputs] (dict and tuple outputs are "
-        "not supported yet)"], run.stderr
+        "error: trainer.output_key='out' is not a key of the model's output, a dict {'logits': "
+        "tensor [batch, 10]}; set trainer.output_key=<key>"], run.stderr
     assert not run.job_dir.exists()
 
 

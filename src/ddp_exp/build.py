@@ -98,7 +98,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                                     cfg.trainer.resume_allow_changes)
     plain["world_size"] = world_size
     plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
-    objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"))
+    objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"),
+                          plain["trainer"].get("output_key", "logits"),
+                          plain["trainer"].get("class_dim", "last"),
+                          plain["data"].get("ignore_index", -100))
     _check_objective(objective, model, datasets, cfg.seed)
     note = monitor.resolve(plain, objective.metrics, len(datasets.val))
     if note:

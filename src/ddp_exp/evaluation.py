@@ -34,7 +34,7 @@ from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World, broadcast_buffers_from_main, broadcast_from_main
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
-from ddp_exp.objective import Objective
+from ddp_exp.objective import Objective, call_model, to_device
 from ddp_exp.optimizer import autocast
 
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name (as ddp_exp.progress)
@@ -59,10 +59,12 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         num_classes: ``C`` > 0 to count the confusion matrix in the same pass.
 
     Returns:
-        ``val/loss`` (mean per-sample loss), ``val/<metric>`` for each metric (e.g.
-        ``val/accuracy``; None when it does not apply) and ``val/num_samples``; means are None
-        for an empty set. With ``num_classes``, also ``confusion``: int64 ``[C, C]`` on the CPU
-        (row = true class, column = predicted class).
+        ``val/loss`` (mean per-sample loss; per counted element for per-element targets:
+        the sums over the world's elements divided by their count), ``val/<metric>`` for each
+        metric (e.g. ``val/accuracy``; None when it does not apply) and ``val/num_samples``
+        (samples, or counted elements); means are None for an empty set. With
+        ``num_classes``, also ``confusion``: int64 ``[C, C]`` on the CPU (row = true class,
+        column = predicted class).
     """
     broadcast_buffers_from_main(model)
     was_training = model.training
@@ -72,15 +74,21 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
     pairs = (torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
              if num_classes else None)
     for xb, yb in batches:
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        xb, yb = to_device(xb, device), yb.to(device, non_blocking=True)
         with autocast(device, precision):
-            out = model(xb)
-        sums.add("loss", objective.per_sample_loss(out, yb).double().sum())
+            out = objective.output(call_model(model, xb))
+        loss, metric_sums, count = objective.metric_sums(out, yb)
+        sums.add("loss", loss)
         for name in names:
-            sums.add(name, objective.metrics[name](out, yb).double().sum())
-        sums.add("num_samples", len(xb))
+            sums.add(name, metric_sums[name])
+        sums.add("num_samples", count)
         if pairs is not None:
-            pairs += confusion.pair_counts(out, yb, num_classes)
+            if objective.elementwise(yb):  # counted elements, class dimension last
+                kept = yb != objective.ignore_index
+                logits = out if objective.class_last else out.movedim(1, -1)
+                pairs += confusion.pair_counts(logits[kept], yb[kept], num_classes)
+            else:
+                pairs += confusion.pair_counts(out, yb, num_classes)
     if pairs is None:
         totals = sums.reduce()
     else:

@@ -79,13 +79,77 @@ def _per_sample(fn: PerSample, key: str) -> PerSample:
 
     def checked(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         values = fn(output, target)
-        if not isinstance(values, torch.Tensor) or values.shape != (len(output),):
+        wanted = target.shape if target.dim() > 1 and not target.is_floating_point() else (
+            len(output),)
+        if not isinstance(values, torch.Tensor) or values.shape != wanted:
             shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values)
-            raise ConfigError(f"{key} must return one value per sample, shape [{len(output)}]; "
-                              f"got {shape} (for a torch loss pass reduction='none')")
+            raise ConfigError(f"{key} must return one value per sample (per element for "
+                              f"per-element labels), shape {list(wanted)}; got {shape} (for a "
+                              "torch loss pass reduction='none')")
         return values
 
     return checked
+
+
+def call_model(model: Callable[..., Any], x: Any) -> Any:
+    """``model(x)`` for a tensor, ``model(*x)`` for a tuple, ``model(**x)`` for a mapping, and
+    ``model(*x.args, **x.kwargs)`` for :class:`Call` (a padded batch with its attention mask,
+    the mask dropped for a model whose ``forward`` takes none)."""
+    if isinstance(x, torch.Tensor):
+        return model(x)
+    if isinstance(x, Call):
+        kwargs = x.kwargs if _takes_mask(model) else {}
+        return model(*x.args, **kwargs)
+    if isinstance(x, Mapping):
+        return model(**x)
+    return model(*x)
+
+
+class Call:
+    """Positional and keyword arguments of a model call: a padded batch of tensor inputs with
+    ``attention_mask`` (:func:`call_model` passes the mask where ``forward`` accepts one)."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: tuple, kwargs: dict):
+        self.args, self.kwargs = args, kwargs
+
+
+_MASK_TAKERS: dict[type, bool] = {}
+
+
+def _takes_mask(model: Any) -> bool:
+    """Whether ``model``'s forward (the wrapped module's, under DDP / compile) accepts
+    ``attention_mask`` (or ``**kwargs``); looked up once per class."""
+    import inspect
+
+    inner = model
+    while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
+        inner = inner.module
+    inner = getattr(inner, "_orig_mod", inner)
+    kind = type(inner)
+    if kind not in _MASK_TAKERS:
+        try:
+            params = inspect.signature(inner.forward).parameters.values()
+            _MASK_TAKERS[kind] = any(p.name == "attention_mask" or p.kind is p.VAR_KEYWORD
+                                     for p in params)
+        except (TypeError, ValueError):
+            _MASK_TAKERS[kind] = False
+    return _MASK_TAKERS[kind]
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    """A batch's inputs or targets (a tensor, tuple, mapping or :class:`Call`) on ``device``
+    (``non_blocking``: pinned host batches copy asynchronously)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Call):
+        return Call(to_device(x.args, device), to_device(x.kwargs, device))
+    if isinstance(x, Mapping):
+        return {k: to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return tuple(to_device(v, device) for v in x)
+    return x
 
 
 class Objective:
@@ -95,14 +159,28 @@ class Objective:
         num_classes: classes of the dataset, or 0 for regression.
         loss: a ``_target_`` node for a per-sample loss, or None for the default.
         metrics: name -> ``_target_`` node of a per-sample metric (added to the defaults).
+        output_key: the key of a model's mapping output (``trainer.output_key``).
+        class_dim: ``"last"`` (logits ``[B, *dims, C]``, language models) or ``1``
+            (``[B, C, *dims]``, segmentation) for per-element class labels ``[B, *dims]``
+            (``trainer.class_dim``).
+        ignore_index: the label of elements that count nowhere (``data.ignore_index``).
 
     Raises:
         ConfigError: a target that cannot be built.
     """
 
     def __init__(self, num_classes: int, loss: Mapping[str, Any] | None = None,
-                 metrics: Mapping[str, Mapping[str, Any]] | None = None):
+                 metrics: Mapping[str, Mapping[str, Any]] | None = None,
+                 output_key: str = "logits", class_dim: str | int = "last",
+                 ignore_index: int = -100):
+        if str(class_dim) not in ("last", "1"):
+            raise ConfigError(f"trainer.class_dim={class_dim!r} is invalid: last (logits "
+                              "[batch, *dims, classes], language models) or 1 ([batch, classes, "
+                              "*dims], segmentation models)")
         self.num_classes = num_classes
+        self.output_key = output_key
+        self.class_last = str(class_dim) != "1"
+        self.ignore_index = ignore_index
         self.custom_loss = loss is not None
         self.per_sample_loss: PerSample = (
             _per_sample(build_function(loss, "loss"), "loss") if loss is not None
@@ -115,6 +193,58 @@ class Objective:
             self.metrics[name] = _per_sample(build_function(node, f"metrics.{name}"),
                                              f"metrics.{name}")
 
+    def output(self, out: Any) -> torch.Tensor:
+        """The model's output tensor: ``out`` itself, a tuple's first element, or a mapping's
+        ``trainer.output_key``."""
+        if isinstance(out, torch.Tensor):
+            return out
+        if isinstance(out, Mapping):
+            return out[self.output_key]
+        return out[0]
+
+    def elementwise(self, target: torch.Tensor) -> bool:
+        """Whether ``target`` holds class labels per element (``[B, *dims]``, dims not
+        empty): the unit of every loss and metric is then the counted element."""
+        return bool(self.num_classes) and target.dim() > 1
+
+    def _class_first(self, output: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, C, *dims]`` (torch's layout) from either ``trainer.class_dim``."""
+        return output.movedim(-1, 1) if self.class_last else output
+
+    def element_terms(self, output: torch.Tensor, target: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-element targets ``[B, *dims]``: the loss summed over the counted elements
+        (label != ``ignore_index``; a scalar, 0 with a graph when none counts) and their count
+        (an int64 scalar tensor), both on the output's device."""
+        mask = target != self.ignore_index
+        if self.custom_loss:
+            values = self.per_sample_loss(output, target)
+            total = torch.where(mask, values, torch.zeros((), dtype=values.dtype,
+                                                          device=values.device)).sum()
+        else:
+            total = F.cross_entropy(self._class_first(output).float(), target,
+                                    ignore_index=self.ignore_index, reduction="sum")
+        return total, mask.sum()
+
+    def metric_sums(self, output: torch.Tensor, target: torch.Tensor
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | int]:
+        """Validation terms of one batch: (loss sum, metric name -> sum, count), all over
+        samples, or over counted elements for per-element targets."""
+        if not self.elementwise(target):
+            return (self.per_sample_loss(output, target).double().sum(),
+                    {n: m(output, target).double().sum() for n, m in self.metrics.items()},
+                    len(target))
+        total, count = self.element_terms(output, target)
+        mask = target != self.ignore_index
+        sums = {}
+        for name, fn in self.metrics.items():
+            if fn is accuracy:
+                values = (self._class_first(output).argmax(dim=1) == target)
+            else:
+                values = fn(output, target)
+            sums[name] = (values.double() * mask).sum()
+        return total.double(), sums, count
+
     def batch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean loss of a batch (a scalar); the built-in losses use torch's fused kernels."""
         if self.custom_loss:
@@ -124,43 +254,67 @@ class Objective:
         return F.mse_loss(output.float(), target)
 
     @torch.no_grad()
-    def check(self, model: torch.nn.Module, features: torch.Tensor, targets: torch.Tensor
+    def check(self, model: torch.nn.Module, features: Any, targets: torch.Tensor
               ) -> None:
         """One forward of ``model`` on a few samples through the loss and every metric, in the
         launching process, so that a model or objective that cannot work fails before any rank
-        starts: the output must be a tensor of the shape the data needs
+        starts: the output (a tensor, a tuple's first element or a mapping's
+        ``trainer.output_key``) must have the shape the data needs
         (:func:`output_shape_error`), and the loss and every metric must run on it and give one
-        value per sample.
+        value per sample (or per element, for per-element targets).
 
         Args:
-            features: ``[batch, *input_shape]``; targets: ``[batch]`` labels or ``[batch, k]``.
+            features: ``[batch, *input_shape]`` (or a tuple / mapping / :class:`Call` of
+                tensors); targets: ``[batch]`` labels, ``[batch, k]`` values or
+                ``[batch, *dims]`` labels per element.
 
         Raises:
-            ConfigError: the forward fails, the output is not a tensor (a dict, a tuple) or has
-                the wrong shape, or the loss or a metric fails on it or is not per-sample; one
+            ConfigError: the forward fails, the output is not a tensor, a tuple or a mapping
+                holding ``trainer.output_key``, or has the wrong shape, or the loss or a metric
+                fails on it or is not per-sample; every element of the batch is ignored; one
                 line naming ``model``, ``loss`` or ``metrics.<name>``.
         """
         was_training = model.training
         model.eval()
         try:
-            output = model(features)
+            output = call_model(model, features)
         except Exception as exc:
             raise ConfigError(f"model: a forward pass on samples of shape "
-                              f"{list(features.shape[1:])} failed: {_first_line(exc)}") from None
+                              f"{_input_shape(features)} failed: {_first_line(exc)}") from None
         finally:
             model.train(was_training)
+        batch = len(targets)
+        if isinstance(output, Mapping) and self.output_key not in output:
+            raise ConfigError(f"trainer.output_key={self.output_key!r} is not a key of the "
+                              f"model's output, {_describe(output, batch)}; set "
+                              "trainer.output_key=<key>")
+        if isinstance(output, Mapping):
+            output = output[self.output_key]
+        elif isinstance(output, (tuple, list)) and output:
+            output = output[0]
         if not isinstance(output, torch.Tensor):
-            raise ConfigError(f"model: the forward returned {_describe(output, len(features))}, "
-                              "not a tensor: a model must return one tensor [batch, outputs] "
-                              "(dict and tuple outputs are not supported yet)")
+            raise ConfigError(f"model: the forward returned {_describe(output, batch)}, "
+                              "not a tensor: a model must return a tensor [batch, outputs], a "
+                              "tuple whose first element is one, or a mapping holding "
+                              "trainer.output_key")
+        if self.elementwise(targets) and not bool((targets != self.ignore_index).any()):
+            raise ConfigError(f"data: every target element of the first training samples is "
+                              f"data.ignore_index={self.ignore_index}: there is nothing to learn"
+                              " (check data.target_key, data.shift_labels and the labels)")
         problem = output_shape_error(tuple(output.shape), tuple(targets.shape),
-                                     self.num_classes, builtin_loss=not self.custom_loss)
+                                     self.num_classes, builtin_loss=not self.custom_loss,
+                                     class_last=self.class_last)
         if problem:
             raise ConfigError(f"model: {problem}")
         for key, fn in [("loss", self.per_sample_loss),
                         *((f"metrics.{name}", m) for name, m in self.metrics.items())]:
             try:
-                fn(output, targets)
+                if key == "loss" and self.elementwise(targets):
+                    self.element_terms(output, targets)
+                elif key != "loss" and self.elementwise(targets):
+                    self.metric_sums(output, targets)
+                else:
+                    fn(output, targets)
             except ConfigError:
                 raise
             except Exception as exc:  # a user's loss or metric that cannot take this output
@@ -172,15 +326,17 @@ class Objective:
 
 
 def output_shape_error(output_shape: tuple[int, ...], target_shape: tuple[int, ...],
-                       num_classes: int, builtin_loss: bool = True) -> str | None:
+                       num_classes: int, builtin_loss: bool = True,
+                       class_last: bool = False) -> str | None:
     """Why a model's output of ``output_shape`` does not fit targets of ``target_shape``, or
     None when it does. The one rule for every task (the shapes of ``torch.nn.functional``'s
     losses):
 
     * classification (``num_classes > 0``, the dataset's classes, not the labels a batch
-      happens to hold): labels ``[batch, *rest]`` need logits ``[batch, num_classes, *rest]``
-      (``F.cross_entropy``'s layout; ``rest`` is empty for one label per sample). Checked
-      whatever the loss: ``val/accuracy`` takes the argmax over dimension 1.
+      happens to hold): labels ``[batch]`` need logits ``[batch, num_classes]``; labels per
+      element ``[batch, *rest]`` need ``[batch, *rest, num_classes]`` (``class_last``,
+      ``trainer.class_dim=last``) or ``[batch, num_classes, *rest]`` (``class_dim=1``).
+      Checked whatever the loss: ``val/accuracy`` takes the argmax over the class dimension.
     * regression (``num_classes == 0``): the output has the target's shape exactly
       (``[batch, k]``); broadcasting ``[batch, 3]`` or ``[batch]`` against ``[batch, 1]``
       would train on a wrong loss without an error. Checked for the built-in loss only
@@ -194,8 +350,11 @@ def output_shape_error(output_shape: tuple[int, ...], target_shape: tuple[int, .
     """
     batch, rest = target_shape[0], tuple(target_shape[1:])
     if num_classes:
-        wanted: tuple[int, ...] | None = (batch, num_classes, *rest)
+        wanted: tuple[int, ...] | None = ((batch, *rest, num_classes) if rest and class_last
+                                           else (batch, num_classes, *rest))
         why = f"{num_classes} classes"
+        if rest:
+            why += (", trainer.class_dim=last" if class_last else ", trainer.class_dim=1")
     else:
         wanted = tuple(target_shape) if builtin_loss else None
         why = "regression: the target's shape"
@@ -204,6 +363,18 @@ def output_shape_error(output_shape: tuple[int, ...], target_shape: tuple[int, .
     return (f"the output has shape {_shape(output_shape, batch)} but the targets have shape "
             f"{_shape(target_shape, batch)}: the model must return {_shape(wanted, batch)} "
             f"({why})")
+
+
+def _input_shape(features: Any) -> str:
+    """The per-sample shape(s) of a batch's inputs, for a one-line message."""
+    if isinstance(features, torch.Tensor):
+        return str(list(features.shape[1:]))
+    if isinstance(features, Call):
+        features = features.args
+    if isinstance(features, Mapping):
+        return "{" + ", ".join(f"{k!r}: {list(v.shape[1:])}" for k, v in features.items()
+                               if isinstance(v, torch.Tensor)) + "}"
+    return str([list(v.shape[1:]) for v in features if isinstance(v, torch.Tensor)])
 
 
 def _shape(shape: tuple[int, ...], batch: int) -> str:

@@ -96,6 +96,9 @@ class TorchDatasetConfig(DataConfig):
     num_classes: int | None = None  # null: the dataset's `classes`, if it has them
     task: str = "auto"  # auto: integer targets are class labels, anything else is regression
     val_size: int = 0
+    ignore_index: int = -100  # per-element labels (tokens, pixels) that count nowhere
+    pad_value: float = 0  # inputs of different lengths are padded per batch with it
+    shift_labels: bool = False  # predict label t+1 at position t (Hugging Face causal-LM labels)
 
 
 # ---------------------------------------------------------------------------------- model
@@ -206,6 +209,9 @@ class TrainerConfig:
     monitor_mode: str | None = None  # min | max (null: max for val/accuracy, else min)
     early_stopping_patience: int | None = None  # epochs without improvement (null: off)
     test_weights: str | None = None  # best | last (null: best when a monitor exists)
+    output_key: str = "logits"  # a model returning a mapping: the output's key
+    # per-element labels [B, *dims]: logits [B, *dims, C] (last) or [B, C, *dims] (1)
+    class_dim: str = "last"
 
 
 @dataclass

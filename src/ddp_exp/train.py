@@ -54,7 +54,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp import dashboard, pruning, schedule, train_state
+from ddp_exp import dashboard, schedule, train_state
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World
@@ -62,7 +62,7 @@ from ddp_exp.evaluation import Evaluator
 from ddp_exp.files import BackgroundWriter
 from ddp_exp.metrics import MetricsWriter, mean
 from ddp_exp.monitor import Monitor
-from ddp_exp.objective import Objective
+from ddp_exp.objective import Objective, call_model, to_device
 from ddp_exp.optimizer import NO_CONTEXT, OptimizerStep, autocast, build_optimizer, grad_scaler
 from ddp_exp.perf import StepTimer
 from ddp_exp.progress import EpochResult, Progress, epoch_line, resolve_mode
@@ -112,6 +112,8 @@ class Trainer:
                              device)
         self.loader = self.data.train
         self.move_batches = self.data.move_batches
+        # In-memory arrays: one float tensor in, one tensor out (the fast path, no dispatch).
+        self.plain_batches = datasets.in_memory
         if ddp_cfg.get("sync_batchnorm"):  # before DDP wraps it (torch's SyncBatchNorm docs)
             model = convert_sync_batchnorm(model, device.type)
         self.model = model.to(device)
@@ -142,7 +144,6 @@ class Trainer:
         self.log_every = trainer["log_every_n_steps"]
         self.monitor = Monitor(trainer.get("monitor"), trainer.get("monitor_mode"),
                                trainer.get("early_stopping_patience"))
-        self.monitor.trial = pruning.link_trial(world.is_main, device)  # hydra/sweeper=ddp_optuna
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         # Dashboards (ddp_exp.perf, ddp_exp.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
@@ -169,22 +170,76 @@ class Trainer:
     def _step(self, group: list, window: LossWindow) -> None:
         """One optimizer step over a group of micro-batches (see the module docstring). The
         hot path: no device sync, and nothing done per step that can be done once."""
+        if self.objective.elementwise(group[0][1]):
+            return self._element_step(group, window)
         last = len(group) - 1
         # shape[0], not len(): Tensor.__len__ is Python (0.54 us a call against 0.17 us)
-        step_samples = (group[0][0].shape[0] if last == 0
-                        else sum(xb.shape[0] for xb, _ in group))
+        step_samples = (group[0][1].shape[0] if last == 0
+                        else sum(yb.shape[0] for _, yb in group))
         perf = self.perf  # None unless trainer.perf_metrics
+        plain = self.plain_batches
         self.optimizer.zero_grad(set_to_none=True)
         for i, (xb, yb) in enumerate(group):
             if self.move_batches:  # host batches (DataLoader workers) to the device
-                xb = xb.to(self.device, non_blocking=True)
+                xb = to_device(xb, self.device)
                 yb = yb.to(self.device, non_blocking=True)
             with self.ddp.no_sync() if i < last else NO_CONTEXT:
                 with self.autocast:
-                    loss = self.objective.batch_loss(self.forward(xb), yb)
-                scaled = loss if last == 0 else loss * (xb.shape[0] / step_samples)
+                    out = self.forward(xb) if plain else call_model(self.forward, xb)
+                    if type(out) is not torch.Tensor:  # a tuple or a mapping
+                        out = self.objective.output(out)
+                    loss = self.objective.batch_loss(out, yb)
+                scaled = loss if last == 0 else loss * (yb.shape[0] / step_samples)
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            window.add(loss, xb.shape[0], self.global_step + 1)
+            window.add(loss, yb.shape[0], self.global_step + 1)
+        self._finish_step(perf)
+
+    def _element_step(self, group: list, window: LossWindow) -> None:
+        """An optimizer step on per-element targets (tokens, pixels): the gradient of the
+        world's element mean. The world's count N of counted elements is all-reduced
+        asynchronously while the micro-batches run; each backward takes the rank's loss *sum*
+        times ``world_size`` (DDP averages over ranks), and the gradients are divided by N once
+        it has arrived, before clipping and the step. A step whose world counts no element
+        changes no weight (a warning says so)."""
+        import torch.distributed as dist
+
+        last = len(group) - 1
+        perf = self.perf
+        ws = self.world.world_size
+        ignore = self.objective.ignore_index
+        targets = [yb.to(self.device, non_blocking=True) if self.move_batches else yb
+                   for _, yb in group]
+        counts = [(yb != ignore).sum() for yb in targets]
+        world_count = torch.stack(counts).sum().to(torch.float64).reshape(1)
+        work = (dist.all_reduce(world_count, async_op=True)
+                if ws > 1 and dist.is_initialized() else None)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, ((xb, _), yb) in enumerate(zip(group, targets, strict=True)):
+            if self.move_batches:
+                xb = to_device(xb, self.device)
+            with self.ddp.no_sync() if i < last else NO_CONTEXT:
+                with self.autocast:
+                    out = self.objective.output(call_model(self.forward, xb))
+                    total, _ = self.objective.element_terms(out, yb)
+                scaled = total * ws if ws > 1 else total
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
+            window.add(total, int(counts[i]), self.global_step + 1, summed=True)
+        if work is not None:
+            work.wait()
+        n = float(world_count)
+        grads = [p.grad for p in self.optim_step.params if p.grad is not None]
+        if n == 0:
+            log.warning("step %d: no counted element on any rank (every target is "
+                        "data.ignore_index): the step is skipped", self.global_step + 1)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            return
+        if grads and n != 1:
+            torch._foreach_div_(grads, n)
+        self._finish_step(perf)
+
+    def _finish_step(self, perf) -> None:
+        """Clipping or the logging step's norm, ``optimizer.step()``, the step's scheduler."""
         if perf is not None:
             perf.backward_done()
         # Clipped, or measured at logging steps only (train/grad_norm); then optimizer.step().
@@ -216,6 +271,8 @@ class Trainer:
         t_epoch = t_mark = time.perf_counter()
         try:
             batches = self.loader if self.perf is None else self.perf.timed(self.loader)
+            if self.data.duplicate_last:
+                batches = self._duplicate_ignored(batches)
             for group in groups(batches, self.accumulate):
                 self._step(group, window)
                 progress.step()
@@ -253,6 +310,16 @@ class Trainer:
         self.writer.write_queued()
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
         return loss_sum, samples, now - t_epoch
+
+    def _duplicate_ignored(self, batches: Iterable) -> Iterator:
+        """The epoch's batches, the last one's last sample (DistributedSampler's duplicate)
+        made to count nowhere for per-element targets: its labels become ``ignore_index``."""
+        last = len(self.loader) - 1
+        for i, (xb, yb) in enumerate(batches):
+            if i == last and self.objective.elementwise(yb):
+                yb = yb.clone()
+                yb[-1] = self.objective.ignore_index
+            yield xb, yb
 
     def _settle(self, window: LossWindow, progress: Progress) -> tuple[float, int]:
         """Finish the window's started check, if any; a logging step's check writes its

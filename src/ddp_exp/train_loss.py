@@ -51,16 +51,20 @@ class LossWindow:
         self.on_host = device.type == "cpu"
         self.losses: list[torch.Tensor] = []
         self.sizes: list[int] = []
+        self.weights: list[int] = []  # what each loss is multiplied by: its size, or 1 (sums)
         self.steps: list[int] = []
         # The interval so far, over the whole world (host floats: the checkpoint carries them,
         # so that a resumed run logs the interval it was in like an uninterrupted one).
         self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
         self.pending: tuple | None = None  # a check started and not finished (see start)
 
-    def add(self, loss: torch.Tensor, size: int, step: int) -> None:
-        """One micro-batch's mean loss (a device scalar), its sample count and global step."""
+    def add(self, loss: torch.Tensor, size: int, step: int, summed: bool = False) -> None:
+        """One micro-batch's mean loss (a device scalar), its sample count and global step;
+        with ``summed``, ``loss`` is the sum over its ``size`` counted elements (per-element
+        targets: a micro-batch may count none)."""
         self.losses.append(loss.detach())
         self.sizes.append(size)
+        self.weights.append(1 if summed else size)
         self.steps.append(step)
 
     def __len__(self) -> int:
@@ -93,8 +97,8 @@ class LossWindow:
         if self.on_host:
             losses = [float(loss) for loss in self.losses]
             total = 0.0
-            for loss, size in zip(losses, self.sizes, strict=True):
-                total += loss * size
+            for loss, weight in zip(losses, self.weights, strict=True):
+                total += loss * weight
             totals = [total, float(sum(self.sizes)), *(extra or ())]
             if collective:
                 totals = torch.tensor(totals, dtype=torch.float64)
@@ -102,13 +106,14 @@ class LossWindow:
             losses = (torch.stack(self.losses).double() if self.losses
                       else torch.zeros(0, dtype=torch.float64, device=self.device))
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
-            totals = torch.stack([(losses * sizes).sum(), sizes.sum()])
+            weights = torch.tensor(self.weights, dtype=torch.float64, device=self.device)
+            totals = torch.stack([(losses * weights).sum(), sizes.sum()])
             if extra is not None:
                 totals = torch.cat([totals, torch.tensor(extra, dtype=torch.float64,
                                                          device=self.device)])
         work = dist.all_reduce(totals, async_op=True) if collective else None
         self.pending = (work, totals, losses, self.steps, extra is not None, context)
-        self.losses, self.sizes, self.steps = [], [], []
+        self.losses, self.sizes, self.weights, self.steps = [], [], [], []
 
     def finish(self, world: World) -> tuple[float, int, list[float] | None, Any] | None:
         """Wait for the check :meth:`start` began (None if there is none) and add its sums to

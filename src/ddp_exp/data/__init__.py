@@ -51,7 +51,8 @@ __all__ = ["ArrayDataset", "Datasets", "build_datasets", "load", "load_digits", 
 # Keys of the data path, never passed to ``data._target_`` (see conf/data/*.yaml).
 PATH_KEYS = ("batch_size", "val_size", "test_size", "shuffle", "num_workers", "persistent_workers",
              "prefetch_factor", "pin_memory", "augment", "mean", "std", "transform",
-             "input_key", "target_key", "standardize")
+             "input_key", "target_key", "standardize", "pad_value", "ignore_index",
+             "shift_labels")
 # Keys a built-in loader takes as arguments, but that describe a user's Dataset otherwise.
 DESCRIBING_KEYS = ("num_classes", "task")
 
@@ -194,9 +195,15 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
         train, reader, task, data_cfg.get("num_classes"), train_tf,
         "data._target_'s" if mode == "single" else "training")
 
+    padding = lazy.Padding(data_cfg.get("pad_value", 0), data_cfg.get("ignore_index", -100),
+                           bool(data_cfg.get("shift_labels")))
+    first_target = reader(first)[1]
+    # Class labels per element (tokens, pixels): any target of more than one label.
+    elementwise = bool(num_classes) and (first_target.numel() > 1 or padding.shift_labels)
+
     def whole(dataset) -> lazy.TorchSplit:
         return lazy.TorchSplit(dataset, np.arange(len(dataset), dtype=np.int64), reader, shape,
-                               num_classes, width)
+                               num_classes, width, elementwise=elementwise, padding=padding)
 
     own = {}  # the given validation and test splits
     for key in ("val", "test"):
@@ -204,7 +211,8 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
             continue
         name = _SPLIT_NAMES[key]
         other = lazy.describe(parts[key], reader, task, num_classes, eval_tf, name)
-        if (other[0], other[2]) != (shape, width):
+        # Lengths may differ (sequences are padded per batch); the other dimensions may not.
+        if (len(other[0]), other[0][1:], other[2]) != (len(shape), shape[1:], width):
             raise ConfigError(f"data._target_={target!r}: {name} items have input shape "
                               f"{list(other[0])} but training items {list(shape)}")
         _check_same_classes(train, parts[key], name, target)

@@ -37,17 +37,21 @@ class ItemReader:
         import torch
 
         if isinstance(item, Mapping):
-            if self.input_key is None or self.target_key is None:
-                key = "data.input_key" if self.input_key is None else "data.target_key"
-                raise ConfigError(f"{key} is required: the dataset's items are mappings with keys "
-                                  f"{sorted(map(str, item))}; set data.input_key=<key> "
-                                  "data.target_key=<key>")
+            if self.target_key is None:
+                raise ConfigError(f"data.target_key is required: the dataset's items are mappings "
+                                  f"with keys {sorted(map(str, item))}; set data.target_key=<key>"
+                                  " (and data.input_key=<key>, or every other key is passed to "
+                                  "the model by name)")
             for key, name in ((self.input_key, "data.input_key"),
                               (self.target_key, "data.target_key")):
-                if key not in item:
+                if key is not None and key not in item:
                     raise ConfigError(f"{name}={key!r} is not a key of the dataset's items "
                                       f"(keys: {sorted(map(str, item))})")
-            x, y = item[self.input_key], item[self.target_key]
+            y = item[self.target_key]
+            if self.input_key is not None:
+                x = item[self.input_key]
+            else:  # keyword arguments of the model: every key but the target's
+                x = {k: v for k, v in item.items() if k != self.target_key}
         elif isinstance(item, (tuple, list)) and len(item) == 2:
             x, y = item
         else:
@@ -55,11 +59,91 @@ class ItemReader:
                               "return pairs, or mappings with data.input_key and "
                               "data.target_key set")
         try:
+            if isinstance(x, Mapping):
+                return {k: torch.as_tensor(v) for k, v in x.items()}, torch.as_tensor(y)
+            if isinstance(x, (tuple, list)) and not _numeric(x):
+                return tuple(torch.as_tensor(v) for v in x), torch.as_tensor(y)
             return torch.as_tensor(x), torch.as_tensor(y)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"{where}: input and target must be tensors, arrays or numbers "
                               f"(got {type(x).__name__}, {type(y).__name__}: {exc}); convert "
                               "them in the dataset, e.g. with a transform") from None
+
+
+def _numeric(x: Sequence) -> bool:
+    """A list/tuple of numbers (one tensor), not a tuple of tensors or arrays."""
+    return all(isinstance(v, (int, float, bool)) for v in x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Padding:
+    """How items of different lengths are collated (``data.pad_value``, ``data.ignore_index``,
+    ``data.shift_labels``)."""
+
+    pad_value: float = 0
+    ignore_index: int = -100
+    shift_labels: bool = False
+
+
+def pad_stack(values: list, fill: float, where: str) -> tuple[Any, Any]:
+    """Stack tensors of one rank, padded at the end of every dimension to the longest with
+    ``fill``; returns ``(batch, mask)``, ``mask`` being None when nothing was padded, else a
+    bool ``[B, L]`` over the first dimension (True where an item has a value).
+
+    Raises:
+        ConfigError: items of different numbers of dimensions.
+    """
+    import torch
+
+    first = values[0].shape
+    if all(v.shape == first for v in values):
+        return torch.stack(values), None
+    if any(v.dim() != len(first) or v.dim() == 0 for v in values):
+        raise ConfigError(f"data: {where} have different numbers of dimensions "
+                          f"({sorted({v.dim() for v in values})}); items may differ in length, "
+                          "not in rank")
+    size = [max(v.shape[d] for v in values) for d in range(len(first))]
+    out = torch.full((len(values), *size), fill, dtype=values[0].dtype)
+    mask = torch.zeros(len(values), size[0], dtype=torch.bool)
+    for i, v in enumerate(values):
+        out[(i, *(slice(0, n) for n in v.shape))] = v
+        mask[i, :v.shape[0]] = True
+    return out, mask
+
+
+def _float_input(x):
+    """Floating inputs (and bytes: images) as float32; integer ids keep their dtype."""
+    import torch
+
+    return x.to(torch.float32) if x.is_floating_point() or x.dtype == torch.uint8 else x
+
+
+def collate_inputs(xs: list, padding: Padding, transform) -> Any:
+    """Inputs of a batch: tensors stacked (a :class:`ddp_exp.objective.Call` with an
+    ``attention_mask`` when items were padded), tuples element by element, mappings key by
+    key (``attention_mask`` padded with 0)."""
+    from ddp_exp.objective import Call
+
+    first = xs[0]
+    if isinstance(first, Mapping):
+        out = {}
+        for key in first:
+            fill = 0 if key == "attention_mask" else padding.pad_value
+            out[key] = _float_input(pad_stack([x[key] for x in xs], fill,
+                                              f"dataset items' input {key!r}")[0])
+        return out
+    if isinstance(first, tuple):
+        return tuple(_float_input(pad_stack([x[i] for x in xs], padding.pad_value,
+                                            f"dataset items' input {i}")[0])
+                     for i in range(len(first)))
+    try:
+        x, mask = pad_stack(xs, padding.pad_value, "dataset items' inputs")
+    except ConfigError:
+        raise ConfigError("data: dataset items have different input shapes; resize them in the "
+                          "dataset (data.image_size for image folders)") from None
+    if mask is not None and transform is None:
+        return Call((_float_input(x),), {"attention_mask": mask.long()})
+    return transform(x) if transform is not None else _float_input(x)
 
 
 @dataclasses.dataclass
@@ -85,6 +169,8 @@ class TorchSplit:
     num_classes: int
     target_width: int = 1
     transform: Callable[[Any], Any] | None = None
+    elementwise: bool = False  # class labels per element ([T] tokens, [H, W] pixels)
+    padding: Padding = Padding()
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -120,12 +206,9 @@ class TorchSplit:
             x, y = self.reader(items_read[index] if index in items_read else self.dataset[index])
             xs.append(x)
             ys.append(y)
-        try:
-            x = torch.stack(xs)
-        except RuntimeError as exc:
-            raise ConfigError(f"data: dataset items have different input shapes ({exc}); resize "
-                              "them in the dataset (data.image_size for image folders)") from None
-        x = self.transform(x) if self.transform is not None else x.to(torch.float32)
+        x = collate_inputs(xs, self.padding, self.transform)
+        if self.elementwise:
+            return x, self._element_targets(ys)
         y = torch.stack(ys)
         if self.num_classes:
             y = y.reshape(len(y)).to(torch.int64)
@@ -136,6 +219,26 @@ class TorchSplit:
         else:
             y = y.reshape(len(y), -1).to(torch.float32)
         return x, y
+
+    def _element_targets(self, ys: list) -> Any:
+        """Per-element labels ``[B, *dims]`` int64, shifted one step with
+        ``data.shift_labels`` (position t holds label t+1, the last ``ignore_index``) and
+        padded with ``data.ignore_index``."""
+        import torch
+
+        pad = self.padding
+        ys = [y.to(torch.int64) for y in ys]
+        if pad.shift_labels:
+            ys = [torch.cat([y[1:], torch.full_like(y[:1], pad.ignore_index)]) for y in ys]
+        y, _ = pad_stack(ys, pad.ignore_index, "dataset items' targets")
+        counted = y[y != pad.ignore_index]
+        if len(counted):
+            low, high = int(counted.min()), int(counted.max())
+            if low < 0 or high >= self.num_classes:
+                raise ConfigError(f"data: class label {low if low < 0 else high} is outside 0.."
+                                  f"{self.num_classes - 1} (data.num_classes={self.num_classes};"
+                                  f" data.ignore_index={pad.ignore_index} marks ignored ones)")
+        return y
 
     def fingerprint(self) -> int:
         """What the nodes of a multi-node world compare: the split's indices and, for an image
@@ -200,13 +303,14 @@ def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | Non
         x = transform(x[None])[0]
     integral = not (torch.is_floating_point(y) or torch.is_complex(y))
     if task == "auto":
-        task = "classification" if integral and y.numel() == 1 else "regression"
+        task = "classification" if integral else "regression"
     if task == "regression":
-        return tuple(x.shape), 0, max(1, y.numel()), item
-    if not integral or y.numel() != 1:
-        raise ConfigError(f"data.task=classification needs one integer class label per item; "
-                          f"item 0's target is {y.dtype} of shape {list(y.shape)} (set "
-                          "data.task=regression for real-valued targets)")
+        return _shape_of(x), 0, max(1, y.numel()), item
+    if not integral:
+        raise ConfigError(f"data.task=classification needs integer class labels (one per item, "
+                          f"or one per element: tokens, pixels); item 0's target is {y.dtype} of "
+                          f"shape {list(y.shape)} (set data.task=regression for real-valued "
+                          "targets)")
     classes = num_classes or class_count(dataset, reader.target_key)
     if not classes:
         raise ConfigError(f"data.num_classes is required: the {name} dataset has integer targets "
@@ -214,4 +318,13 @@ def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | Non
                           "data.num_classes=<C> or data.task=regression")
     if classes < 2:
         raise ConfigError(f"data.num_classes={classes} is invalid: classification needs >= 2")
-    return tuple(x.shape), int(classes), 1, item
+    return _shape_of(x), int(classes), 1, item
+
+
+def _shape_of(x: Any) -> tuple[int, ...]:
+    """One item's input shape: a tensor's, or a tuple's / mapping's first tensor's."""
+    if isinstance(x, Mapping):
+        x = next(iter(x.values()))
+    elif isinstance(x, tuple):
+        x = x[0]
+    return tuple(x.shape)

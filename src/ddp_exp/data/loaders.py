@@ -313,6 +313,11 @@ class RankData:
         self.sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
                                           shuffle=data_cfg["shuffle"], seed=seed,
                                           drop_last=False)
+        # DistributedSampler repeats the start of the epoch's order to fill the last ranks'
+        # shards: this rank's last sample is such a duplicate (counted zero for per-element
+        # targets, ddp_exp.train).
+        total = self.sampler.total_size
+        self.duplicate_last = total > len(train) and rank + total - world_size >= len(train)
         self.move_batches, on_device = placement(device, data_cfg["num_workers"],
                                                  datasets.in_memory)
         self.val_loader = None
