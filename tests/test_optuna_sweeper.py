@@ -289,3 +289,15 @@ def test_presets_use_the_ddp_optuna_sweeper(preset, direction, pruner):
     assert cfg.hydra.sweeper.direction == direction
     assert cfg.hydra.sweeper.pruner.name == pruner
     assert math.isfinite(cfg.hydra.sweeper.n_trials)
+
+
+def test_without_optuna_the_sweeper_says_what_to_install(monkeypatch, capsys):
+    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    sweeper = DDPOptunaSweeper({"name": "tpe"}, {"name": "none"}, None, None, None, 2, 1, {})
+    with pytest.raises(SystemExit) as exit_info:
+        sweeper.sweep([])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: hydra/sweeper=ddp_optuna needs Optuna: pip install -e '.[optuna]'\n")

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -184,8 +185,14 @@ class DDPOptunaSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """Run the search (see the module's docstring); returns the JobReturns of the
-        trials this call ran. Raises SystemExit(2) with one line for a refused setting."""
-        import optuna
+        trials this call ran. Raises SystemExit(2) with one line for a refused setting or
+        without Optuna."""
+        try:
+            import optuna
+        except ImportError:
+            print("error: hydra/sweeper=ddp_optuna needs Optuna: pip install -e '.[optuna]'",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
 
         from ddp_exp import pruning
 
@@ -196,7 +203,7 @@ class DDPOptunaSweeper(Sweeper):
             pruner = pruning.build_pruner(self.pruner_spec,
                                           OmegaConf.select(self.config, "trainer.epochs"))
         except (SweepRefused, ValueError) as exc:
-            print(f"error: {exc}", flush=True, file=__import__("sys").stderr)
+            print(f"error: {exc}", flush=True, file=sys.stderr)
             raise SystemExit(2) from None
         monitor = self.monitor = str(OmegaConf.select(self.config, "trainer.monitor"))
         epochs = OmegaConf.select(self.config, "trainer.epochs")
