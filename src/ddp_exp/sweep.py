@@ -276,8 +276,10 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
         ax.set_xlabel(x_label)
         ax.grid(alpha=0.3)
     failed = len(rows) - len(done)
+    pruned = sum(1 for r in rows if r.get("state") == "PRUNED")
     fig.suptitle(f"{os.path.basename(os.path.normpath(sweep_dir))}: {len(done)} completed"
-                 + (f", {failed} failed" if failed else ""))
+                 + (f" ({pruned} pruned)" if pruned else "") + (f", {failed} failed" if failed
+                                                                 else ""))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
