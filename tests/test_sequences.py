@@ -134,9 +134,15 @@ def test_token_loss_exact_across_world_size_accumulation_padding_and_uneven_set(
     # the unit is the counted token: every validation token once
     val_tokens = sum(len(s) - 1 for s in _sequences(13, 1))
     assert base.metrics["val/num_samples"] == val_tokens
+    # val/loss is the token mean of model.pt over the validation tokens, computed in one
+    # process (13 sequences: uneven shards at world 3, padded batches); world 2: below
+    for run in runs[:2]:
+        assert rel_close(_metrics(run.job_dir)["val/loss"], _one_process_val_loss(run.job_dir),
+                         1e-6)
 
 
 def _one_process_val_loss(job_dir) -> float:
+    """The total token loss of ``model.pt`` over the validation tokens / their count."""
     model = TinyLM(VOCAB)
     model.load_state_dict(_weights(job_dir))
     total, count = 0.0, 0
@@ -148,13 +154,16 @@ def _one_process_val_loss(job_dir) -> float:
     return total / count
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_validation_is_the_token_mean_of_the_saved_model(run_cli, world_size):
-    """``val/loss`` is the total token loss of ``model.pt`` over the validation tokens divided
-    by their count, whatever the world size (13 sequences: uneven shards, padded batches)."""
-    run = run_cli(*_args(f"world_size={world_size}", "data.batch_size=4", "optim.lr=0",
-                         "trainer.epochs=1"), env=tests_on_path()).ok()
-    assert rel_close(run.metrics["val/loss"], _one_process_val_loss(run.job_dir), 1e-6)
+def test_per_sample_training_exact_on_a_set_the_world_does_not_divide(run_cli):
+    """Digits, 1499 training samples (not divisible by 3): world 3 batch 4 equals world 1
+    batch 12; DistributedSampler's repeated sample counts zero (train/num_samples 1499)."""
+    common = ["data.val_size=298", "trainer.epochs=2", "trainer.progress=off", QUIET]
+    one = run_cli(*common, "world_size=1", "data.batch_size=12", job="one").ok()
+    three = run_cli(*common, "world_size=3", "data.batch_size=4", job="three").ok()
+    _close_weights(_weights(one.job_dir), _weights(three.job_dir), 1e-5)
+    assert one.metrics["train/num_samples"] == three.metrics["train/num_samples"] == 1499
+    assert rel_close(one.metrics["val/loss"], three.metrics["val/loss"], 1e-6)
+    assert rel_close(one.metrics["train/loss"], three.metrics["train/loss"], 1e-6)
 
 
 def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
@@ -168,6 +177,7 @@ def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
                   job="two", env=tests_on_path()).ok()
     _close_weights(_weights(one.job_dir), _weights(two.job_dir), 1e-5)
     assert rel_close(one.metrics["val/loss"], two.metrics["val/loss"], 1e-6)
+    assert rel_close(two.metrics["val/loss"], _one_process_val_loss(two.job_dir), 1e-6)
     # shifted: each sequence of L tokens predicts L - 1 of them, as the pair items do
     assert one.metrics["val/num_samples"] == sum(len(s) - 1 for s in _sequences(13, 1))
 

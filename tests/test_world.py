@@ -351,17 +351,18 @@ def test_multirun_batch_sweep_makes_two_jobs_and_no_nested_sweep(run_cli, tmp_pa
 # ---------------------------------------------------------------- 9. uneven inputs (C07)
 @pytest.mark.slow
 def test_uneven_training_shards_pad_and_finish(run_cli):
-    """C07: 1501 training samples on 2 ranks finish; DistributedSampler pads to 1502 (logged)."""
+    """C07: 1501 training samples on 2 ranks finish; DistributedSampler pads to 1502 (logged);
+    the repeated sample counts zero (issue 28)."""
     run = run_cli("world_size=2", "data.val_size=296", "data.batch_size=10", "trainer.epochs=2",
                   QUIET, timeout=300).ok()
     m = run.metrics
     train = DIGITS_N - 296
     assert train == 1501
-    assert m["train/num_samples"] == train + 1  # documented policy: padding
+    assert m["train/num_samples"] == train  # padding served, counted zero (issue 28)
     assert m["steps_per_epoch"] == math.ceil(math.ceil(train / 2) / 10) == 76
     assert m["global_step"] == 2 * 76
     assert m["val/num_samples"] == 296 and math.isfinite(m["val/loss"])
-    assert "train/num_samples=1502" in (run.job_dir / "ddp_exp.log").read_text()
+    assert "which count zero (train/num_samples=1501)" in (run.job_dir / "ddp_exp.log").read_text()
 
 
 @pytest.mark.slow

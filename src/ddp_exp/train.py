@@ -238,6 +238,34 @@ class Trainer:
             torch._foreach_div_(grads, n)
         self._finish_step(perf)
 
+    def _padded_step(self, group: list, window: LossWindow) -> None:
+        """The epoch's last step when DistributedSampler repeated samples to fill the world
+        (a training set ``world_size`` does not divide): each repeated sample (the last of its
+        rank) counts zero, so the step's gradient is the mean over the world's real samples
+        ``N``, known on every rank without communication (every rank's step holds as many
+        samples; N is their world total minus the repeats). Per-element targets: the repeat's
+        labels are ignored already (:meth:`_duplicate_ignored`)."""
+        if self.objective.elementwise(group[0][1]):
+            return self._element_step(group, window)
+        ws, last = self.world.world_size, len(group) - 1
+        step_samples = sum(yb.shape[0] for _, yb in group)
+        world_n = ws * step_samples - self.data.padded
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, (xb, yb) in enumerate(group):
+            if self.move_batches:
+                xb, yb = to_device(xb, self.device), yb.to(self.device, non_blocking=True)
+            with self.ddp.no_sync() if i < last else NO_CONTEXT:
+                with self.autocast:
+                    out = self.objective.output(call_model(self.forward, xb))
+                    values = self.objective.per_sample_loss(out, yb)
+                    if i == last and self.data.duplicate_last:
+                        values = values[:-1]
+                    total = values.sum()
+                scaled = total * (ws / world_n)
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
+            window.add(total, values.shape[0], self.global_step + 1, summed=True)
+        self._finish_step(self.perf)
+
     def _finish_step(self, perf) -> None:
         """Clipping or the logging step's norm, ``optimizer.step()``, the step's scheduler."""
         if perf is not None:
@@ -273,8 +301,14 @@ class Trainer:
             batches = self.loader if self.perf is None else self.perf.timed(self.loader)
             if self.data.duplicate_last:
                 batches = self._duplicate_ignored(batches)
-            for group in groups(batches, self.accumulate):
-                self._step(group, window)
+            # A training set the world does not divide: the epoch's last step holds
+            # DistributedSampler's duplicates, which count zero (:meth:`_padded_step`).
+            padded_step = self.steps_per_epoch - 1 if self.data.padded else -1
+            for k, group in enumerate(groups(batches, self.accumulate)):
+                if k == padded_step:
+                    self._padded_step(group, window)
+                else:
+                    self._step(group, window)
                 progress.step()
                 stop = max_steps is not None and self.global_step >= max_steps
                 log_now = self.global_step % log_every == 0

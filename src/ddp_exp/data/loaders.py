@@ -25,9 +25,11 @@ Validation (:func:`val_loader`): samples ``rank, rank + world_size, ...`` of the
 unpadded (a rank's shard may be empty), in order, through the same kind of loader.
 
 Training policy for a training set not divisible by ``world_size``: DistributedSampler's padding,
-i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are seen twice,
-so every rank runs the same number of steps and DDP's all-reduces line up. Validation is never
-padded: each sample is evaluated exactly once across the world.
+i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are served
+twice, so every rank runs the same number of steps and DDP's all-reduces line up; the repeats
+(each the last sample of its rank, :attr:`RankData.duplicate_last`) count zero in the loss, the
+gradient and ``train/num_samples`` (:mod:`ddp_exp.train`), so training is exact for any size.
+Validation is never padded: each sample is evaluated exactly once across the world.
 
 May use: torch, NumPy; the splits it serves come from :mod:`ddp_exp.data.splits`, by interface
 (nothing of ddp_exp is imported).
@@ -317,6 +319,7 @@ class RankData:
         # shards: this rank's last sample is such a duplicate (counted zero for per-element
         # targets, ddp_exp.train).
         total = self.sampler.total_size
+        self.padded = total - len(train)  # the world's repeated samples per epoch
         self.duplicate_last = total > len(train) and rank + total - world_size >= len(train)
         self.move_batches, on_device = placement(device, data_cfg["num_workers"],
                                                  datasets.in_memory)
