@@ -286,3 +286,25 @@ class _Inputs(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         item = self.tokens[i]
         return {**item, "input_ids": torch.zeros_like(item["input_ids"])}
+
+
+def test_class_dim_1_and_a_per_element_user_loss_give_the_token_sum():
+    """``trainer.class_dim=1`` reads logits ``[B, C, T]`` as ``last`` reads ``[B, T, C]``; a
+    user's loss returning per-token values (the target's shape) is summed over counted
+    tokens only; the count excludes ``ignore_index``."""
+    from ddp_exp.objective import Objective
+
+    logits = torch.randn(2, 5, VOCAB, dtype=torch.float64)
+    target = torch.randint(0, VOCAB, (2, 5))
+    target[1, 3:] = -100
+    last_sum, count = Objective(VOCAB).element_terms(logits.float(), target)
+    first_sum, _ = Objective(VOCAB, class_dim="1").element_terms(
+        logits.float().movedim(-1, 1), target)
+    user = Objective(VOCAB, loss={"_target_": "torch.nn.functional.cross_entropy",
+                                  "reduction": "none"}, class_dim="1")
+    user_sum, _ = user.element_terms(logits.float().movedim(-1, 1), target)
+    kept = target != -100
+    expected = torch.nn.functional.cross_entropy(logits[kept], target[kept], reduction="sum")
+    assert int(count) == int(kept.sum()) == 8
+    for got in (last_sum, first_sum, user_sum):
+        assert rel_close(float(got), float(expected), 1e-6)

@@ -196,23 +196,24 @@ class Trainer:
 
     def _element_step(self, group: list, window: LossWindow) -> None:
         """An optimizer step on per-element targets (tokens, pixels): the gradient of the
-        world's element mean. The world's count N of counted elements is all-reduced
-        asynchronously while the micro-batches run; each backward takes the rank's loss *sum*
-        times ``world_size`` (DDP averages over ranks), and the gradients are divided by N once
-        it has arrived, before clipping and the step. A step whose world counts no element
-        changes no weight (a warning says so)."""
+        world's element mean. The labels say how many elements count before any forward, so the
+        world's count N of the step is all-reduced asynchronously while the first micro-batch's
+        forward runs; each backward takes the rank's loss *sum* times ``world_size / N`` (DDP
+        averages over ranks), so the gradients are those of the global mean before clipping
+        and the step. A step whose world counts no element changes no weight (a warning says
+        so); every rank still runs its backward, which DDP waits for."""
         import torch.distributed as dist
 
         last = len(group) - 1
-        perf = self.perf
         ws = self.world.world_size
         ignore = self.objective.ignore_index
         targets = [yb.to(self.device, non_blocking=True) if self.move_batches else yb
                    for _, yb in group]
-        counts = [(yb != ignore).sum() for yb in targets]
-        world_count = torch.stack(counts).sum().to(torch.float64).reshape(1)
-        work = (dist.all_reduce(world_count, async_op=True)
-                if ws > 1 and dist.is_initialized() else None)
+        counts = [int((yb != ignore).sum()) for yb in targets]
+        n, work = float(sum(counts)), None
+        if ws > 1 and dist.is_initialized():
+            world_count = torch.tensor([n], dtype=torch.float64, device=self.device)
+            work = dist.all_reduce(world_count, async_op=True)
         self.optimizer.zero_grad(set_to_none=True)
         for i, ((xb, _), yb) in enumerate(zip(group, targets, strict=True)):
             if self.move_batches:
@@ -221,22 +222,19 @@ class Trainer:
                 with self.autocast:
                     out = self.objective.output(call_model(self.forward, xb))
                     total, _ = self.objective.element_terms(out, yb)
-                scaled = total * ws if ws > 1 else total
+                if work is not None:  # the count has travelled during the forward
+                    work.wait()
+                    n, work = float(world_count), None
+                scaled = total * (ws / n if n else 0.0)
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            window.add(total, int(counts[i]), self.global_step + 1, summed=True)
-        if work is not None:
-            work.wait()
-        n = float(world_count)
-        grads = [p.grad for p in self.optim_step.params if p.grad is not None]
+            window.add(total, counts[i], self.global_step + 1, summed=True)
         if n == 0:
             log.warning("step %d: no counted element on any rank (every target is "
                         "data.ignore_index): the step is skipped", self.global_step + 1)
             self.optimizer.zero_grad(set_to_none=True)
             self.global_step += 1
             return
-        if grads and n != 1:
-            torch._foreach_div_(grads, n)
-        self._finish_step(perf)
+        self._finish_step(self.perf)
 
     def _padded_step(self, group: list, window: LossWindow) -> None:
         """The epoch's last step when DistributedSampler repeated samples to fill the world
