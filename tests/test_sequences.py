@@ -184,8 +184,8 @@ def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
 
 # ------------------------------------------------------ in this process: the data path
 def test_batches_keep_integer_ids_and_pad_with_ignore_index():
+    from ddp_exp.batches import Call
     from ddp_exp.data import lazy
-    from ddp_exp.objective import Call
 
     split = lazy.TorchSplit(Tokens(3, 0), torch.arange(3).numpy(), lazy.ItemReader(), (5,),
                             VOCAB, elementwise=True, padding=lazy.Padding(7, -100, False))

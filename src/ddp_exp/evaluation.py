@@ -29,12 +29,13 @@ import torch
 from torch import nn
 
 from ddp_exp import checkpoint, confusion
+from ddp_exp.batches import call_model, to_device
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World, broadcast_buffers_from_main, broadcast_from_main
 from ddp_exp.metrics import Accumulator, MetricsWriter, mean
 from ddp_exp.monitor import Monitor
-from ddp_exp.objective import Objective, call_model, to_device
+from ddp_exp.objective import Objective
 from ddp_exp.optimizer import autocast
 
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name (as ddp_exp.progress)

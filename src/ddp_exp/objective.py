@@ -4,6 +4,10 @@ Both are **per-sample** functions ``(output [batch, k], target [batch] or [batch
 values [batch]``, which is what makes every reported number exact for any world size: the batch
 loss is their mean (the quantity whose gradient DDP averages), and a validation metric is the sum
 over the whole validation set divided by its size, reduced across ranks as (sum, count).
+For class labels per element (``[batch, *dims]``: tokens, pixels) the unit is the counted
+element instead (label != ``data.ignore_index``): :meth:`Objective.element_terms` gives a
+batch's (loss sum, count), and functions may return values of the target's shape
+(docs/sequences.md).
 
 Defaults: cross-entropy for class labels, mean squared error for regression targets, and
 ``val/accuracy`` for classification. Plug in your own with ``_target_`` (a function, or a class
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ddp_exp.batches import Call, call_model
 from ddp_exp.config import ConfigError, find_target, instantiate_node
 
 PerSample = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,67 +94,6 @@ def _per_sample(fn: PerSample, key: str) -> PerSample:
         return values
 
     return checked
-
-
-def call_model(model: Callable[..., Any], x: Any) -> Any:
-    """``model(x)`` for a tensor, ``model(*x)`` for a tuple, ``model(**x)`` for a mapping, and
-    ``model(*x.args, **x.kwargs)`` for :class:`Call` (a padded batch with its attention mask,
-    the mask dropped for a model whose ``forward`` takes none)."""
-    if isinstance(x, torch.Tensor):
-        return model(x)
-    if isinstance(x, Call):
-        kwargs = x.kwargs if _takes_mask(model) else {}
-        return model(*x.args, **kwargs)
-    if isinstance(x, Mapping):
-        return model(**x)
-    return model(*x)
-
-
-class Call:
-    """Positional and keyword arguments of a model call: a padded batch of tensor inputs with
-    ``attention_mask`` (:func:`call_model` passes the mask where ``forward`` accepts one)."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, args: tuple, kwargs: dict):
-        self.args, self.kwargs = args, kwargs
-
-
-_MASK_TAKERS: dict[type, bool] = {}
-
-
-def _takes_mask(model: Any) -> bool:
-    """Whether ``model``'s forward (the wrapped module's, under DDP / compile) accepts
-    ``attention_mask`` (or ``**kwargs``); looked up once per class."""
-    import inspect
-
-    inner = model
-    while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
-        inner = inner.module
-    inner = getattr(inner, "_orig_mod", inner)
-    kind = type(inner)
-    if kind not in _MASK_TAKERS:
-        try:
-            params = inspect.signature(inner.forward).parameters.values()
-            _MASK_TAKERS[kind] = any(p.name == "attention_mask" or p.kind is p.VAR_KEYWORD
-                                     for p in params)
-        except (TypeError, ValueError):
-            _MASK_TAKERS[kind] = False
-    return _MASK_TAKERS[kind]
-
-
-def to_device(x: Any, device: torch.device) -> Any:
-    """A batch's inputs or targets (a tensor, tuple, mapping or :class:`Call`) on ``device``
-    (``non_blocking``: pinned host batches copy asynchronously)."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, Call):
-        return Call(to_device(x.args, device), to_device(x.kwargs, device))
-    if isinstance(x, Mapping):
-        return {k: to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return tuple(to_device(v, device) for v in x)
-    return x
 
 
 class Objective:

@@ -10,11 +10,14 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    and the earlier ones run forward *and* backward inside ``no_sync()`` (a ``no_sync`` around
    backward alone still syncs: DDP docstring). Each micro-batch loss is weighted by its share of
    the step's samples, so ``accumulate_grad_batches=2, batch_size=b`` steps exactly like
-   ``batch_size=2b``. With ``trainer.gradient_clip_val``, the global L2 norm of the (all-reduced,
-   hence identical on every rank; unscaled under ``16-mixed``) gradients is clipped. Then
-   ``optimizer.step()`` (:class:`ddp_exp.optimizer.OptimizerStep`) and, with a per-step
-   schedule, ``scheduler.step()``: once per optimizer step, never per micro-batch. Losses stay
-   on the device: no host sync per step.
+   ``batch_size=2b``. Per-element labels (tokens, pixels) weigh every counted element alike:
+   each backward takes the summed loss times ``world_size / N``, N the world's count of the
+   step (:meth:`Trainer._element_step`); DistributedSampler's repeats count zero
+   (:meth:`Trainer._padded_step`). With ``trainer.gradient_clip_val``, the global L2 norm of
+   the (all-reduced, hence identical on every rank; unscaled under ``16-mixed``) gradients is
+   clipped. Then ``optimizer.step()`` (:class:`ddp_exp.optimizer.OptimizerStep`) and, with a
+   per-step schedule, ``scheduler.step()``: once per optimizer step, never per micro-batch.
+   Losses stay on the device: no host sync per step.
 3. Every ``trainer.log_every_n_steps`` global steps: one all-reduce of (loss sum, sample count)
    (:class:`ddp_exp.train_loss.LossWindow`); rank 0 writes ``train/loss`` (mean over the
    interval's samples), ``train/lr`` (the rate the step used), ``train/samples_per_sec`` and
@@ -55,6 +58,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_exp import dashboard, schedule, train_state
+from ddp_exp.batches import call_model, to_device
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World
@@ -62,7 +66,7 @@ from ddp_exp.evaluation import Evaluator
 from ddp_exp.files import BackgroundWriter
 from ddp_exp.metrics import MetricsWriter, mean
 from ddp_exp.monitor import Monitor
-from ddp_exp.objective import Objective, call_model, to_device
+from ddp_exp.objective import Objective
 from ddp_exp.optimizer import NO_CONTEXT, OptimizerStep, autocast, build_optimizer, grad_scaler
 from ddp_exp.perf import StepTimer
 from ddp_exp.progress import EpochResult, Progress, epoch_line, resolve_mode

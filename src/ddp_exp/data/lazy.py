@@ -122,7 +122,7 @@ def collate_inputs(xs: list, padding: Padding, transform) -> Any:
     """Inputs of a batch: tensors stacked (a :class:`ddp_exp.objective.Call` with an
     ``attention_mask`` when items were padded), tuples element by element, mappings key by
     key (``attention_mask`` padded with 0)."""
-    from ddp_exp.objective import Call
+    from ddp_exp.batches import Call
 
     first = xs[0]
     if isinstance(first, Mapping):
