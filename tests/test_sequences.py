@@ -308,3 +308,33 @@ def test_class_dim_1_and_a_per_element_user_loss_give_the_token_sum():
     assert int(count) == int(kept.sum()) == 8
     for got in (last_sum, first_sum, user_sum):
         assert rel_close(float(got), float(expected), 1e-6)
+
+
+class _PartlyIgnored(Tokens):
+    """Items 2, 3 and 4 have every label ignored."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return (x, torch.full_like(y, -100)) if i in (2, 3, 4) else (x, y)
+
+
+def partly_ignored():
+    """8 training sequences whose items 2, 3 and 4 have every label ignored, and 2 validation
+    sequences (``data._target_``)."""
+    return _PartlyIgnored(8, 0), Tokens(2, 1)
+
+
+def test_a_step_the_world_counts_no_token_in_is_skipped_and_a_rank_without_tokens_keeps_up(
+        run_cli):
+    """World 2, one sequence per rank, in order: step 2 has no counted token anywhere (skipped
+    with a warning, no weight changes), step 3 has none on rank 0 only (rank 0 still runs its
+    backward: no hang); the run ends normally with a finite loss."""
+    run = run_cli(*_args("data._target_=test_sequences.partly_ignored", "world_size=2",
+                         "data.batch_size=1", "data.shuffle=false", "trainer.epochs=1"),
+                  env=tests_on_path(), timeout=120).ok()
+    log = (run.job_dir / "ddp_exp.log").read_text()
+    assert "step 2: no counted element on any rank" in log
+    assert "step 3: no counted" not in log
+    train_tokens = sum(len(s) - 1 for i, s in enumerate(_sequences(8, 0)) if i not in (2, 3, 4))
+    assert run.metrics["train/num_samples"] == train_tokens
+    assert run.metrics["global_step"] == 4 and run.metrics["train/loss"] > 0
