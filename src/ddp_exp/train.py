@@ -57,7 +57,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp import dashboard, schedule, train_state
+from ddp_exp import dashboard, pruning, schedule, train_state
 from ddp_exp.batches import call_model, to_device
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
@@ -148,6 +148,7 @@ class Trainer:
         self.log_every = trainer["log_every_n_steps"]
         self.monitor = Monitor(trainer.get("monitor"), trainer.get("monitor_mode"),
                                trainer.get("early_stopping_patience"))
+        self.monitor.trial = pruning.link_trial(world.is_main, device)  # hydra/sweeper=ddp_optuna
         torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
         # Dashboards (ddp_exp.perf, ddp_exp.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
