@@ -338,3 +338,16 @@ def test_a_step_the_world_counts_no_token_in_is_skipped_and_a_rank_without_token
     train_tokens = sum(len(s) - 1 for i, s in enumerate(_sequences(8, 0)) if i not in (2, 3, 4))
     assert run.metrics["train/num_samples"] == train_tokens
     assert run.metrics["global_step"] == 4 and run.metrics["train/loss"] > 0
+
+
+def test_per_token_labels_in_a_file_point_to_data_dataset(tmp_path):
+    """A .pt of token ids with a label per token and data.task=classification is refused in one
+    line that says where such labels train (the in-memory file path takes one label per
+    sample); it used to stop at 'one label 0..C-1 per sample'."""
+    from ddp_exp.config import ConfigError
+    from ddp_exp.data import load_file
+
+    path = tmp_path / "tokens.pt"
+    torch.save({"x": torch.randint(0, 50, (8, 12)), "y": torch.randint(0, 50, (8, 12))}, path)
+    with pytest.raises(ConfigError, match=r"per token or pixel train through data=dataset"):
+        load_file(str(path), "classification")

@@ -146,8 +146,11 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
     if task == "classification":
         if targets.ndim != 1 or not np.isfinite(targets).all() or (targets < 0).any() or (
                 targets != np.round(targets)).any():
+            per_element = ("; labels per token or pixel train through data=dataset "
+                           "(docs/sequences.md)" if targets.ndim > 1 else "")
             raise ConfigError(f"{where}: classification targets must be one label 0..C-1 per "
-                              "sample (set data.task=regression for real-valued targets)")
+                              "sample (set data.task=regression for real-valued targets"
+                              f"{per_element})")
         labels = targets.astype(np.int64)
         return ArrayDataset(features, labels, num_classes=max(2, int(labels.max()) + 1))
     targets = targets.astype(np.float32).reshape(len(targets), -1)
