@@ -216,8 +216,8 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
              len(data.val))
     if padded:
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
-                 "%d sample(s) per epoch, which count zero (train/num_samples=%d)", n_train,
-                 world.world_size, padded, n_train)
+                 "%d sample(s) per epoch, which count zero: each of the %d samples counts once",
+                 n_train, world.world_size, padded, n_train)
     test_metrics = (["loss", *inputs.objective.metrics]
                     if data.test is not None and len(data.test) else [])
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
