@@ -187,6 +187,48 @@ def test_direction_that_contradicts_the_monitor_is_refused(tmp_path):
     assert not sweep_dir.exists()
 
 
+@pytest.mark.parametrize("override, line", [
+    ("hydra.sweeper.n_trials=0", "error: hydra.sweeper.n_trials=0 is invalid: a whole number >= 1"),
+    ("hydra.sweeper.storage=/nonexistent/dir/j.log",
+     "error: hydra.sweeper.storage='/nonexistent/dir/j.log': its folder /nonexistent/dir does "
+     "not exist (a journal file's folder must exist; or an RDB URL such as "
+     "sqlite:///study.db)")], ids=["n_trials", "storage"])
+def test_trial_count_and_storage_are_refused_in_one_line(tmp_path, override, line):
+    """Fresh-user findings: n_trials=0 (or -1) ran nothing and exited 0; a journal file in a
+    folder that does not exist was a 36-line FileNotFoundError traceback leaving a sweep
+    folder. One line, exit 2, no folder."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_sweep(tmp_path, "hparams_search=digits_asha", override,
+                     f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [line], proc.stderr
+    assert not sweep_dir.exists()
+
+
+def test_epochs_run_counts_what_each_trial_ran(tmp_path):
+    """Fresh-user finding: optimization_results.yaml's epochs_run counted trainer.epochs for
+    every complete trial, so a sweep under trainer.max_steps (or with early stopping) reported
+    epochs no trial ran. It is each trial's metrics.json epoch; epochs_without_pruning counts a
+    pruned trial at trainer.epochs and a complete one at what it ran."""
+    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+
+    dist = {"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1.0)}
+    study = optuna.create_study(direction="maximize")
+    for number, (state, ran) in enumerate([("COMPLETE", 1), ("COMPLETE", 3), ("PRUNED", 2)]):
+        attrs = {"job": str(number), "epochs_run": ran}
+        if state == "PRUNED":
+            attrs["pruned_at_epoch"] = ran
+        study.add_trial(optuna.trial.create_trial(
+            state=getattr(optuna.trial.TrialState, state), params={"optim.lr": 0.1},
+            distributions=dist, value=0.5 if state == "COMPLETE" else None, user_attrs=attrs))
+    sweeper = DDPOptunaSweeper({"name": "random"}, {"name": "none"}, None, None, None, 3, 1, {})
+    sweeper.sweep_dir, sweeper.monitor = str(tmp_path), "val/accuracy"
+    sweeper._write_results(study, "maximize", 6)
+    results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert results["epochs_run"] == 1 + 3 + 2
+    assert results["epochs_without_pruning"] == 1 + 3 + 6
+
+
 # ------------------------------------------------------------------ in-process pieces
 def test_sweep_grammar_becomes_optuna_distributions():
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution

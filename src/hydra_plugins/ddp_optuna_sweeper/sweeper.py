@@ -108,6 +108,28 @@ def direction_of(direction: str | None, task: DictConfig) -> str:
     return direction
 
 
+def check_counts(n_trials: Any, n_jobs: Any) -> None:
+    """Raises SweepRefused for ``hydra.sweeper.n_trials`` or ``n_jobs`` below 1."""
+    for key, value in (("n_trials", n_trials), ("n_jobs", n_jobs)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SweepRefused(f"hydra.sweeper.{key}={value!r} is invalid: a whole number >= 1")
+
+
+def check_storage(storage: str | None) -> None:
+    """Raises SweepRefused for a journal-file ``hydra.sweeper.storage`` (no ``://``) whose
+    folder does not exist or is not a folder; an RDB URL is Optuna's to check."""
+    if not storage or "://" in storage:
+        return
+    folder = os.path.dirname(os.path.abspath(storage))
+    if not os.path.isdir(folder):
+        raise SweepRefused(f"hydra.sweeper.storage={storage!r}: its folder {folder} does not "
+                           "exist (a journal file's folder must exist; or an RDB URL such as "
+                           "sqlite:///study.db)")
+    if os.path.isdir(storage):
+        raise SweepRefused(f"hydra.sweeper.storage={storage!r} is a folder: name a journal "
+                           "file in it, e.g. .../optuna_journal.log")
+
+
 def build_sampler(spec: dict[str, Any], dists: dict[str, Any]) -> Any:
     """The Optuna sampler of ``hydra.sweeper.sampler`` (``name``, ``seed``)."""
     import optuna
@@ -138,17 +160,18 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _read_json(job_dir: str | None, name: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(job_dir or "", name)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
 def job_outcome(job_dir: str | None, monitor: str) -> tuple[str, float | None, int | None]:
     """``(state, value, pruned_at_epoch)`` of a finished job from its folder's ``status.json``
     and ``metrics.json``: ``COMPLETE`` (finite monitored value), ``PRUNED`` or ``FAIL``."""
-    def read(name: str) -> dict[str, Any]:
-        try:
-            with open(os.path.join(job_dir or "", name)) as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
-            return {}
-
-    status, metrics = read("status.json"), read("metrics.json")
+    status, metrics = _read_json(job_dir, "status.json"), _read_json(job_dir, "metrics.json")
     if status.get("status") != "completed" or not metrics:
         return "FAIL", None, None
     pruned = metrics.get("pruned_at_epoch")
@@ -197,6 +220,8 @@ class DDPOptunaSweeper(Sweeper):
         from ddp_exp import pruning
 
         try:
+            check_counts(self.n_trials, self.n_jobs)
+            check_storage(self.storage)
             dists, fixed = distributions(self.params, arguments)
             direction = direction_of(self.direction, self.config)
             sampler = build_sampler(self.sampler_spec, dists)
@@ -242,6 +267,10 @@ class DDPOptunaSweeper(Sweeper):
             state, value, pruned_at = job_outcome(job_dir, monitor)
             if pruned_at is not None:
                 trial.set_user_attr("pruned_at_epoch", pruned_at)
+            # the epochs the job ran (trainer.max_steps and early stopping end runs early too)
+            epochs_run = _read_json(job_dir, "metrics.json").get("epoch")
+            if isinstance(epochs_run, int):
+                trial.set_user_attr("epochs_run", epochs_run)
             trial.set_user_attr("job", os.path.basename(os.path.normpath(job_dir or "")))
             study.tell(trial, value if state == "COMPLETE" else None,
                        state=getattr(optuna.trial.TrialState, state))
@@ -290,9 +319,14 @@ class DDPOptunaSweeper(Sweeper):
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.state.name] = counts.get(t.state.name, 0) + 1
-        run = sum(t.user_attrs.get("pruned_at_epoch") or epochs or 0 for t in trials
-                  if t.state.name in ("COMPLETE", "PRUNED"))
-        full = (epochs or 0) * sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED"))
+        ran = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+        # What each trial ran (its metrics.json's epoch: max_steps and early stopping count);
+        # without pruning, a pruned trial would have run trainer.epochs at most, a complete one
+        # what it ran.
+        run = sum(t.user_attrs.get("epochs_run", t.user_attrs.get("pruned_at_epoch") or epochs
+                                   or 0) for t in ran)
+        full = sum((epochs or 0) if t.state.name == "PRUNED"
+                   else t.user_attrs.get("epochs_run", epochs or 0) for t in ran)
         try:
             best = study.best_trial
             best_params, best_value = dict(best.params), best.value
