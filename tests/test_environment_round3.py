@@ -227,7 +227,14 @@ def test_bookkeeping_writes_are_best_effort_on_a_full_disk(tmp_path, monkeypatch
     assert capsys.readouterr().err == ""  # reported once already in this process
 
 
-def test_a_full_disk_is_one_line_naming_it(run_cli, tmp_path):
+@pytest.mark.parametrize("filler_kib, where", [
+    (360, "run/checkpoints/last.pt"),  # 40 KiB left: the first last.pt does not fit
+    (372, "run"),  # 28 KiB left: TensorBoard's first event write fails, naming no file
+], ids=["checkpoint", "event-file"])
+def test_a_full_disk_is_one_line_naming_it(run_cli, tmp_path, filler_kib, where):
+    """R16. The event-file case (fresh-user finding): TensorBoard's writer thread printed its
+    traceback, the job log's handler printed '--- Logging error ---' and the line ended in
+    'OSError: [Errno 28]' naming no path; now the rank's DiskFull line names the job folder."""
     import subprocess
 
     disk = tmp_path / "small"
@@ -240,13 +247,13 @@ def test_a_full_disk_is_one_line_naming_it(run_cli, tmp_path):
     if not mounted:
         pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
     try:
-        (disk / "filler").write_bytes(b"\0" * (360 * 1024))  # 40 KiB left: no first last.pt
+        (disk / "filler").write_bytes(b"\0" * (filler_kib * 1024))
         run = run_cli("trainer.epochs=3", QUIET, f"hydra.run.dir={disk / 'run'}",
                       run_dir=False)
         assert run.returncode == 1, run.stderr
         assert run.stderr.strip().splitlines() == [
             f"error: rank 0 failed: DiskFull: no space left on the disk that holds "
-            f"{disk / 'run' / 'checkpoints' / 'last.pt'} ([Errno 28] No space left on device): "
+            f"{disk / where} ([Errno 28] No space left on device): "
             "free space there, or give hydra.run.dir a folder on another disk"], run.stderr
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)

@@ -443,6 +443,10 @@ def main() -> None:
     the process then ends through :func:`exit_now`."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A log record that cannot be written (a full disk under the job log, a closed pipe) is
+    # dropped, not printed as '--- Logging error ---' with a traceback; the run's own error
+    # line says what failed (R16). The forked ranks inherit it.
+    logging.raiseExceptions = False
     leftover = ignore_leftover_torchrun_variables()
     if leftover:  # a shell's variables from an earlier torchrun experiment (R12)
         print(f"warning: ignored {', '.join(leftover)}: set, but no torchrun started this "

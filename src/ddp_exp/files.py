@@ -51,6 +51,17 @@ def read_text(path: str) -> str:
         return ""
 
 
+def naming_the_disk(exc: BaseException, path: str) -> BaseException:
+    """``exc`` itself, or, for a full disk whose error names no file (a write through an open
+    file object, TensorBoard's writer thread), a :class:`DiskFull` naming ``path`` (the folder
+    written to: the job folder), so that the line a user reads says which disk."""
+    if is_disk_full(exc) and not isinstance(exc, DiskFull):
+        named = DiskFull(exc.errno, exc.strerror, exc.filename or os.path.abspath(path))
+        named.__cause__ = exc
+        return named
+    return exc
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
     ``path``; a reader sees the old file or the complete new one, never part of one (POSIX

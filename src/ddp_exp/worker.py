@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from ddp_exp.distributed import (
     threads_per_rank,
 )
 from ddp_exp.failures import failure_detail
+from ddp_exp.files import is_disk_full, naming_the_disk
 from ddp_exp.metrics import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.objective import Objective
 from ddp_exp.train import Trainer
@@ -101,6 +103,7 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
     """
     import traceback
 
+    exc = naming_the_disk(exc, job_dir)
     peer = is_peer_failure(exc)
     # The last line, as in the launcher's failure line: a DataLoader worker's error says
     # "Caught ValueError in DataLoader worker process 0." first and the error itself last.
@@ -183,6 +186,17 @@ def configure_logging(rank: int, log_file: str | None) -> None:
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    threading.excepthook = _thread_failed
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A background thread's uncaught error (TensorBoard's event writer, the checkpoint
+    writer): a full disk is left to the rank's own line, which names the disk when the rank
+    next writes (the writer re-raises it there; :func:`ddp_exp.files.naming_the_disk`), not
+    printed as a second traceback; anything else as Python prints it."""
+    if args.exc_value is not None and is_disk_full(args.exc_value):
+        return
+    threading.__excepthook__(args)
 
 
 def set_threads(world: World, num_workers: int = 0) -> int:
@@ -353,6 +367,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
                 "max_restarts"]:  # the agent restarts the world and raises nothing: say why here
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             log.error("rank %d failed: %s: %s", world.rank, type(exc).__name__, first)
+        named = naming_the_disk(exc, inputs.job_dir)
+        if named is not exc:
+            raise named from exc
         raise
     finally:
         destroy_process_group()
