@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -48,8 +49,13 @@ def load_data(cfg: DictConfig) -> Datasets:
     Raises:
         ConfigError: unreadable data, or ``data.val_size`` / ``data.test_size`` too large.
     """
-    return data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
-                            cfg.world_size)
+    datasets = data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
+                                cfg.world_size)
+    limit = cfg.trainer.get("limit_val_batches")
+    if limit is not None and len(datasets.val) > limit * cfg.data.batch_size:
+        # the first limit x batch_size validation samples, whatever world_size
+        datasets.val = datasets.val.subset(np.arange(limit * cfg.data.batch_size))
+    return datasets
 
 
 def _hparams(plain: dict[str, Any]) -> dict[str, Any]:

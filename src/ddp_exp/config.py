@@ -335,10 +335,13 @@ def validate(cfg: DictConfig) -> None:
                "every data config needs it (extend schema/data/base)")
     for key in ("batch_size", "val_size", "num_workers"):  # untyped user YAML included
         value = d[key]
+        if key == "val_size" and value is None:  # data=tokens: about 10% of the stream
+            continue
         _check(isinstance(value, int) and not isinstance(value, bool), f"data.{key}", value,
                "an integer")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
-    _check(d.val_size >= 0, "data.val_size", d.val_size, "0 (no validation) or a positive count")
+    _check(d.val_size is None or d.val_size >= 0, "data.val_size", d.val_size,
+           "0 (no validation) or a positive count")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")
     test_size = d.get("test_size", 0)
     _check(isinstance(test_size, int) and not isinstance(test_size, bool) and test_size >= 0,

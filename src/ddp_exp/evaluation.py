@@ -106,6 +106,15 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
     return result
 
 
+CONFUSION_MAX_CLASSES = 100  # more classes (a vocabulary): no confusion matrix, it means nothing
+
+
+def confusion_classes(num_classes: int) -> int:
+    """The classes to count a confusion matrix for: ``num_classes``, or 0 (none) above
+    :data:`CONFUSION_MAX_CLASSES` (a 256-byte or 50k-token vocabulary)."""
+    return num_classes if num_classes <= CONFUSION_MAX_CLASSES else 0
+
+
 class Evaluator:
     """The held-out splits of one rank's loop: validation after each epoch (``val/*`` scalars,
     the last confusion matrix) and the test split at the end.
@@ -138,7 +147,7 @@ class Evaluator:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
         val = evaluate(self.model, self.data.val_batches(epoch), self.objective, self.world,
-                       self.device, self.precision, self.objective.num_classes)
+                       self.device, self.precision, confusion_classes(self.objective.num_classes))
         self.last_confusion = val.pop("confusion", None)
         self.writer.scalars(global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})

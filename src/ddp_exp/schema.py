@@ -101,12 +101,36 @@ class TorchDatasetConfig(DataConfig):
     shift_labels: bool = False  # predict label t+1 at position t (Hugging Face causal-LM labels)
 
 
+@dataclass
+class TokensDataConfig(DataConfig):
+    """``data=tokens``: windows of a token stream (:mod:`ddp_exp.data.tokens`)."""
+
+    _target_: str = "ddp_exp.data.tokens.load_tokens"
+    path: str | None = None  # a .bin (data.dtype) or 1-D .npy of tokens; null: built-in corpus
+    dtype: str = "uint16"  # a .bin's token type: uint16 | uint32
+    vocab_size: int | None = None  # required for a file; the built-in corpus is bytes (256)
+    block_size: int = 128  # tokens per window (the model's context)
+    val_size: int | None = None  # held-out windows at the stream's tail (null: about 10%)
+
+
 # ---------------------------------------------------------------------------------- model
 @dataclass
 class MLPConfig:
     _target_: str = "ddp_exp.models.MLP"
     hidden_sizes: list[int] = field(default_factory=lambda: [128])
     dropout: float = 0.0
+
+
+@dataclass
+class GPTConfig:
+    """``model=gpt``: :class:`ddp_exp.gpt.GPT`; block_size and vocabulary come from the data."""
+
+    _target_: str = "ddp_exp.gpt.GPT"
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128  # divisible by n_head
+    dropout: float = 0.0
+    bias: bool = True
 
 
 @dataclass
@@ -212,6 +236,8 @@ class TrainerConfig:
     output_key: str = "logits"  # a model returning a mapping: the output's key
     # per-element labels [B, *dims]: logits [B, *dims, C] (last) or [B, C, *dims] (1)
     class_dim: str = "last"
+    # validation on the first limit_val_batches x data.batch_size samples (null: all of them)
+    limit_val_batches: int | None = None
 
 
 @dataclass
@@ -274,9 +300,11 @@ SCHEMAS = [
     ("data", "file", FileDataConfig),
     ("data", "image_folder", ImageFolderDataConfig),
     ("data", "dataset", TorchDatasetConfig),
+    ("data", "tokens", TokensDataConfig),
     ("data", "base", DataConfig),
     ("model", "mlp", MLPConfig),
     ("model", "cnn", CNNConfig),
+    ("model", "gpt", GPTConfig),
     ("model", "linear", LinearConfig),
     ("optim", "sgd", SGDConfig),
     ("optim", "adamw", AdamWConfig),

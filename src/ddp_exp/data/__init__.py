@@ -23,6 +23,7 @@ The package, one module per concept:
 * :mod:`~ddp_exp.data.user_file`: a user's .pt/.npz/.csv file;
 * :mod:`~ddp_exp.data.lazy`: map-style torch datasets, split by index, read when indexed;
 * :mod:`~ddp_exp.data.images`: image folders and their batch transform;
+* :mod:`~ddp_exp.data.tokens`: a token stream in windows (``data=tokens``);
 * :mod:`~ddp_exp.data.splits`: :class:`Datasets`, the seeded hold-out, ``data.standardize``;
 * :mod:`~ddp_exp.data.loaders`: the rank side, this rank's batches.
 
@@ -42,6 +43,7 @@ from ddp_exp.config import ConfigError, find_target
 from ddp_exp.data.arrays import ArrayDataset, load_digits, make_synthetic
 from ddp_exp.data.loaders import seeded
 from ddp_exp.data.splits import Datasets, build_datasets, standardize
+from ddp_exp.data.tokens import TokenStream, split_stream
 from ddp_exp.data.user_file import load_file
 
 # What ``from ddp_exp.data import ...`` and the built-in ``data._target_``s name.
@@ -77,6 +79,8 @@ def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
         args = {k: v for k, v in args.items()
                 if k not in DESCRIBING_KEYS or (k in accepted and v is not None)}
     made = instantiate_node(args, "data")
+    if isinstance(made, TokenStream):  # data=tokens: held-out windows from the stream's tail
+        return split_stream(made, data_cfg.get("val_size"), data_cfg.get("test_size", 0), seed)
     if isinstance(made, ArrayDataset):
         datasets = build_datasets(made, data_cfg["val_size"], seed, world_size,
                                   data_cfg.get("test_size", 0))

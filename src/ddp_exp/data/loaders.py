@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -176,17 +176,19 @@ class BatchKeys(Sampler):
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[int | None, list[int]]]:
-        positions = list(self.sampler)
+    def __iter__(self) -> Iterator[tuple[int | None, list[int], int]]:
+        # A tensor, not DistributedSampler's Python lists (~36 bytes a sample in every rank).
+        positions = shard_order(self.sampler)
         for n, start in enumerate(range(0, len(positions), self.batch_size)):
             seed = (batch_seed(self.seed, self.rank, self.epoch, n, self.stream) if self.random
                     else None)
-            yield seed, positions[start:start + self.batch_size]
+            yield seed, positions[start:start + self.batch_size].tolist(), self.epoch
 
 
 class BatchFetch(torch.utils.data.Dataset):
-    """What the DataLoader indexes: key ``(seed, positions)`` -> the collated batch
-    ``split.batch(positions)``, under :func:`seeded` when ``seed`` is not None."""
+    """What the DataLoader indexes: key ``(seed, positions[, epoch])`` -> the collated batch
+    ``split.batch(positions)``, under :func:`seeded` when ``seed`` is not None; a split whose
+    windows move per epoch (``epoch_batches``, :mod:`ddp_exp.data.tokens`) gets the epoch."""
 
     def __init__(self, split):
         self.split = split
@@ -194,12 +196,14 @@ class BatchFetch(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, key: tuple[int | None, Sequence[int]]):
-        seed, positions = key
+    def __getitem__(self, key: tuple):
+        seed, positions = key[0], key[1]
+        extra = ({"epoch": key[2] if len(key) > 2 else 0}
+                 if getattr(self.split, "epoch_batches", False) else {})
         if seed is None:
-            return self.split.batch(positions)
+            return self.split.batch(positions, **extra)
         with seeded(seed):
-            return self.split.batch(positions)
+            return self.split.batch(positions, **extra)
 
 
 class KeyedLoader:

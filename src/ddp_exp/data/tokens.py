@@ -1,0 +1,238 @@
+"""``data=tokens``: a flat token stream cut into windows of ``data.block_size`` tokens.
+
+A window starting at token ``i`` is the input ``tokens[i : i+T]`` and the target
+``tokens[i+1 : i+T+1]`` (``T = data.block_size``): a language model predicts every next token.
+
+Sources (:func:`load_tokens`):
+
+* ``data.path`` to a ``.bin`` of raw tokens (nanoGPT's format; ``data.dtype`` uint16 or uint32,
+  ``data.vocab_size`` required) or a 1-D integer ``.npy``: read through ``numpy.memmap``, never
+  loaded whole, so a file far larger than memory trains;
+* no ``data.path``: the built-in corpus, the English text of the standard library's
+  ``pydoc_data.topics`` (ships with CPython, no download) as UTF-8 bytes, vocabulary 256.
+
+Splits (:func:`split_stream`): the stream's tail holds ``data.val_size`` validation windows
+(null: about 10% of the stream) then ``data.test_size`` test windows, fixed and non-overlapping,
+the same for any ``world_size``. The training region before it is cut into non-overlapping
+windows under a shift ``0 <= s < T`` drawn per epoch from ``(seed, epoch)`` alone
+(:meth:`TokenSplit.batch` takes the epoch); their order is the training sampler's (one seeded
+permutation of window numbers per epoch, :mod:`ddp_exp.data.loaders`), never the rank's, so a
+global batch holds the same windows for any world size.
+
+A token id ``>= vocab_size`` is found in the batch that reads it (no scan of the file at start)
+and reported in one line with its position in the stream.
+
+May use: NumPy, torch, :mod:`ddp_exp.config` (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ddp_exp.config import ConfigError
+
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+SHIFT_STREAM = 0x5EED  # SeedSequence's extra word for the per-epoch shift
+BUILTIN_NAME = "pydoc_data.topics (built-in, byte-level)"
+
+
+@dataclasses.dataclass
+class TokenStream:
+    """A token stream and what it needs to be cut into windows.
+
+    Attributes:
+        tokens: 1-D integer array (a ``numpy.memmap`` for files), ``[L]``.
+        vocab_size: token ids are ``0 .. vocab_size-1``.
+        block_size: tokens per window ``T``.
+        source: the file or the built-in corpus's name, for messages.
+        byte_level: True when a token is one byte of text (bits per byte are meaningful).
+    """
+
+    tokens: np.ndarray
+    vocab_size: int
+    block_size: int
+    source: str
+    byte_level: bool = False
+
+
+def builtin_corpus() -> np.ndarray:
+    """The built-in corpus: ``pydoc_data.topics``' texts in sorted key order, UTF-8 bytes
+    ``[L]`` uint8 (about 465 KB; its exact text differs between Python versions)."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def load_tokens(path: str | None = None, dtype: str = "uint16", vocab_size: int | None = None,
+                block_size: int = 128) -> TokenStream:
+    """``data=tokens``' target: open the stream (memory-mapped for files; nothing is scanned).
+
+    Raises:
+        ConfigError: an unknown ``data.dtype``, a missing or unreadable file, a ``.bin`` whose
+            size is not a multiple of its dtype, a ``.npy`` that is not 1-D integer, a file
+            without ``data.vocab_size``, a stream shorter than ``block_size + 1`` tokens.
+    """
+    if block_size < 1:
+        raise ConfigError(f"data.block_size={block_size} is invalid: a positive number of tokens")
+    if path is None:
+        tokens, vocab, source, byte_level = builtin_corpus(), 256, BUILTIN_NAME, True
+        if vocab_size not in (None, 256):
+            raise ConfigError(f"data.vocab_size={vocab_size} is invalid for the built-in corpus "
+                              "(bytes): null or 256")
+    else:
+        tokens, source, byte_level = _open_file(str(path), dtype), str(path), False
+        if vocab_size is None or vocab_size < 1:
+            raise ConfigError(f"data.vocab_size={vocab_size} is invalid: a token file needs its "
+                              f"vocabulary size (ids 0..vocab_size-1), e.g. "
+                              f"data.vocab_size=50304 for GPT-2's tokens ({source})")
+        vocab = int(vocab_size)
+    if len(tokens) < block_size + 1:
+        raise ConfigError(f"data.path={source}: {len(tokens)} tokens, shorter than "
+                          f"data.block_size + 1 = {block_size + 1} (one window and its target); "
+                          "give a longer stream or a smaller data.block_size")
+    return TokenStream(tokens, vocab, int(block_size), source, byte_level)
+
+
+def _open_file(path: str, dtype: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise ConfigError(f"data.path={path} is invalid: no such file (a .bin of tokens or a "
+                          "1-D integer .npy)")
+    if path.endswith(".npy"):
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"data.path={path}: not a readable .npy file ({e})") from None
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ConfigError(f"data.path={path}: a .npy of shape {list(tokens.shape)} and dtype "
+                              f"{tokens.dtype}; a token stream is 1-D integer")
+        return tokens
+    if dtype not in DTYPES:
+        raise ConfigError(f"data.dtype={dtype!r} is invalid: one of {', '.join(DTYPES)}")
+    size, itemsize = os.path.getsize(path), np.dtype(DTYPES[dtype]).itemsize
+    if size % itemsize:
+        raise ConfigError(f"data.path={path}: {size} bytes, not a multiple of data.dtype={dtype}'s "
+                          f"{itemsize} bytes per token (a truncated file, or another dtype)")
+    if size == 0:
+        return np.zeros(0, DTYPES[dtype])
+    return np.memmap(path, dtype=DTYPES[dtype], mode="r")
+
+
+@dataclasses.dataclass
+class TokenSplit:
+    """One split of a token stream: the interface of :class:`ddp_exp.data.lazy.TorchSplit`.
+
+    Validation and test splits (``shifted=False``): window ``p`` starts at
+    ``first + p * block_size``. The training split (``shifted=True``): window ``p`` starts at
+    ``first + shift(epoch) + p * block_size``, ``0 <= shift < block_size``.
+    """
+
+    stream: TokenStream
+    first: int
+    count: int
+    shifted: bool = False
+    seed: int = 0
+    positions: np.ndarray | None = None  # a subset's window numbers (None: all)
+
+    random = False  # batches draw no random numbers of the global RNGs
+    epoch_batches = True  # the loader passes the epoch to batch()
+    elementwise = True  # a label per token
+    transform = None
+    target_width = 1
+
+    def __len__(self) -> int:
+        return self.count if self.positions is None else len(self.positions)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.stream.block_size,)
+
+    @property
+    def num_classes(self) -> int:
+        return self.stream.vocab_size
+
+    @property
+    def num_outputs(self) -> int:
+        return self.stream.vocab_size
+
+    def shift(self, epoch: int) -> int:
+        """The training windows' offset this epoch, from ``(seed, epoch)`` only."""
+        if not self.shifted:
+            return 0
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, SHIFT_STREAM]))
+        return int(rng.integers(self.stream.block_size))
+
+    def starts(self, positions: Sequence[int], epoch: int = 0) -> np.ndarray:
+        """Token offsets of the windows at ``positions`` this epoch, int64 ``[B]``."""
+        p = np.asarray(positions, dtype=np.int64)
+        if self.positions is not None:
+            p = self.positions[p]
+        return self.first + self.shift(epoch) + p * self.stream.block_size
+
+    def subset(self, positions: np.ndarray) -> TokenSplit:
+        """The windows at ``positions`` of this split."""
+        base = np.arange(self.count) if self.positions is None else self.positions
+        return dataclasses.replace(self, positions=base[np.asarray(positions, dtype=np.int64)])
+
+    def batch(self, positions: Sequence[int], items_read: Any = None, epoch: int = 0):
+        """Inputs and targets of the windows at ``positions``: two int64 tensors ``[B, T]``.
+
+        Raises:
+            ConfigError: a token id ``>= vocab_size`` (or negative) in these windows, named
+                with its position in the stream.
+        """
+        import torch
+
+        del items_read
+        size = self.stream.block_size
+        rows = np.stack([np.asarray(self.stream.tokens[s:s + size + 1])
+                         for s in self.starts(positions, epoch)]).astype(np.int64)
+        bad = (rows >= self.stream.vocab_size) | (rows < 0)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            at = int(self.starts(positions, epoch)[r]) + int(c)
+            raise ConfigError(f"data.path={self.stream.source}: token {at} has id {rows[r, c]}, "
+                              f"outside the vocabulary 0..{self.stream.vocab_size - 1} "
+                              f"(data.vocab_size={self.stream.vocab_size})")
+        rows = torch.from_numpy(rows)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def fingerprint(self) -> int:
+        """What the nodes of a multi-node world compare: the split's place and size."""
+        import zlib
+
+        extra = b"" if self.positions is None else np.ascontiguousarray(self.positions).tobytes()
+        return zlib.crc32(extra, zlib.crc32(str((self.stream.source, len(self.stream.tokens),
+                                                  self.first, self.count)).encode()))
+
+
+def split_stream(stream: TokenStream, val_size: int | None, test_size: int, seed: int):
+    """Cut ``stream`` into the training, validation and test splits (see the module docstring);
+    returns :class:`ddp_exp.data.splits.Datasets`.
+
+    Raises:
+        ConfigError: ``data.val_size`` or ``data.test_size`` negative, or so large that no
+            training window is left.
+    """
+    from ddp_exp.data.splits import Datasets
+
+    size, total = stream.block_size, len(stream.tokens)
+    windows = (total - 1) // size
+    val = max(1, windows // 10) if val_size is None else int(val_size)
+    test = int(test_size or 0)
+    if val < 0 or test < 0:
+        raise ConfigError(f"data.val_size={val_size}, data.test_size={test_size}: windows, >= 0")
+    tail = total - 1 - (val + test) * size  # the first held-out window's start
+    train = (tail - size) // size if tail > size else 0
+    if train < 1:
+        raise ConfigError(f"data.val_size={val} and data.test_size={test} windows of "
+                          f"data.block_size={size} leave no training window in "
+                          f"{stream.source}'s {total} tokens ({windows} windows); hold out fewer")
+    return Datasets(train=TokenSplit(stream, 0, train, shifted=True, seed=seed),
+                    val=TokenSplit(stream, tail, val),
+                    test=TokenSplit(stream, tail + val * size, test))

@@ -1,0 +1,236 @@
+"""Issue 29: a language model on real text out of the box: ``data=tokens`` (memmap token
+streams and the built-in corpus), ``model=gpt``, the ``experiment=gpt_tokens`` preset, and bad
+token input refused in one line."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import QUIET, refused_before_ranks, rel_close
+
+from ddp_exp.config import ConfigError
+from ddp_exp.data import tokens as tk
+from ddp_exp.data.loaders import RankData
+from ddp_exp.gpt import GPT
+
+# A small, fast preset run: 1 layer, 60 steps, capped validation.
+SMALL = ("experiment=gpt_tokens", "model.n_layer=1", "trainer.epochs=1", "trainer.max_steps=60",
+         "trainer.limit_val_batches=10", QUIET)
+
+
+def _data_cfg(**extra):
+    cfg = {"batch_size": 4, "shuffle": True, "num_workers": 0}
+    cfg.update(extra)
+    return cfg
+
+
+def _stream(n: int = 10_000, block: int = 16, vocab: int = 50) -> tk.TokenStream:
+    tokens = (np.arange(n) * 7 % vocab).astype(np.uint16)
+    return tk.TokenStream(tokens, vocab, block, "test")
+
+
+def _global_batches(datasets, world_size: int, epoch: int, steps: int, batch: int = 4):
+    """The windows' start offsets of the first ``steps`` global batches, each a sorted list."""
+    ranks = [RankData(datasets, _data_cfg(batch_size=batch), 3, r, world_size,
+                      torch.device("cpu")) for r in range(world_size)]
+    for rank in ranks:
+        rank.train.set_epoch(epoch)
+    out = []
+    for keys in zip(*(iter(rank.train.keys) for rank in ranks), strict=False):
+        if len(out) == steps:
+            break
+        starts = [int(s) for _, pos, ep in keys for s in datasets.train.starts(pos, ep)]
+        out.append(sorted(starts))
+    return out
+
+
+def test_windows_are_next_token_pairs_and_splits_are_disjoint():
+    """Input ``tokens[i:i+T]``, target ``tokens[i+1:i+T+1]``; validation and test windows lie
+    in the tail, after every training target, and never overlap."""
+    stream = _stream()
+    d = tk.split_stream(stream, val_size=20, test_size=5, seed=0)
+    x, y = d.train.batch([0, 3], epoch=2)
+    starts = d.train.starts([0, 3], 2)
+    assert x.dtype == torch.int64 and x.shape == (2, 16)
+    for row, s in enumerate(starts):
+        assert torch.equal(x[row], torch.from_numpy(stream.tokens[s:s + 16].astype(np.int64)))
+        assert torch.equal(y[row], torch.from_numpy(stream.tokens[s + 1:s + 17].astype(np.int64)))
+    last_train_target = max(d.train.starts(range(len(d.train)), e)[-1] for e in range(20)) + 16
+    val_starts = d.val.starts(range(len(d.val)))
+    test_starts = d.test.starts(range(len(d.test)))
+    assert last_train_target < val_starts[0]
+    assert np.all(np.diff(val_starts) == 16) and test_starts[0] == val_starts[-1] + 16
+    assert test_starts[-1] + 16 < len(stream.tokens)
+    assert (len(d.val), len(d.test)) == (20, 5)
+    assert len(tk.split_stream(stream, None, 0, 0).val) == (len(stream.tokens) - 1) // 16 // 10
+
+
+def test_training_windows_shift_per_epoch_and_repeat_with_the_seed():
+    """Non-overlapping windows under a shift drawn per epoch from the seed; the same seed
+    gives the same windows, another seed or epoch other ones."""
+    stream = _stream()
+    d = tk.split_stream(stream, 20, 0, seed=0)
+    shifts = {d.train.shift(e) for e in range(20)}
+    assert len(shifts) > 1 and all(0 <= s < 16 for s in shifts)
+    a = _global_batches(d, 2, epoch=1, steps=5)
+    assert a == _global_batches(tk.split_stream(stream, 20, 0, seed=0), 2, epoch=1, steps=5)
+    assert a != _global_batches(d, 2, epoch=2, steps=5)
+    flat = [s for batch in a for s in batch]
+    assert len(set(flat)) == len(flat)
+    assert len({(s - d.train.shift(1)) % 16 for s in flat}) == 1  # one shift, non-overlapping
+
+
+def test_global_batches_hold_the_same_windows_for_any_world_size():
+    """With the global batch fixed (24 windows), world sizes 1, 2 and 3 train on the same
+    windows step by step, and each validation window is evaluated exactly once."""
+    d = tk.split_stream(_stream(), 20, 0, seed=0)
+    one = _global_batches(d, 1, epoch=3, steps=6, batch=24)
+    assert one == _global_batches(d, 2, epoch=3, steps=6, batch=12)
+    assert one == _global_batches(d, 3, epoch=3, steps=6, batch=8)
+    for world in (1, 2, 3):
+        seen = []
+        for r in range(world):
+            rank = RankData(d, _data_cfg(), 0, r, world, torch.device("cpu"))
+            seen += [int(v) for xb, _ in rank.val_batches(0) for v in xb[:, 0]]
+        assert sorted(seen) == sorted(int(v) for v in d.val.batch(range(20))[0][:, 0])
+
+
+def test_builtin_corpus_and_files(tmp_path):
+    """No path: the standard library's text as bytes (vocab 256); a .bin through memmap in its
+    dtype; a 1-D .npy."""
+    s = tk.load_tokens()
+    assert s.vocab_size == 256 and s.byte_level and len(s.tokens) > 100_000
+    assert bytes(s.tokens[:4000]).decode("utf-8", "ignore").count(" ") > 300  # English text
+    data = np.arange(1000, dtype=np.uint32) % 70_000
+    data.tofile(tmp_path / "t.bin")
+    got = tk.load_tokens(str(tmp_path / "t.bin"), "uint32", 70_000, 8)
+    assert isinstance(got.tokens, np.memmap) and np.array_equal(got.tokens, data)
+    np.save(tmp_path / "t.npy", data.astype(np.int64))
+    assert np.array_equal(tk.load_tokens(str(tmp_path / "t.npy"), vocab_size=70_000).tokens, data)
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("short", "shorter than data.block_size + 1 = 129"),
+    ("odd", "not a multiple of data.dtype=uint16's 2 bytes"),
+    ("heads", "model.n_embd=30 is invalid with model.n_head=4"),
+    ("vocab", "needs its vocabulary size"),
+])
+def test_bad_token_input_is_refused_before_ranks(compose, tmp_path, bad, expected):
+    """A .bin shorter than one window, a .bin whose size is not a multiple of its dtype,
+    n_head not dividing n_embd, a file without its vocabulary: one line, before any rank."""
+    path = tmp_path / "t.bin"
+    path.write_bytes(b"\0" * {"short": 2 * 128, "odd": 2001}.get(bad, 4000))
+    overrides = ["model=gpt", "data=tokens", f"data.path={path}", "data.vocab_size=10"]
+    if bad == "heads":
+        overrides = ["model=gpt", "data=tokens", "model.n_embd=30"]
+    if bad == "vocab":
+        overrides = overrides[:-1]
+    message = refused_before_ranks(compose(*overrides), tmp_path / "run")
+    assert expected in message, message
+
+
+def test_token_outside_the_vocabulary_is_named_in_its_batch():
+    """An id >= vocab_size is found in the batch that reads it, named with its position."""
+    tokens = np.zeros(4000, np.uint16)
+    tokens[1234] = 99
+    d = tk.split_stream(tk.TokenStream(tokens, 50, 16, "f.bin"), 10, 0, 0)
+    window = next(p for p in range(len(d.train)) if d.train.starts([p], 0)[0] <= 1234
+                  < d.train.starts([p], 0)[0] + 17)
+    d.train.batch([0], epoch=0)  # a clean window reads fine
+    with pytest.raises(ConfigError, match="token 1234 has id 99, outside the vocabulary 0..49"):
+        d.train.batch([window], epoch=0)
+
+
+def test_gpt_shapes_causality_and_tied_head():
+    """Logits ``[B, T, V]``; position t never sees tokens after t; the head is the embedding."""
+    torch.manual_seed(0)
+    model = GPT((16,), 40, n_layer=2, n_head=2, n_embd=32).eval()
+    x = torch.randint(0, 40, (3, 16))
+    out = model(x)
+    assert out.shape == (3, 16, 40) and model.head.weight is model.wte.weight
+    x2 = x.clone()
+    x2[:, 10:] = (x2[:, 10:] + 1) % 40
+    assert torch.allclose(model(x2)[:, :10], out[:, :10], atol=1e-6)
+    assert model.flops_per_token() == 6 * model.num_params() + 12 * 2 * 32 * 16
+
+
+@pytest.mark.parametrize("overrides", [("trainer.precision=bf16-mixed",),
+                                       ("trainer.compile=true",)])
+def test_gpt_one_step_bf16_and_compiled(run_cli, overrides):
+    """bf16 autocast and torch.compile each train one step of the GPT."""
+    run = run_cli("model=gpt", "data=tokens", "world_size=1", "model.n_layer=1",
+                  "model.n_embd=32", "data.block_size=32", "trainer.max_steps=1",
+                  "trainer.epochs=1", "trainer.limit_val_batches=1", *overrides, QUIET,
+                  timeout=300).ok()
+    assert math.isfinite(run.metrics["val/loss"])
+
+
+def _byte_unigram_entropy() -> float:
+    counts = np.bincount(tk.builtin_corpus(), minlength=256).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def test_preset_learns_below_the_unigram_entropy(run_cli):
+    """``experiment=gpt_tokens`` (1 layer, 60 steps, 2 ranks) predicts the built-in corpus
+    better than its byte frequencies do."""
+    run = run_cli(*SMALL).ok()
+    m = run.metrics
+    assert m["val/loss"] < _byte_unigram_entropy() - 0.3, (m["val/loss"], _byte_unigram_entropy())
+    assert not (run.job_dir / "confusion_matrix.csv").exists()  # 256 classes: skipped
+
+
+def test_validation_is_the_same_for_world_sizes_1_and_3(run_cli):
+    """``optim.lr=0``: the same validation windows give the same val/loss in a world of 1 and
+    of 3 ranks (per-token mean, different summation order: 1e-6)."""
+    common = ("model=gpt", "data=tokens", "model.n_layer=1", "model.n_embd=32",
+              "data.block_size=32", "optim.lr=0", "trainer.max_steps=1", "trainer.epochs=1",
+              "trainer.limit_val_batches=4", QUIET)
+    one = run_cli(*common, "world_size=1", job="w1").ok().metrics
+    three = run_cli(*common, "world_size=3", job="w3").ok().metrics
+    assert one["val/num_samples"] == three["val/num_samples"] == 4 * 16 * 32
+    assert rel_close(one["val/loss"], three["val/loss"], 1e-6)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.fixture
+def sparse_4gb(tmp_path):
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        f.truncate(4 * 2**30)
+    return path
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+def test_a_sparse_4gb_file_is_served_with_little_memory(sparse_4gb):
+    """Opening a 4 GB stream, splitting it and serving 20 batches of a rank keeps its
+    resident memory far below the file's size (memmap: only the windows read)."""
+    from ddp_exp.data import load
+
+    before = _rss_mb()
+    cfg = {"_target_": "ddp_exp.data.tokens.load_tokens", "path": str(sparse_4gb),
+           "dtype": "uint16", "vocab_size": 50304, "block_size": 1024, "val_size": None,
+           "test_size": 0, **_data_cfg(batch_size=8)}
+    datasets = load(cfg, 0, 2)
+    rank = RankData(datasets, cfg, 0, 1, 2, torch.device("cpu"))
+    rank.train.set_epoch(0)
+    shapes = [tuple(x.shape) for _, (x, _) in zip(range(20), rank.train, strict=False)]
+    assert shapes == [(8, 1024)] * 20
+    assert _rss_mb() - before < 200, _rss_mb() - before
+
+
+def test_a_sparse_4gb_file_trains(run_cli, sparse_4gb):
+    """A 4 GB .bin trains 20 steps with validation capped (trainer.limit_val_batches)."""
+    run = run_cli("model=gpt", "data=tokens", f"data.path={sparse_4gb}", "data.vocab_size=512",
+                  "data.block_size=1024", "data.batch_size=2", "model.n_layer=1",
+                  "model.n_embd=32", "world_size=2", "trainer.max_steps=20", "trainer.epochs=1",
+                  "trainer.limit_val_batches=2", QUIET, timeout=300).ok()
+    assert run.metrics["global_step"] == 20 and run.metrics["val/num_samples"] == 2 * 2 * 1024
