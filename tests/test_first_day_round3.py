@@ -372,3 +372,16 @@ def test_an_interpolation_that_resolves_nowhere_is_one_line_naming_its_key(run_c
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and run.stderr.startswith(f"error: {key}: "), run.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_multirun_flag_may_follow_the_overrides():
+    """Fresh-user finding: ``python -m ddp_exp data.batch_size=16,32 -m`` was an 8-line
+    argparse usage ending in "unrecognized arguments"; Hydra's parser takes the flag only
+    before the overrides, so the entry point moves it there."""
+    from ddp_exp.launch import multirun_flag_first
+
+    assert multirun_flag_first(["ddp_exp", "data.batch_size=16,32", "-m", "world_size=1"]) == [
+        "ddp_exp", "-m", "data.batch_size=16,32", "world_size=1"]
+    assert multirun_flag_first(["ddp_exp", "a=1", "--multirun"]) == ["ddp_exp", "--multirun",
+                                                                     "a=1"]
+    assert multirun_flag_first(["ddp_exp", "a=1"]) == ["ddp_exp", "a=1"]

@@ -70,6 +70,7 @@ from ddp_exp.launch import (
     MULTIRUN_UNDER_TORCHRUN,
     asks_for_multirun,
     ignore_leftover_torchrun_variables,
+    multirun_flag_first,
     run_job,
     torchrun_overrides,
     under_torchrun,
@@ -550,6 +551,7 @@ def _main() -> None:
     from hydra.errors import HydraException
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    sys.argv = multirun_flag_first(sys.argv)  # Hydra's parser takes -m before the overrides
     sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
     empty = _empty_output_folder(sys.argv[1:])
     if empty:

@@ -111,6 +111,16 @@ def asks_for_multirun(argv: list[str]) -> bool:
                for arg in argv)
 
 
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """``argv`` with a ``-m`` / ``--multirun`` that follows an override moved before the
+    overrides, where Hydra's parser takes it (``python -m ddp_exp data.batch_size=16,32 -m``
+    was an 8-line argparse usage ending in "unrecognized arguments"). ``argv[0]`` stays."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    if not flags:
+        return argv
+    return argv[:1] + flags[:1] + [a for a in argv[1:] if a not in ("-m", "--multirun")]
+
+
 def torchrun_overrides(argv: list[str]) -> list[str]:
     """Overrides appended to ``argv`` on non-zero torchrun ranks before Hydra parses it, so that
     they create nothing: no run folder (the current one), no ``.hydra/``, no job log."""
