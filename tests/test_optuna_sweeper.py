@@ -247,6 +247,15 @@ def test_sweep_grammar_becomes_optuna_distributions():
     assert fixed == ["trainer.epochs=3"]
 
 
+def test_a_backwards_interval_names_its_key():
+    """Fresh-user finding: optim.lr=interval(1,0) was "`low <= high` must hold, but got
+    (low=1.0, high=0.0)" without the key."""
+    from hydra_plugins.ddp_optuna_sweeper.sweeper import SweepRefused, distributions
+
+    with pytest.raises(SweepRefused, match=r"^optim\.lr=interval\(1,0\): .*low <= high"):
+        distributions({"optim.lr": "interval(1,0)"}, [])
+
+
 def test_direction_defaults_from_the_monitor():
     from omegaconf import OmegaConf
 

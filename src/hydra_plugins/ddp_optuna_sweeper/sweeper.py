@@ -67,11 +67,12 @@ def distributions(params: dict[str, str], arguments: list[str]) -> tuple[dict, l
         value = o.value()
         if isinstance(value, IntervalSweep):
             log_scale = "log" in value.tags
-            if "int" in value.tags:  # tag(int, interval(1, 5)): Hydra's interval is float
-                dists[key] = IntDistribution(int(value.start), int(value.end), log=log_scale)
-            else:
-                dists[key] = FloatDistribution(float(value.start), float(value.end),
-                                               log=log_scale)
+            kind = IntDistribution if "int" in value.tags else FloatDistribution
+            cast = int if kind is IntDistribution else float  # Hydra's interval is float
+            try:
+                dists[key] = kind(cast(value.start), cast(value.end), log=log_scale)
+            except ValueError as exc:  # low > high, or a log scale that reaches 0
+                raise SweepRefused(f"{o.input_line}: {exc}") from None
         elif isinstance(value, (ChoiceSweep, RangeSweep)):
             dists[key] = CategoricalDistribution(list(o.sweep_iterator()))
         else:
