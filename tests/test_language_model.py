@@ -19,7 +19,7 @@ from ddp_exp.gpt import GPT
 
 # A small, fast preset run: 1 layer, 60 steps, capped validation.
 SMALL = ("experiment=gpt_tokens", "model.n_layer=1", "trainer.epochs=1", "trainer.max_steps=60",
-         "trainer.limit_val_batches=10", QUIET)
+         "trainer.limit_val_batches=10", "trainer.peak_flops=1e12", QUIET)
 
 
 def _data_cfg(**extra):
@@ -175,13 +175,51 @@ def _byte_unigram_entropy() -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def _samples(job_dir) -> list[str]:
+    """The text of TensorBoard's ``samples`` tag, one per step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list((job_dir / "tensorboard").glob("events.out.tfevents*"))
+    acc = EventAccumulator(str(files[0]), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("samples/text_summary")]
+
+
+def test_sampling_never_moves_the_global_rng():
+    """A sample draws from its own generator: torch's global RNG is where it was, and the same
+    epoch gives the same text."""
+    from ddp_exp.lm import LanguageModelReport
+
+    stream = tk.load_tokens(block_size=32)
+    d = tk.split_stream(stream, 10, 0, 0)
+    torch.manual_seed(0)
+    model = GPT((32,), 256, n_layer=1, n_head=2, n_embd=16)
+    cfg = {"seed": 0, "trainer": {"sample_every_n_epochs": 1, "sample_prompt": "The "}}
+    report = LanguageModelReport(cfg, d, model, 1, True, writer=None)
+    state = torch.get_rng_state()
+    a = report.sample(0, 10)
+    assert torch.equal(torch.get_rng_state(), state) and model.training
+    assert a.startswith("The ") and a == report.sample(0, 10) and a != report.sample(1, 10)
+
+
 def test_preset_learns_below_the_unigram_entropy(run_cli):
     """``experiment=gpt_tokens`` (1 layer, 60 steps, 2 ranks) predicts the built-in corpus
-    better than its byte frequencies do."""
+    better than its byte frequencies do, and reports perplexity, bits per byte, tokens/s, model
+    FLOP/s and MFU (by their definitions) and a text sample in TensorBoard."""
     run = run_cli(*SMALL).ok()
     m = run.metrics
     assert m["val/loss"] < _byte_unigram_entropy() - 0.3, (m["val/loss"], _byte_unigram_entropy())
     assert not (run.job_dir / "confusion_matrix.csv").exists()  # 256 classes: skipped
+    assert rel_close(m["val/perplexity"], math.exp(m["val/loss"]), 1e-12)
+    assert rel_close(m["val/bits_per_byte"], m["val/loss"] / math.log(2), 1e-12)
+    assert rel_close(m["train/tokens_per_sec"], m["train/samples_per_sec"], 1e-12)
+    assert m["train/tokens_per_sec"] > 0
+    flops = m["perf/model_flops_per_sec"] / m["train/tokens_per_sec"]
+    assert rel_close(m["perf/mfu"], m["perf/model_flops_per_sec"] / (2 * 1e12), 1e-9)
+    model = GPT((128,), 256, n_layer=1, n_head=4, n_embd=128)
+    assert rel_close(flops, model.flops_per_token(), 1e-9)
+    texts = _samples(run.job_dir)
+    assert len(texts) == 1 and texts[0].lstrip().startswith("The "), texts
 
 
 def test_validation_is_the_same_for_world_sizes_1_and_3(run_cli):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddp_exp import checkpoint, confusion
+from ddp_exp import checkpoint, confusion, lm
 from ddp_exp.batches import call_model, to_device
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
@@ -149,6 +149,7 @@ class Evaluator:
         val = evaluate(self.model, self.data.val_batches(epoch), self.objective, self.world,
                        self.device, self.precision, confusion_classes(self.objective.num_classes))
         self.last_confusion = val.pop("confusion", None)
+        val.update(lm.val_scalars(val["val/loss"], self.datasets.val))  # data=tokens only
         self.writer.scalars(global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val

@@ -238,6 +238,9 @@ class TrainerConfig:
     class_dim: str = "last"
     # validation on the first limit_val_batches x data.batch_size samples (null: all of them)
     limit_val_batches: int | None = None
+    peak_flops: float | None = None  # FLOP/s of one device: perf/mfu (data=tokens, model=gpt)
+    sample_every_n_epochs: int = 1  # data=tokens: rank 0's text sample (TensorBoard, 0: never)
+    sample_prompt: str = "The "  # ... continued from this prompt (byte-level data)
 
 
 @dataclass

@@ -64,6 +64,7 @@ from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed import World
 from ddp_exp.evaluation import Evaluator
 from ddp_exp.files import BackgroundWriter
+from ddp_exp.lm import LanguageModelReport
 from ddp_exp.metrics import MetricsWriter, mean
 from ddp_exp.monitor import Monitor
 from ddp_exp.objective import Objective
@@ -159,6 +160,9 @@ class Trainer:
         self.evaluator = Evaluator(self.model, self.data, datasets, objective, world, device,
                                    self.precision, writer)
         self.layout_written = False
+        # data=tokens: tokens/s, model FLOP/s, MFU and text samples (ddp_exp.lm).
+        self.lm = LanguageModelReport(cfg, datasets, self.model, world.world_size, world.is_main,
+                                      writer)
         # Rank 0's checkpoint files, written on a background thread (ddp_exp.files): the loop
         # does not wait for the disk.
         self.checkpoint_files = BackgroundWriter()
@@ -383,6 +387,7 @@ class Trainer:
             "train/lr": lr,
             "train/samples_per_sec": rate,
             "train/grad_norm": grad_norm,
+            **self.lm.train_scalars(rate),
         }
         # One TensorBoard event, encoded after the epoch's loop (MetricsWriter.queue_scalars);
         # every rank's step timing, reduced with the losses, is summarised then too.
@@ -443,6 +448,7 @@ class Trainer:
             last = EpochResult(self.epoch, self.global_step, mean(loss_sum, samples), samples,
                                seconds, self.evaluator.validate(self.epoch, self.global_step))
             log.info(epoch_line(last, trainer["epochs"]))
+            self.lm.sample(self.epoch, self.global_step)  # rank 0, its own generator
             self.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
             if self.perf is not None:  # the straggler line (trainer.perf_metrics)
                 self.perf.end_epoch(self.epoch)
@@ -472,6 +478,7 @@ class Trainer:
             "train/loss": last.train_loss,
             "train/num_samples": last.train_samples,
             "train/samples_per_sec": mean(run_samples, train_s),
+            **self.lm.train_scalars(mean(run_samples, train_s)),
             "time/train_s": train_s,
             "epoch": last.epoch + 1,
             "global_step": self.global_step,
