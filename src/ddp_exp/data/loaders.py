@@ -104,10 +104,13 @@ def shard_order(sampler) -> torch.Tensor:
     multiple of ``num_replicas``; then every ``num_replicas``-th from ``rank``), without the
     Python lists it builds: those cost ~36 bytes per sample in every rank (14 MiB per rank at
     400k samples) and outlive the epoch in Python's allocator. A test holds the result equal to
-    ``list(sampler)``. Any other sampler is listed.
+    ``list(sampler)``. A sampler with a ``shard()`` (:mod:`ddp_exp.data.tokens`) gives its own
+    lazily computed shard (``len`` and slices). Any other sampler is listed.
     """
     from torch.utils.data import DistributedSampler
 
+    if hasattr(sampler, "shard"):  # computes its positions per slice (ddp_exp.data.tokens)
+        return sampler.shard()
     if type(sampler) is not DistributedSampler:
         return torch.tensor(list(sampler), dtype=torch.long)
     n = len(sampler.dataset)
@@ -316,9 +319,11 @@ class RankData:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.batch_size = data_cfg["batch_size"]
         train = datasets.train
-        self.sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank,
-                                          shuffle=data_cfg["shuffle"], seed=seed,
-                                          drop_last=False)
+        make = getattr(train, "make_sampler", None)  # data=tokens: an order computed per batch
+        self.sampler = (make(world_size, rank, data_cfg["shuffle"], seed) if make is not None
+                        else DistributedSampler(range(len(train)), num_replicas=world_size,
+                                                rank=rank, shuffle=data_cfg["shuffle"], seed=seed,
+                                                drop_last=False))
         # DistributedSampler repeats the start of the epoch's order to fill the last ranks'
         # shards: this rank's last sample is such a duplicate (counted zero for per-element
         # targets, ddp_exp.train).

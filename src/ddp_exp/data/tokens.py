@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import DistributedSampler
 
 from ddp_exp.config import ConfigError
 
@@ -160,6 +161,10 @@ class TokenSplit:
     def num_outputs(self) -> int:
         return self.stream.vocab_size
 
+    def make_sampler(self, world_size: int, rank: int, shuffle: bool, seed: int):
+        """The training sampler (:func:`window_sampler`): no permutation of every window."""
+        return window_sampler(len(self), world_size, rank, shuffle, seed)
+
     def shift(self, epoch: int) -> int:
         """The training windows' offset this epoch, from ``(seed, epoch)`` only."""
         if not self.shifted:
@@ -236,3 +241,86 @@ def split_stream(stream: TokenStream, val_size: int | None, test_size: int, seed
     return Datasets(train=TokenSplit(stream, 0, train, shifted=True, seed=seed),
                     val=TokenSplit(stream, tail, val),
                     test=TokenSplit(stream, tail + val * size, test))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping arithmetic): a well-mixed hash."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+class WindowOrder:
+    """A seeded pseudo-random permutation of ``0 .. n-1`` computed per element, never stored:
+    a 4-round Feistel network on ``2k`` bits (``4^k >= n``) with cycle-walking, keys from
+    ``(seed, epoch)``. ``order[j]`` for ``j >= n`` is ``order[j - n]`` (DistributedSampler's
+    padding: the epoch's start again)."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int, epoch: int, shuffle: bool = True):
+        self.n, self.shuffle = n, shuffle
+        self.half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+        self.keys = np.random.SeedSequence([seed, epoch, 0x0DE5]).generate_state(
+            self.ROUNDS, np.uint64)
+
+    def __call__(self, j: np.ndarray) -> np.ndarray:
+        """The permutation at global indices ``j`` (int64 ``[m]``) -> int64 ``[m]``."""
+        j = np.asarray(j, dtype=np.int64) % self.n
+        if not self.shuffle:
+            return j
+        x = j.astype(np.uint64)
+        todo = np.ones(len(x), bool)
+        while todo.any():  # cycle-walk: values of the 4^k domain outside 0..n-1 go round again
+            x[todo] = self._feistel(x[todo])
+            todo = x >= np.uint64(self.n)
+        return x.astype(np.int64)
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        mask = np.uint64((1 << self.half) - 1)
+        left, right = x >> np.uint64(self.half), x & mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right ^ key) & mask)
+        return (left << np.uint64(self.half)) | right
+
+
+class LazyShard:
+    """One rank's positions of an epoch, ``order[rank], order[rank + W], ...``, computed per
+    slice: ``len`` and ``[a:b]`` (an int64 tensor), like the tensor :func:`shard_order` gives."""
+
+    def __init__(self, order: WindowOrder, rank: int, world_size: int, count: int):
+        self.order, self.rank, self.world_size, self.count = order, rank, world_size, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, part: slice):
+        import torch
+
+        start, stop, step = part.indices(self.count)
+        local = np.arange(start, stop, step, dtype=np.int64)
+        return torch.from_numpy(self.order(self.rank + local * self.world_size))
+
+
+class WindowSampler(DistributedSampler):
+    """A ``DistributedSampler`` over ``n`` training windows whose epoch order is
+    :class:`WindowOrder` (computed per batch, never a permutation of ``n`` in memory) instead of
+    ``randperm(n)``; sharding and padding as DistributedSampler's."""
+
+    def shard(self) -> LazyShard:
+        """This rank's positions this epoch, computed per slice."""
+        order = WindowOrder(len(self.dataset), self.seed, self.epoch, self.shuffle)
+        return LazyShard(order, self.rank, self.num_replicas, self.num_samples)
+
+    def __iter__(self):
+        shard = self.shard()
+        for start in range(0, len(shard), 65536):
+            yield from shard[start:start + 65536].tolist()
+
+
+def window_sampler(n: int, world_size: int, rank: int, shuffle: bool, seed: int
+                   ) -> WindowSampler:
+    """The training sampler of ``n`` windows for ``rank`` of ``world_size``."""
+    return WindowSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle,
+                         seed=seed, drop_last=False)
