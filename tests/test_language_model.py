@@ -144,6 +144,7 @@ def test_builtin_corpus_and_files(tmp_path):
     ("odd", "not a multiple of data.dtype=uint16's 2 bytes"),
     ("heads", "model.n_embd=30 is invalid with model.n_head=4"),
     ("vocab", "needs its vocabulary size"),
+    ("limit", "trainer.limit_val_batches=0 is invalid"),
 ])
 def test_bad_token_input_is_refused_before_ranks(compose, tmp_path, bad, expected):
     """A .bin shorter than one window, a .bin whose size is not a multiple of its dtype,
@@ -155,6 +156,8 @@ def test_bad_token_input_is_refused_before_ranks(compose, tmp_path, bad, expecte
         overrides = ["model=gpt", "data=tokens", "model.n_embd=30"]
     if bad == "vocab":
         overrides = overrides[:-1]
+    if bad == "limit":
+        overrides = ["model=gpt", "data=tokens", "trainer.limit_val_batches=0"]
     message = refused_before_ranks(compose(*overrides), tmp_path / "run")
     assert expected in message, message
 

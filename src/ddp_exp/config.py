@@ -385,6 +385,11 @@ def validate(cfg: DictConfig) -> None:
 
     t = cfg.trainer
     _check(t.epochs >= 1, "trainer.epochs", t.epochs, "a positive integer")
+    for key in ("limit_val_batches", "peak_flops"):  # null: all batches / no perf/mfu
+        _check(t.get(key) is None or t[key] > 0, f"trainer.{key}", t.get(key),
+               "null or a positive number")
+    _check(t.get("sample_every_n_epochs", 0) >= 0, "trainer.sample_every_n_epochs",
+           t.get("sample_every_n_epochs"), "0 (never) or a positive number of epochs")
     _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps,
            "null (no cap) or a positive integer")
     _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,

@@ -15,9 +15,11 @@ Splits (:func:`split_stream`): the stream's tail holds ``data.val_size`` validat
 (null: about 10% of the stream) then ``data.test_size`` test windows, fixed and non-overlapping,
 the same for any ``world_size``. The training region before it is cut into non-overlapping
 windows under a shift ``0 <= s < T`` drawn per epoch from ``(seed, epoch)`` alone
-(:meth:`TokenSplit.batch` takes the epoch); their order is the training sampler's (one seeded
-permutation of window numbers per epoch, :mod:`ddp_exp.data.loaders`), never the rank's, so a
-global batch holds the same windows for any world size.
+(:meth:`TokenSplit.batch` takes the epoch), in the order of :class:`WindowSampler`: a seeded
+permutation of the window numbers per epoch (:class:`WindowOrder`, from ``(seed, epoch,
+global index)``, computed per batch and never stored), sharded like ``DistributedSampler``
+(strided), never drawn from the rank, so a global batch holds the same windows for any world
+size.
 
 A token id ``>= vocab_size`` is found in the batch that reads it (no scan of the file at start)
 and reported in one line with its position in the stream.
