@@ -89,7 +89,7 @@ class LanguageModelReport:
 
     def prompt_tokens(self) -> list[int]:
         """The prompt as token ids: its UTF-8 bytes for byte-level data; otherwise the
-        validation stream's first 8 tokens (ddp_exp has no tokenizer of a user's vocabulary)."""
+        stream's first 8 tokens (ddp_exp has no tokenizer of a user's vocabulary)."""
         if self.stream.byte_level:
             return list(self.prompt.encode("utf-8")) or [10]
         return [int(t) for t in np.asarray(self.stream.tokens[:8])]
