@@ -69,12 +69,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ctrl_c_reaches_python() -> None:
-    """``preexec_fn`` of a child that a test sends SIGINT as a terminal's Ctrl-C would: a shell
-    starts background jobs with SIGINT ignored, the child inherits that, and Python then
-    installs no KeyboardInterrupt handler (the test timed out whenever the suite itself ran in
-    the background)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def pytest_configure(config) -> None:
+    """Every child a test starts may be sent SIGINT as a terminal's Ctrl-C would. A shell
+    starts background jobs with SIGINT ignored (``make test &``, a CI runner's script), an
+    ignored signal stays ignored in children, and ddp_exp keeps a signal ignored at start
+    ignored on purpose (nohup, issue 32): a test's SIGINT then did nothing and the test timed
+    out (test_signal_during_checkpoint_write_leaves_no_partial_file in a background CI run).
+    A handler installed here is reset to the default in every child that execs, so the suite
+    behaves as from a terminal wherever it is started. Runs in each xdist worker too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Holds the sitecustomize.py that marks phases inside ddp_exp's own code (its imports, the forks).
@@ -93,7 +97,7 @@ def start_at_phase(cmd: list[str], cwd: Path, tag: str, marker: Path, phase: str
     env = cli_env(tag, PYTHONPATH=path, DDP_EXP_TEST_MARKER=str(marker),
                   **({"DDP_EXP_TEST_PHASE": phase} if phase else {}))
     options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
-               "stdin": subprocess.DEVNULL, "preexec_fn": ctrl_c_reaches_python, **popen}
+               "stdin": subprocess.DEVNULL, **popen}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, **options)
     deadline = time.monotonic() + 120
     while not marker.exists():
@@ -129,7 +133,7 @@ def start_watched(cmd: list[str], cwd: Path, tag: str, awaited: str,
     stdout in a thread that sets ``seen`` at the first line containing ``awaited``."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag), stdout=subprocess.PIPE,
                             stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True, preexec_fn=ctrl_c_reaches_python)
+                            start_new_session=True)
     lines: list[str] = []
     seen = threading.Event()
 
