@@ -213,6 +213,17 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seconds
 
 
+def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python -m ddp_exp <overrides>`` in ``cwd`` (a sweep, or any run whose folder the test
+    names itself); checks that no process outlives it."""
+    tag = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
+                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    assert_no_orphans(tag)
+    return proc
+
+
 # Fixtures that start the CLI: run_cli, and the session's shared runs (below).
 CLI_FIXTURES = {"run_cli", "start_cli", "default_run_1_epoch", "default_run_2_epochs"}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUIET, assert_no_orphans, cli_env, start_watched
+from conftest import QUIET, run_sweep, start_watched
 
 optuna = pytest.importorskip("optuna")
 
@@ -28,16 +28,6 @@ SWEEP = ["-m", "hydra/sweeper=ddp_optuna", "hydra.sweeper.n_trials=8",
          "hydra.sweeper.pruner.min_resource=1", "hydra.sweeper.pruner.reduction_factor=2",
          "optim.lr=choice(1e30,3.0,1e-4,0.003,0.03,0.1,0.3)", "trainer.epochs=6",
          "trainer.monitor=val/accuracy", QUIET]
-
-
-def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m ddp_exp <overrides>`` in ``cwd``; checks that no process outlives it."""
-    tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
-                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
-    return proc
 
 
 def study_trials(sweep_dir: Path) -> list:

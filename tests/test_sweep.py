@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUIET, assert_no_orphans, cli_env, hparams_table, rel_close, scalars
+from conftest import (
+    QUIET,
+    assert_no_orphans,
+    cli_env,
+    hparams_table,
+    rel_close,
+    run_sweep,
+    scalars,
+)
 
 BATCH_SIZES = (16, 32, 64)
 SWEEP_3 = ("-m", "world_size=2", "trainer.epochs=1", "data.batch_size=16,32,64", QUIET)
@@ -33,16 +41,6 @@ PROMISED_HPARAMS = ("world_size", "global_batch_size", "optim.lr", "model", "dat
 
 
 # ------------------------------------------------------------------------------------ helpers
-def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m ddp_exp <overrides>`` in ``cwd``; checks that no process outlives it."""
-    tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
-                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
-    return proc
-
-
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
