@@ -157,6 +157,16 @@ def test_data_file_without_path_fails_validation(compose):
 def test_data_option_instantiates(composed, small_csv, option):
     cfg = composed(f"data={option}", *_file_overrides("data", option, small_csv))
     datasets = load_data(cfg)
+    if option == "tokens":  # windows of the built-in corpus; about 10 % held out
+        from pydoc_data.topics import topics
+
+        size = len("\n\n".join(topics[k] for k in sorted(topics)).encode())
+        windows = (size - 1) // cfg.data.block_size
+        assert abs(len(datasets.val) - windows / 10) <= 1
+        # the training windows sit under a shift of up to one window: one fewer at most
+        assert windows - len(datasets.val) - 1 <= len(datasets.train) <= windows - len(
+            datasets.val)
+        return
     # Every shipped option has its size here: a new option fails until it is added.
     total = {"digits": 1797, "synthetic": 4096, "file": 20,  # small_csv: 20 rows
              "image_folder": FOLDER_IMAGES, "dataset": 1797}[option]
@@ -190,11 +200,16 @@ def test_model_option_builds_for_each_dataset(composed, small_csv, option):
                 build_model(model_cfg, input_shape, num_outputs)
             assert "\n" not in str(info.value)
             continue
+        x = torch.from_numpy(datasets.train.features[:5])
+        if option == "gpt":  # token ids only (data=tokens: test_language_model)
+            with pytest.raises(ConfigError, match="model=gpt takes") as info:
+                build_model(model_cfg, input_shape, num_outputs)(x)
+            assert "\n" not in str(info.value)
+            continue
         torch.manual_seed(0)
         model = build_model(model_cfg, input_shape, num_outputs)
         assert isinstance(model, torch.nn.Module)
         assert type(model).__qualname__ == cfg.model._target_.rsplit(".", 1)[1]
-        x = torch.from_numpy(datasets.train.features[:5])
         assert model(x).shape == (5, num_outputs), name
 
 

@@ -56,7 +56,9 @@ class GPT(nn.Module):
         bias: biases in the linear layers and LayerNorms.
 
     Raises:
-        ConfigError: ``n_embd`` not divisible by ``n_head``, or a non-positive size.
+        ConfigError: ``n_embd`` not divisible by ``n_head``, or a non-positive size; items that
+            are not windows of token ids (an input shape of more than one dimension here, or
+            floating inputs in ``forward``: the launcher's probe refuses them before any rank).
     """
 
     def __init__(self, input_shape: Sequence[int], num_outputs: int, n_layer: int = 2,
@@ -66,6 +68,10 @@ class GPT(nn.Module):
             raise ConfigError(f"model.n_embd={n_embd} is invalid with model.n_head={n_head}: "
                               "positive, and n_head must divide n_embd (e.g. n_embd="
                               f"{max(1, n_head) * max(1, round(n_embd / max(1, n_head)))})")
+        if len(input_shape) != 1:
+            raise ConfigError(f"model=gpt takes windows of token ids [batch, T]; the data's "
+                              f"items have shape {list(input_shape)} (data=tokens, or a Dataset "
+                              "of token ids)")
         self.block_size, self.vocab_size = int(input_shape[-1]), int(num_outputs)
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
         self.wte = nn.Embedding(self.vocab_size, n_embd)
@@ -88,6 +94,10 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.is_floating_point():  # a dtype check: no device sync
+            raise ConfigError(f"model=gpt takes integer token ids [batch, T]; the data gives "
+                              f"{str(idx.dtype).removeprefix('torch.')} inputs (data=tokens, or "
+                              "a Dataset of token ids)")
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
