@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import os
 import pickle
 import re
@@ -13,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 def _umask() -> int:
@@ -60,6 +61,15 @@ def naming_the_disk(exc: BaseException, path: str) -> BaseException:
         named.__cause__ = exc
         return named
     return exc
+
+
+def read_json(path: str) -> Any:
+    """The JSON value in ``path``; None when it cannot be read or parsed (missing, partial)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
 
 
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:

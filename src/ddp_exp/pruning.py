@@ -19,7 +19,6 @@ linked (the ``optuna`` extra).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -130,11 +129,9 @@ TRIALS_RECORD = "optuna_trials.json"
 def trial_states(sweep_dir: str) -> dict[str, dict[str, Any]] | None:
     """``{job folder name: {"number", "state", "pruned_at_epoch", "metric", "curve"}}`` from a
     ddp_optuna sweep's record, or None for other sweeps (no record)."""
-    try:
-        with open(os.path.join(sweep_dir, TRIALS_RECORD)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
+    from ddp_exp.files import read_json
+
+    return read_json(os.path.join(sweep_dir, TRIALS_RECORD))
 
 
 def plot_curves(ax: Any, record: dict[str, dict[str, Any]]) -> None:

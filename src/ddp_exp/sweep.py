@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
 import os
@@ -33,7 +32,7 @@ from omegaconf import DictConfig
 
 from ddp_exp import pruning
 from ddp_exp.config import task_overrides
-from ddp_exp.files import atomic_write, best_effort
+from ddp_exp.files import atomic_write, best_effort, read_json
 from ddp_exp.jobdir import STATUS_FILE, note_new_folders, remove_new_empty_folder
 
 log = logging.getLogger("ddp_exp")
@@ -137,18 +136,10 @@ def log_config(cfg: Any) -> None:
              "job's overrides: %s", overrides)
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
 def recorded_val_loss(job_dir: str) -> float:
     """``val/loss`` from a finished job's ``metrics.json``: what a skipped job returns to the
     sweeper (NaN when it has none)."""
-    value = (_read_json(os.path.join(job_dir, "metrics.json")) or {}).get("val/loss")
+    value = (read_json(os.path.join(job_dir, "metrics.json")) or {}).get("val/loss")
     return math.nan if value is None else float(value)
 
 
@@ -165,8 +156,8 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
         job_dir = os.path.join(sweep_dir, name)
         if not os.path.isdir(os.path.join(job_dir, ".hydra")):
             continue
-        status = _read_json(os.path.join(job_dir, STATUS_FILE)) or {}
-        metrics = _read_json(os.path.join(job_dir, "metrics.json")) or {}
+        status = read_json(os.path.join(job_dir, STATUS_FILE)) or {}
+        metrics = read_json(os.path.join(job_dir, "metrics.json")) or {}
         state = status.get("status") or ("completed" if metrics else "incomplete")
         rows.append({
             "job": name,

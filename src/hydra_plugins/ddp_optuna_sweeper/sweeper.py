@@ -161,26 +161,26 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _read_json(job_dir: str | None, name: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(job_dir or "", name)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return {}
+def job_outcome(job_dir: str | None, monitor: str
+                ) -> tuple[str, float | None, int | None, int | None]:
+    """``(state, value, pruned_at_epoch, epochs_run)`` of a finished job from its folder's
+    ``status.json`` and ``metrics.json``: ``COMPLETE`` (finite monitored value), ``PRUNED`` or
+    ``FAIL``; ``epochs_run`` is metrics.json's ``epoch`` (``trainer.max_steps`` and early
+    stopping end runs early too), None without one."""
+    from ddp_exp.files import read_json
 
-
-def job_outcome(job_dir: str | None, monitor: str) -> tuple[str, float | None, int | None]:
-    """``(state, value, pruned_at_epoch)`` of a finished job from its folder's ``status.json``
-    and ``metrics.json``: ``COMPLETE`` (finite monitored value), ``PRUNED`` or ``FAIL``."""
-    status, metrics = _read_json(job_dir, "status.json"), _read_json(job_dir, "metrics.json")
+    folder = job_dir or ""
+    status = read_json(os.path.join(folder, "status.json")) or {}
+    metrics = read_json(os.path.join(folder, "metrics.json")) or {}
+    epochs = metrics.get("epoch") if isinstance(metrics.get("epoch"), int) else None
     if status.get("status") != "completed" or not metrics:
-        return "FAIL", None, None
+        return "FAIL", None, None, epochs
     pruned = metrics.get("pruned_at_epoch")
     value = metrics.get(monitor)
     finite = isinstance(value, (int, float)) and math.isfinite(value)
     if pruned is not None:
-        return "PRUNED", (float(value) if finite else None), int(pruned)
-    return ("COMPLETE", float(value), None) if finite else ("FAIL", None, None)
+        return "PRUNED", (float(value) if finite else None), int(pruned), epochs
+    return ("COMPLETE", float(value), None, epochs) if finite else ("FAIL", None, None, epochs)
 
 
 class DDPOptunaSweeper(Sweeper):
@@ -265,12 +265,10 @@ class DDPOptunaSweeper(Sweeper):
             ret = self.launcher.launch([overrides], initial_job_idx=trial.number)[0]
             job_dir = (OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
                        if ret.hydra_cfg is not None else None)
-            state, value, pruned_at = job_outcome(job_dir, monitor)
+            state, value, pruned_at, epochs_run = job_outcome(job_dir, monitor)
             if pruned_at is not None:
                 trial.set_user_attr("pruned_at_epoch", pruned_at)
-            # the epochs the job ran (trainer.max_steps and early stopping end runs early too)
-            epochs_run = _read_json(job_dir, "metrics.json").get("epoch")
-            if isinstance(epochs_run, int):
+            if epochs_run is not None:
                 trial.set_user_attr("epochs_run", epochs_run)
             trial.set_user_attr("job", os.path.basename(os.path.normpath(job_dir or "")))
             study.tell(trial, value if state == "COMPLETE" else None,
