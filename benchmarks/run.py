@@ -18,7 +18,7 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
 * ``startup``: the 1-epoch digits ddp_exp job at world_size 2 against bare 2-rank launches that
   import torch and initialise gloo (``benchmarks/startup.py``), and the hand-written scripts'
   own 1-epoch jobs (hand-tuned, tight) with ddp_exp's default keys beside them;
-* ``c17``: thread oversubscription (shared/cases C17): ddp_exp on digits, ``world_size=1`` with
+* ``c17``: thread oversubscription (case C17): ddp_exp on digits, ``world_size=1`` with
   batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch);
 * ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
   with ``trainer.perf_metrics=true`` and ``false``;
@@ -42,7 +42,7 @@ removed from its environment. Figures: training samples/s of the loop only (ddp_
 process (timed here, from before the process is started until it has exited), and peak resident
 memory per rank (``VmHWM`` of every rank process, read from ``/proc`` every 50 ms while it runs;
 the maximum over ranks). Writes ``benchmarks/results.csv`` (one row per run) and
-``BENCHMARKS.md`` (medians with min and max, the ratios of targets (a)-(e), I11 and C17,
+``docs/benchmarks.md`` (medians with min and max, the ratios of targets (a)-(e), I11 and C17,
 PASS/MISS).
 
 This module is the command line. May use: ``common``, ``variants`` (the groups and each run's
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         "e.g. 'defaults/ddp_exp,tight' (default: all)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--csv", default=os.path.join(common.BENCH, "results.csv"))
-    p.add_argument("--markdown", default=os.path.join(common.ROOT, "BENCHMARKS.md"))
+    p.add_argument("--markdown", default=os.path.join(common.ROOT, "docs", "benchmarks.md"))
     p.add_argument("--keep-outputs", default=None,
                    help="copy every run's output folder here (default: deleted)")
     args = p.parse_args(argv)
