@@ -65,7 +65,7 @@ class PngFiles(Dataset):
 
 
 def build_cnn(in_channels, side, num_classes, channels=(32, 64), hidden=128):
-    """ddp_exp's ``model=cnn`` (``ddp_exp.models.CNN``): conv3x3 + ReLU per channel count, 2x2
+    """ddp_exp's ``model=cnn`` (``ddp_exp.train.models.CNN``): conv3x3 + ReLU per channel count, 2x2
     max-pool while the image is at least 4 wide, then Linear + ReLU + Linear; seeded with
     ``SEED`` so that the parameters are created from the same draws in the same order."""
     torch.manual_seed(SEED)

@@ -115,7 +115,7 @@ def warm_up(timeout_s: float) -> None:
     """One untimed process that imports what the runs import, so the first measured run does
     not pay for a cold page cache."""
     code = ("import torch, torch.distributed, torch.nn.parallel, torch._dynamo, hydra, omegaconf,"
-            " torch.utils.tensorboard, ddp_exp.__main__\n"
+            " torch.utils.tensorboard, ddp_exp.cli.main\n"
             "try:\n    import lightning\nexcept ImportError:\n    pass\n")
     timed_process([PY, "-c", code], False, timeout_s)
 

@@ -36,7 +36,7 @@ def trainer_cfg(overrides: list[str]) -> dict:
     import hydra
     from omegaconf import OmegaConf
 
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
@@ -76,13 +76,13 @@ def main() -> None:
                    help="a second ddp_exp trainer with these overrides, e.g. "
                         "trainer.perf_metrics=false")
     args = p.parse_args()
-    from ddp_exp import train_state
     from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.distributed import World, init_process_group
-    from ddp_exp.metrics import MetricsWriter
-    from ddp_exp.models import MLP
-    from ddp_exp.objective import Objective
-    from ddp_exp.train import Trainer
+    from ddp_exp.distributed.process_group import World, init_process_group
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train import state as train_state
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
 
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter

@@ -178,12 +178,12 @@ def check_image_folder(root: str) -> None:
     """Raise AssertionError unless the hand-written script (``ddp_image_folder.py``) trains on
     what ddp_exp's ``data=image_folder data.channels=1`` reads from ``root``: the same training
     and validation files in the same order, the same labels and float32 pixels, and a CNN with
-    the same initial weights as ``ddp_exp.models.CNN`` under seed 0."""
+    the same initial weights as ``ddp_exp.train.models.CNN`` under seed 0."""
     import ddp_image_folder as script
     import torch
 
     from ddp_exp import data
-    from ddp_exp.models import CNN
+    from ddp_exp.train.models import CNN
 
     w = spec("image_folder")
     theirs = data.load({"_target_": "ddp_exp.data.images.load_image_folder", "path": root,

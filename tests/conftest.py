@@ -297,7 +297,7 @@ def compose():
     """``compose(*overrides)`` -> the composed config (no ``hydra`` node), in this process."""
     import hydra
 
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
@@ -313,13 +313,14 @@ def folder_files(folder: Path) -> dict[Path, bytes]:
 
 def refused_before_ranks(cfg, job_dir: Path) -> str:
     """Run, in this process, what ``python -m ddp_exp`` runs on ``cfg`` before any rank starts
-    (``ddp_exp.launch.run_job`` up to the launch: the cluster layout, then
+    (``ddp_exp.launch.elastic.run_job`` up to the launch: the cluster layout, then
     ``launch.prepare_world`` in ``job_dir``), assert that it refuses it with a one-line
     ``ConfigError`` and that nothing of a run was written (in a folder that holds an earlier
     run: every file as it was, none added); returns the message (the CLI prints it as
     ``error: <message>``, exit 2)."""
-    from ddp_exp import cluster, launch
-    from ddp_exp.config import ConfigError
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.launch import cluster
+    from ddp_exp.launch import elastic as launch
 
     job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes the job folder before the task
     before = folder_files(job_dir)

@@ -1,6 +1,7 @@
 """A user model that injects faults, plugged in through the public entry (no product change).
 
-``FaultyMLP`` is :class:`ddp_exp.models.MLP` (same layers, built in the same order, so the same
+``FaultyMLP`` is :class:`ddp_exp.train.models.MLP` (same layers, built in the same order, so the
+same
 seeded initial weights and the same ``state_dict`` keys) whose ``forward``, in training mode,
 counts its calls. At call number ``fault_step`` (1-based: the optimizer step of a fresh process
 with ``accumulate_grad_batches=1``) on rank ``fault_rank`` (read from ``os.environ["RANK"]``) it
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ddp_exp.models import MLP
+from ddp_exp.train.models import MLP
 
 FAULTS = ("none", "raise", "nan", "kill")
 
@@ -122,7 +123,8 @@ def write_model_yaml(config_dir: Path, name: str = "faulty", fault: str = "none"
 
 
 class EnvProbeMLP(MLP):
-    """:class:`ddp_exp.models.MLP` that, at its first training forward in each rank, writes the
+    """:class:`ddp_exp.train.models.MLP` that, at its first training forward in each rank, writes
+    the
     rank's distributed environment and ``torch.get_num_threads()`` (``threads``) to
     ``<probe_dir>/rank<RANK>.json``."""
 
@@ -158,7 +160,7 @@ def slow_digits(**_options):
 
 
 class SlowRankMLP(MLP):
-    """:class:`ddp_exp.models.MLP` (same layers, same seeded weights) whose training forward
+    """:class:`ddp_exp.train.models.MLP` (same layers, same seeded weights) whose training forward
     sleeps ``sleep_s`` seconds on rank ``slow_rank`` only: a straggler, for the ``perf/*``
     dashboards."""
 
@@ -228,7 +230,7 @@ class RaisingDigits(torch.utils.data.Dataset):
 
 
 class BrokenParameters(MLP):
-    """:class:`ddp_exp.models.MLP` whose ``parameters()`` raises ``RuntimeError("parameters
+    """:class:`ddp_exp.train.models.MLP` whose ``parameters()`` raises ``RuntimeError("parameters
     are broken")``: the launcher's build fails with an exception that is no refusal of the
     input, where it builds the optimizer."""
 

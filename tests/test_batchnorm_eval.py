@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import scalars
 
 from ddp_exp.data import build_datasets, load_digits
-from ddp_exp.models import CNN
+from ddp_exp.train.models import CNN
 
 CHANNELS, HIDDEN = [8, 16], 32
 VAL_SIZE, TEST_SIZE = 297, 300

@@ -160,7 +160,7 @@ def test_resume_auto_keeps_refusing_a_folder_that_is_not_a_killed_attempt(compos
 
 def test_a_temp_file_alone_is_no_earlier_run(tmp_path):
     """A partial .last.pt.<tag>.tmp is not an earlier run's output (today: checkpoints/)."""
-    from ddp_exp.earlier_run import earlier_outputs
+    from ddp_exp.job.earlier_run import earlier_outputs
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / ".last.pt.abc.tmp").write_bytes(b"x")
@@ -171,8 +171,8 @@ def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted
     """The killed attempt's record (the lock file's copy of its .hydra/config.yaml) must be this
     run's config but for trainer.resume: another config keeps the refusal; the same one is
     cleared (event files, temp files, errors/, status.json) and starts afresh."""
-    from ddp_exp.earlier_run import make_way, refuse_earlier_run
-    from ddp_exp.jobdir import FolderHoldsRun, job_folder_lock
+    from ddp_exp.job.earlier_run import make_way, refuse_earlier_run
+    from ddp_exp.job.folder import FolderHoldsRun, job_folder_lock
 
     job = tmp_path / "run"
     _killed_attempt(job)

@@ -23,16 +23,11 @@ from conftest import TORCHRUN_2, copy_job, refused_before_ranks
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from ddp_exp.build import load_data
-from ddp_exp.config import (
-    MODE_GROUPS,
-    OWN_SOURCES,
-    ConfigError,
-    mode_left_unset,
-    register_configs,
-    validate,
-)
-from ddp_exp.models import build_model
+from ddp_exp.config.checks import validate
+from ddp_exp.config.compose import MODE_GROUPS, OWN_SOURCES, mode_left_unset, register_configs
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.launch.build import load_data
+from ddp_exp.train.models import build_model
 
 # What issue 2 promises; the package may offer more options, never fewer.
 PROMISED = {
@@ -141,7 +136,7 @@ def test_option_composes_and_validates(composed, small_csv, group, option):
 def test_defaults(compose):
     cfg = compose()
     assert cfg.data._target_ == "ddp_exp.data.load_digits"
-    assert cfg.model._target_ == "ddp_exp.models.MLP"
+    assert cfg.model._target_ == "ddp_exp.train.models.MLP"
     assert cfg.optim._target_ == "torch.optim.SGD"
     assert cfg.distributed.backend == "auto"
     assert list(cfg.model.hidden_sizes) == [128]
@@ -215,9 +210,8 @@ def test_model_option_builds_for_each_dataset(composed, small_csv, option):
 
 def _optimizer_args(optim_cfg) -> dict:
     """``cfg.optim`` without ddp_exp's own keys (``optim.lr_scaling``...), as the ranks build it."""
-    import ddp_exp.config
+    from ddp_exp.config.checks import OPTIM_OWN_KEYS as own
 
-    own = getattr(ddp_exp.config, "OPTIM_OWN_KEYS", ())
     return {k: v for k, v in OmegaConf.to_container(optim_cfg, resolve=True).items()
             if k not in own}
 
@@ -294,7 +288,7 @@ def test_scheduler_keys_a_scheduler_uses_are_accepted(compose, overrides):
 def test_scheduler_interval_accepts_exactly_the_schema_choices(compose, base):
     """``scheduler.interval`` is ``step`` or ``epoch`` (the schema's SCHEDULER_INTERVALS and its
     default), nothing else: no other spelling, no other unit."""
-    from ddp_exp.schema import SCHEDULER_INTERVALS, SchedulerConfig
+    from ddp_exp.config.schema import SCHEDULER_INTERVALS, SchedulerConfig
 
     assert SCHEDULER_INTERVALS == ("step", "epoch")
     assert SchedulerConfig.interval in SCHEDULER_INTERVALS
@@ -398,10 +392,10 @@ def test_bad_input_is_refused_before_ranks_naming_the_key(compose, tmp_path, ove
 
 def test_a_value_of_the_wrong_type_is_refused_at_composition_naming_the_key(compose):
     """``world_size=two`` never reaches validate: Hydra's composition refuses it, and the entry
-    point turns that into one line naming the key (``ddp_exp.__main__._one_line``)."""
+    point turns that into one line naming the key (``ddp_exp.cli.main._one_line``)."""
     from hydra.errors import HydraException
 
-    from ddp_exp.__main__ import _one_line as entry_line
+    from ddp_exp.cli.main import _one_line as entry_line
 
     with pytest.raises(HydraException) as info:
         compose("world_size=2", "trainer.epochs=1", "world_size=two")
@@ -443,7 +437,7 @@ def test_an_unknown_option_asked_for_by_a_config_names_that_config():
     who asked; with an install hint when a missing plugin would have it."""
     from hydra.errors import MissingConfigException
 
-    from ddp_exp.__main__ import _unknown_option_line
+    from ddp_exp.cli.main import _unknown_option_line
 
     exc = MissingConfigException("In 'launcher/slurm': Could not find "
                                  "'hydra/launcher/submitit_slurm'\n\nAvailable options ...",
@@ -471,7 +465,7 @@ def test_a_sweep_refused_before_its_first_job_puts_the_folder_back(tmp_path):
     """discard_refused_sweep: a new folder (and the folders made on the way) goes; a used one
     gets its earlier multirun.yaml back and keeps everything else; once a job of this sweep
     has made its folder, nothing is touched."""
-    from ddp_exp import sweep
+    from ddp_exp.job import sweep
 
     def start(sweep_dir: Path) -> None:  # what Hydra does: the callback, then the record
         config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
@@ -604,10 +598,10 @@ def test_cfg_job_prints_config_without_training(run_cli, tmp_path):
     run = run_cli("--cfg", "job", "model=cnn", "data=digits", "world_size=2", run_dir=False,
                   timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "ddp_exp.models.CNN" in run.stdout
+    assert "ddp_exp.train.models.CNN" in run.stdout
     assert "world_size: 2" in run.stdout
     composed = OmegaConf.create(run.stdout)
-    assert composed.model._target_ == "ddp_exp.models.CNN" and composed.world_size == 2
+    assert composed.model._target_ == "ddp_exp.train.models.CNN" and composed.world_size == 2
     assert list(tmp_path.rglob("tensorboard")) == []
     assert list(tmp_path.rglob("events.out.tfevents*")) == []
     assert list(tmp_path.rglob("metrics.json")) == []
@@ -629,7 +623,7 @@ def test_composing_a_run_does_not_list_the_help_groups(monkeypatch):
     groups scans the config repository (seconds), so it happens only under --help."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from ddp_exp import usage
+    from ddp_exp.cli import usage
 
     assert usage.help_requested(["world_size=2", "--help"])
     assert usage.help_requested(["-h"]) and not usage.help_requested(["world_size=2"])

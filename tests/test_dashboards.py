@@ -18,8 +18,10 @@ import torch
 import yaml
 from conftest import QUIET, tests_on_path
 
-from ddp_exp import confusion, dashboard, perf
-from ddp_exp.config import ConfigError, register_configs, validate
+from ddp_exp.config.checks import validate
+from ddp_exp.config.compose import register_configs
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.metrics import confusion, dashboard, perf
 
 # Short runs: no config printout, no progress line, no last.pt.
 SHORT = (QUIET, "trainer.progress=off", "trainer.save_last=false")
@@ -64,7 +66,7 @@ def _independent_matrix(job_dir: Path, val_size: int) -> list[list[int]]:
     from sklearn.metrics import confusion_matrix
 
     from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.models import MLP
+    from ddp_exp.train.models import MLP
 
     split = build_datasets(load_digits(), val_size, seed=0, world_size=1).val
     model = MLP((1, 8, 8), 10, hidden_sizes=[128])
@@ -120,7 +122,7 @@ def test_straggler_line_needs_more_than_20_percent():
 
 
 def test_step_timer_rows_sum_into_the_world_table_and_the_epoch():
-    from ddp_exp.distributed import World
+    from ddp_exp.distributed.process_group import World
 
     timers = [perf.StepTimer(World(r, r, 2, 2), torch.device("cpu")) for r in (0, 1)]
     for timer, compute in zip(timers, (0.8, 1.0), strict=True):
@@ -164,9 +166,9 @@ def test_confusion_matrix_of_the_validation_pass_equals_sklearn():
     model = torch.nn.Linear(5, 4)
     x, y = torch.randn(37, 5), torch.randint(0, 4, (37,))
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 37, 8)]
-    from ddp_exp.distributed import World
-    from ddp_exp.evaluation import evaluate
-    from ddp_exp.objective import Objective
+    from ddp_exp.distributed.process_group import World
+    from ddp_exp.train.evaluation import evaluate
+    from ddp_exp.train.objective import Objective
 
     world = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
     got = evaluate(model, batches, Objective(4), world, torch.device("cpu"),

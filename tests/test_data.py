@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data import (
     ArrayDataset,
     build_datasets,

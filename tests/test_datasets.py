@@ -19,7 +19,7 @@ import torch
 from conftest import QUIET, refused_before_ranks, tests_on_path
 from torch.utils.data import DistributedSampler
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.images import ImageFolder, decode, load_image_folder
 from ddp_exp.data.lazy import ItemReader, TorchSplit
 from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
@@ -315,7 +315,7 @@ def test_lazy_validation_exact_for_world_sizes_1_2_3(run_cli, tmp_path):
     equal to the values computed here in one process from the saved (initial) weights."""
     from lazy_data import computed_pair
 
-    from ddp_exp.models import MLP
+    from ddp_exp.train.models import MLP
 
     common = ("data=dataset", "data._target_=lazy_data.computed_pair", "optim.lr=0.0",
               "trainer.epochs=1", "data.batch_size=16", QUIET)

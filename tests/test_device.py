@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 
-from ddp_exp import distributed
-from ddp_exp.config import ConfigError, check_precision
+from ddp_exp.config.checks import check_precision
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.loaders import loader_options, placement
-from ddp_exp.distributed import resolve_placement
+from ddp_exp.distributed import process_group as distributed
+from ddp_exp.distributed.process_group import resolve_placement
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import QUIET
 from omegaconf import OmegaConf
 
-from ddp_exp.config import group_options, null_group_line
+from ddp_exp.config.compose import group_options, null_group_line
 
 HYDRA_NULL_GROUP = ValueError("Config group override must be a string or a list. Got NoneType")
 
@@ -74,12 +74,12 @@ def test_primary_config_without_ddp_exps_is_one_line(run_cli, tmp_path):
 
 
 def test_primary_config_check_only_for_a_named_primary_config():
-    from ddp_exp.config import PrimaryConfigCheck, primary_config_overrides
+    from ddp_exp.config.compose import PrimaryConfigCheck, primary_config_overrides
 
     assert primary_config_overrides(["world_size=2", "--config-dir", "conf"]) == []
     for argv in (["--config-name", "bare"], ["-cn", "bare"], ["--config-name=bare"]):
         [override] = primary_config_overrides(argv)
-        assert override.endswith("=ddp_exp.config.PrimaryConfigCheck")
+        assert override.endswith("=ddp_exp.config.compose.PrimaryConfigCheck")
     with pytest.raises(SystemExit) as info:
         PrimaryConfigCheck().on_run_start(config=OmegaConf.create({"world_size": 1}),
                                           config_name="bare")
@@ -105,7 +105,7 @@ def test_leftover_torchrun_variables_launch_its_own_world(run_cli):
 
 
 def test_under_torchrun_needs_the_agents_run_id(monkeypatch):
-    from ddp_exp.launch import ignore_leftover_torchrun_variables, under_torchrun
+    from ddp_exp.launch.elastic import ignore_leftover_torchrun_variables, under_torchrun
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
                        ("MASTER_PORT", "29500")):
@@ -126,7 +126,7 @@ def test_a_torchrun_ranks_wait_names_distributed_timeout_s(monkeypatch, compose)
     ``launcher.rdzv_timeout_s`` / ``launcher.rdzv_endpoint``, which bound nothing there."""
     from torch.distributed import DistStoreError
 
-    from ddp_exp.__main__ import _rendezvous_line
+    from ddp_exp.cli.main import _rendezvous_line
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500"),
@@ -181,7 +181,7 @@ def _no_space(*args, **kwargs):
 
 
 def test_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tmp_path):
-    from ddp_exp.files import DiskFull, atomic_write
+    from ddp_exp.io.files import DiskFull, atomic_write
 
     path = tmp_path / "last.pt"
     path.write_bytes(b"epoch 3")
@@ -203,7 +203,9 @@ def test_bookkeeping_writes_are_best_effort_on_a_full_disk(tmp_path, monkeypatch
     files raised again so torch's failure table never printed; a sweep's summary likewise."""
     from types import SimpleNamespace
 
-    from ddp_exp import files, jobdir, sweep
+    from ddp_exp.io import files
+    from ddp_exp.job import folder as jobdir
+    from ddp_exp.job import sweep
 
     monkeypatch.setattr(files, "_unwritten_reported", set(), raising=False)
     monkeypatch.setattr(files.tempfile, "mkstemp", _no_space)
@@ -273,8 +275,8 @@ def test_a_truncated_last_pt_points_to_the_intact_checkpoint_beside_it(tmp_path)
     ``best.pt`` as a hard link to the same truncated file is no way out either."""
     import torch
 
-    from ddp_exp import checkpoint
-    from ddp_exp.config import ConfigError
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.io import checkpoint
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -299,10 +301,10 @@ def test_a_truncated_last_pt_points_to_the_intact_checkpoint_beside_it(tmp_path)
 
 def test_an_image_deleted_mid_run_is_an_io_failure_not_a_config_error(tmp_path):
     """R20: an image deleted while the run reads the folder is a runtime I/O failure (exit 1,
-    one line naming the file); it was reported as ``ddp_exp.config.ConfigError``."""
+    one line naming the file); it was reported as ``ddp_exp.config.errors.ConfigError``."""
     from PIL import Image
 
-    from ddp_exp.config import ConfigError
+    from ddp_exp.config.errors import ConfigError
     from ddp_exp.data.images import decode
 
     gone = tmp_path / "cat" / "1.png"

@@ -73,7 +73,7 @@ def test_user_loss_and_metric_are_exact_across_world_sizes(run_cli, tmp_path):
 def test_cfg_job_prints_the_config_and_starts_nothing(run_cli):
     run = run_cli("--cfg", "job", "model=cnn", "data=digits", "world_size=2")
     assert run.returncode == 0, run.stderr
-    assert "ddp_exp.models.CNN" in run.stdout and "world_size: 2" in run.stdout
+    assert "ddp_exp.train.models.CNN" in run.stdout and "world_size: 2" in run.stdout
     assert not run.job_dir.exists()
 
 
@@ -94,8 +94,9 @@ def test_plain_functions_and_classes_work_as_loss_and_metric(run_cli, default_ru
     compared with the session's default 1-epoch run)."""
     common = ("trainer.epochs=1", "print_config=false")
     default = default_run_1_epoch.metrics
-    bare = run_cli(*common, "+loss._target_=ddp_exp.objective.cross_entropy",
-                   "+metrics.acc2._target_=ddp_exp.objective.accuracy", job="bare").ok().metrics
+    bare = run_cli(*common, "+loss._target_=ddp_exp.train.objective.cross_entropy",
+                   "+metrics.acc2._target_=ddp_exp.train.objective.accuracy",
+                   job="bare").ok().metrics
     assert bare["val/acc2"] == bare["val/accuracy"] == default["val/accuracy"]
     assert bare["val/loss"] == pytest.approx(default["val/loss"], rel=1e-6)
     cls = run_cli(*common, "+loss._target_=torch.nn.CrossEntropyLoss", "+loss.reduction=none",

@@ -1,7 +1,7 @@
 """Issue 26 items 2, 3 and 6: every failure a user's own code can cause is one line.
 
 * A model's output shape is checked against the targets and the dataset's classes before any
-  rank starts (``ddp_exp.objective.output_shape_error``): one line naming ``model`` and both
+  rank starts (``ddp_exp.train.objective.output_shape_error``): one line naming ``model`` and both
   shapes, exit 2, no folder.
 * A model returning a dict or a tuple, and any other exception while the launcher builds and
   probes, is one line, exit 2, and leaves no folder (a refusal) or a recorded one
@@ -51,7 +51,7 @@ def _shaped_model_args(config_dir: Path, **node) -> list[str]:
     ((4, 2), (4, 1), 0, False, True),       # a user's loss takes what it takes (mean, var)
 ])
 def test_output_shape_rule(output, target, num_classes, builtin, fits):
-    from ddp_exp.objective import output_shape_error
+    from ddp_exp.train.objective import output_shape_error
 
     problem = output_shape_error(output, target, num_classes, builtin_loss=builtin)
     assert (problem is None) == fits, problem
@@ -60,7 +60,7 @@ def test_output_shape_rule(output, target, num_classes, builtin, fits):
 
 
 def test_output_shape_message_names_both_shapes_and_the_right_one():
-    from ddp_exp.objective import output_shape_error
+    from ddp_exp.train.objective import output_shape_error
 
     assert output_shape_error((2, 5), (2,), 10) == (
         "the output has shape [batch, 5] but the targets have shape [batch]: the model must "
@@ -196,7 +196,7 @@ def test_a_failed_rank_is_named_by_the_first_line_unless_it_carries_a_traceback(
     """A multi-line message of the rank's own exception is named by its first line (its last
     was a stray tail: the last missing key of a state_dict); a DataLoader worker's, which
     carries the worker's traceback, by its last line, the original error."""
-    from ddp_exp.failures import failure_detail
+    from ddp_exp.rank.failures import failure_detail
 
     assert failure_detail("RuntimeError: Error(s) in loading state_dict for MLP:\n\t"
                           "Missing key(s): net.0.weight") == (

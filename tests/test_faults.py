@@ -117,7 +117,7 @@ def test_faulty_model_matches_mlp_and_fires_once(tmp_path, monkeypatch):
     """The injector itself: same initial weights and keys as MLP, fires at its step, once."""
     from faulty import FaultyMLP
 
-    from ddp_exp.models import MLP
+    from ddp_exp.train.models import MLP
 
     torch.manual_seed(0)
     plain = MLP((1, 8, 8), 10)
@@ -705,7 +705,7 @@ def test_a_changed_split_is_refused_before_the_ranks_unless_forced(compose, tmp_
     """U05 for each split key, by the steps the CLI runs before any rank (in-process): resuming
     with another seed or data.val_size is refused with one line naming the key, the used folder
     unchanged; with trainer.resume_allow_changes=true the same steps accept it and warn."""
-    from ddp_exp import launch
+    from ddp_exp.launch import elastic as launch
 
     job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1 of seed=0, val_size=297
     key, value = change.split("=")

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_exp import user_input
-from ddp_exp.config import ConfigError, locate, validate
+from ddp_exp.config.checks import validate
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.targets import locate
+from ddp_exp.launch import user_input
 
 TINY_NET = """\
 import math
@@ -148,8 +150,8 @@ def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, caplog):
     """Regression (V05): ``trainer.resume=auto`` without ``hydra.run.dir`` trained from
     scratch in a new timestamped folder without a word. One warning names the folder and how
     to resume a run; none when there is a last.pt to continue from or resume is not asked."""
-    from ddp_exp.checkpoint import LAST, checkpoint_dir
-    from ddp_exp.earlier_run import refuse_earlier_run
+    from ddp_exp.io.checkpoint import LAST, checkpoint_dir
+    from ddp_exp.job.earlier_run import refuse_earlier_run
 
     job = tmp_path / "outputs" / "runs" / "new"
     job.mkdir(parents=True)
@@ -172,7 +174,7 @@ def test_the_lock_file_lives_under_dot_hydra_and_still_locks(tmp_path):
     use. It lives in ``.hydra/`` (beside the record it keeps), still refuses a second run
     there, and a refused single run's folder that holds only what its start made is still
     removed."""
-    from ddp_exp.jobdir import (
+    from ddp_exp.job.folder import (
         LOCK_FILE,
         JobFolderBusy,
         job_folder_lock,
@@ -304,7 +306,7 @@ def test_a_new_model_key_without_plus_on_a_packaged_option_says_add_the_plus(com
     without the +) listed model=mlp's valid keys only, as if width could not be given."""
     import hydra
 
-    from ddp_exp.__main__ import _one_line
+    from ddp_exp.cli.main import _one_line
 
     for override, key in (("model.width=8", "model.width"), ("optim.amsgrad=true",
                                                              "optim.amsgrad")):
@@ -320,7 +322,7 @@ def test_deleting_a_packaged_options_key_says_there_is_no_need(compose):
     "MLPConfig (DictConfig) does not support deletion" and no way on."""
     import hydra
 
-    from ddp_exp.__main__ import _one_line
+    from ddp_exp.cli.main import _one_line
 
     with pytest.raises(hydra.errors.ConfigCompositionException) as info:
         compose("~model.hidden_sizes", "model._target_=mymodel.TinyNet")
@@ -378,7 +380,7 @@ def test_the_multirun_flag_may_follow_the_overrides():
     """Fresh-user finding: ``python -m ddp_exp data.batch_size=16,32 -m`` was an 8-line
     argparse usage ending in "unrecognized arguments"; Hydra's parser takes the flag only
     before the overrides, so the entry point moves it there."""
-    from ddp_exp.launch import multirun_flag_first
+    from ddp_exp.launch.elastic import multirun_flag_first
 
     assert multirun_flag_first(["ddp_exp", "data.batch_size=16,32", "-m", "world_size=1"]) == [
         "ddp_exp", "-m", "data.batch_size=16,32", "world_size=1"]

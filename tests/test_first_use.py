@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 
 UNIMPORTABLE = "nosuchmodule.make"
 
@@ -28,7 +28,7 @@ def test_an_unimportable_target_is_one_error_and_no_log_record(caplog, where):
     stdout before the one-line error: the lookups that inspect a target before instantiating
     it went through ``hydra.utils.get_object``, which logs."""
     from ddp_exp.data import load
-    from ddp_exp.objective import Objective
+    from ddp_exp.train.objective import Objective
 
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ConfigError) as info:
@@ -52,17 +52,17 @@ def test_find_target_finds_what_instantiate_finds(tmp_path, monkeypatch, caplog)
 
     from hydra.utils import get_object
 
-    from ddp_exp.config import find_target
-    from ddp_exp.objective import cross_entropy
+    from ddp_exp.config.targets import find_target
+    from ddp_exp.train.objective import cross_entropy
 
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    found = {"ddp_exp.objective.cross_entropy": cross_entropy, "builtins.len": len,
+    found = {"ddp_exp.train.objective.cross_entropy": cross_entropy, "builtins.len": len,
              "collections.OrderedDict.fromkeys": collections.OrderedDict.fromkeys,
              "torch.nn.functional.cross_entropy": torch.nn.functional.cross_entropy}
     for path, obj in found.items():
         assert find_target(path) == obj == get_object(path), path
-    for path in (UNIMPORTABLE, "ddp_exp.objective.no_such_name", "raises_on_import.f",
+    for path in (UNIMPORTABLE, "ddp_exp.train.objective.no_such_name", "raises_on_import.f",
                  "torch.nn.NoSuchLayer"):
         assert find_target(path) is None, path
     assert caplog.records == []
@@ -87,7 +87,7 @@ def test_a_plus_on_a_group_with_a_default_says_drop_the_plus(compose, override):
     a defaults-list edit, with no word of the command-line fix."""
     from hydra.errors import HydraException
 
-    from ddp_exp.__main__ import _plus_on_a_default
+    from ddp_exp.cli.main import _plus_on_a_default
 
     with pytest.raises(HydraException) as info:
         compose("world_size=1", override)
@@ -104,7 +104,7 @@ def test_the_drop_the_plus_hint_only_for_the_users_plus(compose):
     """Other composition errors, and a group added twice by the user, keep Hydra's message."""
     from hydra.errors import HydraException
 
-    from ddp_exp.__main__ import _plus_on_a_default
+    from ddp_exp.cli.main import _plus_on_a_default
 
     with pytest.raises(HydraException) as info:
         compose("world_size=1", "data=digitz")
@@ -128,9 +128,10 @@ def test_a_plus_on_a_group_with_a_default_is_one_line_on_the_cli(run_cli):
 def test_the_launcher_reads_a_datasets_item_0_once(compose, tmp_path):
     """Regression: before the ranks start, the launching process read item 0 of a user's
     Dataset twice: once to learn the shapes and the task (``ddp_exp.data.lazy.describe``), once
-    more in the objective's probe of the first training samples (``ddp_exp.build``). A Dataset
+    more in the objective's probe of the first training samples (``ddp_exp.launch.build``). A
+    Dataset
     that decodes a file or draws at random paid for it twice."""
-    from ddp_exp import launch
+    from ddp_exp.launch import elastic as launch
 
     cfg = compose("world_size=1", "trainer.epochs=1", "data=dataset",
                   "data._target_=lazy_data.counted_splits")
@@ -159,9 +160,9 @@ def test_a_non_finite_loss_is_raised_by_the_rank_that_had_it(monkeypatch, rank, 
     is played by a stub."""
     import torch.distributed as dist
 
-    from ddp_exp.distributed import PeerFailed, World
-    from ddp_exp.train_loss import LossWindow, NonFiniteLossError
-    from ddp_exp.worker import is_peer_failure
+    from ddp_exp.distributed.process_group import PeerFailed, World
+    from ddp_exp.metrics.train_loss import LossWindow, NonFiniteLossError
+    from ddp_exp.rank.worker import is_peer_failure
 
     def all_reduce(tensor, op=None):
         assert op == dist.ReduceOp.MIN
@@ -212,7 +213,7 @@ def test_a_model_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, 
     """Regression: ``model._target_`` (or ``scheduler._target_``) in a module that raises while
     it is imported ended the CLI with that traceback, exit 1; one whose own import is missing
     was reported as "no such module or attribute"."""
-    from ddp_exp.config import locate
+    from ddp_exp.config.targets import locate
 
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
@@ -229,7 +230,7 @@ def test_any_target_whose_module_fails_to_import_names_the_module_and_why(tmp_pa
     """Regression: ``data._target_`` (or any node built by ``instantiate_node``) in a module
     that raises while it is imported gave Hydra's text, "... Are you sure that module
     'raising_data' is installed?", a wrong guess; now the same line as ``model._target_``."""
-    from ddp_exp.config import instantiate_node
+    from ddp_exp.config.targets import instantiate_node
 
     (tmp_path / "raising_data.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -104,7 +104,7 @@ def test_a_signal_while_the_ranks_are_forked_stops_the_run(tmp_path, sig, group,
     raised inside Python's after-fork hooks, which dropped it (the run trained to the end and
     exited 0), a rank raised it as a failure (exit 1), or a rank hung in a lock inherited
     across the fork (found by a fresh user, 14 of 15 tries wrong;
-    ddp_exp.agent.start_ranks_safely)."""
+    ddp_exp.compat.elastic_agent.start_ranks_safely)."""
     tag, job, marker = uuid.uuid4().hex, tmp_path / "run", tmp_path / "forked-2-of-4"
     proc = start_at_phase([sys.executable, "-m", "ddp_exp", "world_size=4", "trainer.epochs=3",
                            "launcher.start_method=fork", QUIET, f"hydra.run.dir={job}"],
@@ -173,7 +173,7 @@ def test_only_a_folder_hydra_made_for_a_job_that_never_ran_gets_the_record(tmp_p
     """What Hydra makes before a job's task (the job log, .hydra/) gets status.json saying
     interrupted; a folder with anything else (a status, a lock, another run's outputs) is left
     as it is: it may be another run's, or one still going."""
-    from ddp_exp.jobdir import record_unstarted_interrupt
+    from ddp_exp.job.folder import record_unstarted_interrupt
 
     def made_by_hydra(name: str) -> str:
         job = tmp_path / name

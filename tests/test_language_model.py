@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import QUIET, refused_before_ranks, rel_close
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data import tokens as tk
 from ddp_exp.data.loaders import RankData
-from ddp_exp.gpt import GPT
+from ddp_exp.train.gpt import GPT
 
 # A small, fast preset run: 1 layer, 60 steps, capped validation.
 SMALL = ("experiment=gpt_tokens", "model.n_layer=1", "trainer.epochs=1", "trainer.max_steps=60",
@@ -217,7 +217,7 @@ def _samples(job_dir) -> list[str]:
 def test_sampling_never_moves_the_global_rng():
     """A sample draws from its own generator: torch's global RNG is where it was, and the same
     epoch gives the same text."""
-    from ddp_exp.lm import LanguageModelReport
+    from ddp_exp.metrics.lm import LanguageModelReport
 
     stream = tk.load_tokens(block_size=32)
     d = tk.split_stream(stream, 10, 0, 0)

@@ -1,4 +1,4 @@
-"""The one-node rendezvous (ddp_exp.rendezvous) and the end of the process (exit_now)."""
+"""The one-node rendezvous (ddp_exp.launch.rendezvous) and the end of the process (exit_now)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from ddp_exp import rendezvous
+from ddp_exp.launch import rendezvous
 
 
 def _handler() -> rendezvous.LocalRendezvous:
@@ -60,7 +60,7 @@ def test_one_node_on_a_free_port_uses_the_local_rendezvous(monkeypatch, nnodes, 
                                                             backend, chosen):
     from omegaconf import OmegaConf
 
-    import ddp_exp.launch as launch
+    import ddp_exp.launch.elastic as launch
 
     seen = {}
 
@@ -91,7 +91,7 @@ def test_exit_now_flushes_what_a_normal_exit_flushes(tmp_path):
     log_file = tmp_path / "job.log"
     run = _run(f"""
         import atexit, logging
-        from ddp_exp.__main__ import exit_now
+        from ddp_exp.cli.main import exit_now
         logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)
         logging.getLogger("x").info("last line")
         atexit.register(lambda: print("atexit ran", flush=True))
@@ -103,16 +103,16 @@ def test_exit_now_flushes_what_a_normal_exit_flushes(tmp_path):
     assert run.stdout == "bufferedatexit ran\n"
     assert log_file.read_text().strip().endswith("last line")
 
-    message = _run("from ddp_exp.__main__ import exit_now; exit_now('error: bad')")
+    message = _run("from ddp_exp.cli.main import exit_now; exit_now('error: bad')")
     assert message.returncode == 1 and message.stderr == "error: bad\n"
-    assert _run("from ddp_exp.__main__ import exit_now; exit_now(None)").returncode == 0
+    assert _run("from ddp_exp.cli.main import exit_now; exit_now(None)").returncode == 0
 
 
 def test_exit_now_leaves_a_process_with_work_left_to_python():
     """A live non-daemon thread (a sweep launcher's pool) is Python's to wait for."""
     run = _run("""
         import threading, time
-        from ddp_exp.__main__ import exit_now
+        from ddp_exp.cli.main import exit_now
         t = threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True)))
         t.start()
         exit_now(0)
@@ -127,8 +127,8 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     summary of the jobs that finished is written there too (fresh-user finding, session 5)."""
     import json
 
-    import ddp_exp.__main__ as entry
-    from ddp_exp import sweep
+    import ddp_exp.cli.main as entry
+    from ddp_exp.job import sweep
 
     done = tmp_path / "0"
     (done / ".hydra").mkdir(parents=True)
@@ -152,7 +152,7 @@ def test_a_sweep_job_lost_by_submitit_is_one_line():
     """launcher=slurm_local, Ctrl-C reaching the jobs but not the sweep's process: submitit's
     UncompletedJobError was a 55-line traceback (fresh-user finding); now one line, exit 1."""
     submitit_utils = pytest.importorskip("submitit.core.utils")
-    import ddp_exp.__main__ as entry
+    import ddp_exp.cli.main as entry
 
     exc = submitit_utils.UncompletedJobError(
         "Job 123_0 (task: 0) with path /x/123_0_result.pkl\nhas not produced any output "
@@ -171,8 +171,8 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
 
     from hydra import compose, initialize_config_module
 
-    import ddp_exp.__main__ as entry
-    from ddp_exp import sweep
+    import ddp_exp.cli.main as entry
+    from ddp_exp.job import sweep
 
     done = tmp_path / "0"
     (done / ".hydra").mkdir(parents=True)
@@ -194,7 +194,7 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
 @pytest.mark.parametrize("arg", ["hydra.run.dir=", "hydra.run.dir=''", 'hydra.sweep.dir=""',
                                  "+hydra.run.dir= "])
 def test_an_empty_output_folder_is_refused_before_hydra_makes_anything(arg):
-    import ddp_exp.__main__ as entry
+    import ddp_exp.cli.main as entry
 
     line = entry._empty_output_folder(["trainer.epochs=1", arg])
     assert line is not None and "is empty" in line and "hydra." in line
@@ -204,7 +204,7 @@ def test_an_empty_output_folder_is_refused_before_hydra_makes_anything(arg):
 def test_a_failed_rank_is_named_by_the_last_line_of_its_error():
     """A DataLoader worker's error starts "Caught ValueError in DataLoader worker process 0."
     and ends with the error itself: both launchers name the rank by that last line."""
-    from ddp_exp.worker import failure_detail
+    from ddp_exp.rank.worker import failure_detail
 
     wrapped = ("ValueError: Caught ValueError in DataLoader worker process 0.\n"
                "Original Traceback (most recent call last):\n  File ...\n"
@@ -220,7 +220,7 @@ def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
     import sys
     import types
 
-    import ddp_exp.__main__ as entry
+    import ddp_exp.cli.main as entry
 
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -242,7 +242,8 @@ AGENT_WAKES = textwrap.dedent("""
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    from ddp_exp import agent, rendezvous
+    from ddp_exp.compat import elastic_agent as agent
+    from ddp_exp.launch import rendezvous
 
     def finish(fail_rank):
         import os
@@ -272,7 +273,8 @@ AGENT_WAKES = textwrap.dedent("""
 
 
 def test_the_agent_wakes_when_its_ranks_finish_or_fail_not_at_its_interval():
-    """``ddp_exp.agent``: with a 600 s interval between checks, a world whose ranks return, and
+    """``ddp_exp.compat.elastic_agent``: with a 600 s interval between checks, a world whose ranks
+    return, and
     one whose rank fails, still end at once (the agent waits on the ranks' pipes and process
     sentinels, not on a timer); the agent's own method is put back afterwards."""
     proc = subprocess.run([sys.executable, "-c", AGENT_WAKES], capture_output=True, text=True,
@@ -321,7 +323,7 @@ def test_forked_ranks_pass_the_gate_only_once_every_rank_is_forked(monkeypatch,
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
-    from ddp_exp import agent
+    from ddp_exp.compat import elastic_agent as agent
 
     class Stop(Exception):
         pass

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_exp import distributed
-from ddp_exp.files import atomic_write
-from ddp_exp.metrics import Accumulator, finite_or_none, flatten_hparams, write_json_atomic
+from ddp_exp.distributed import process_group as distributed
+from ddp_exp.io.files import atomic_write
+from ddp_exp.metrics.writer import Accumulator, finite_or_none, flatten_hparams, write_json_atomic
 
 
 # ---------------------------------------------------------------------------- Accumulator
@@ -211,7 +211,7 @@ def test_flush_puts_every_queued_scalar_in_the_event_file_at_once(tmp_path):
     TensorBoard's writer thread has nothing left to do during the next epoch's loop."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from ddp_exp.metrics import MetricsWriter
+    from ddp_exp.metrics.writer import MetricsWriter
 
     writer = MetricsWriter(str(tmp_path), {"lr": 0.1}, enabled=True)
     for step in (10, 20, 30):

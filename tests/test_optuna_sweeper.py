@@ -32,7 +32,7 @@ SWEEP = ["-m", "hydra/sweeper=ddp_optuna", "hydra.sweeper.n_trials=8",
 
 def study_trials(sweep_dir: Path) -> list:
     """The study's trials, read from the sweep folder's journal file."""
-    from ddp_exp.pruning import storage_of
+    from ddp_exp.job.pruning import storage_of
 
     storage = storage_of(str(sweep_dir / "optuna_journal.log"))
     (summary,) = optuna.get_all_study_summaries(storage)
@@ -265,7 +265,7 @@ def test_direction_defaults_from_the_monitor():
 
 
 def test_pruners_and_samplers_by_name():
-    from ddp_exp.pruning import build_pruner
+    from ddp_exp.job.pruning import build_pruner
     from hydra_plugins.ddp_optuna_sweeper.sweeper import SweepRefused, build_sampler
 
     assert isinstance(build_pruner({"name": "none"}), optuna.pruners.NopPruner)
@@ -287,7 +287,7 @@ def test_pruners_and_samplers_by_name():
 def test_monitor_stops_every_rank_on_the_pruners_word():
     """The prune decision (a stand-in for the broadcast TrialLink) stops like early stopping
     and lands in metrics.json's pruned_at_epoch; a run outside a sweep has no such key."""
-    from ddp_exp.monitor import Monitor
+    from ddp_exp.train.monitor import Monitor
 
     class Link:
         def should_prune(self, value, epoch):
@@ -305,7 +305,7 @@ def test_monitor_stops_every_rank_on_the_pruners_word():
 
 
 def test_old_optuna_sweeper_names_its_replacement():
-    from ddp_exp.__main__ import missing_plugin_hint
+    from ddp_exp.cli.main import missing_plugin_hint
 
     line = missing_plugin_hint("hydra/sweeper=optuna: no such option in config group "
                                "hydra/sweeper; valid options: basic, ddp_optuna")
@@ -320,7 +320,7 @@ def test_old_optuna_sweeper_names_its_replacement():
 def test_presets_use_the_ddp_optuna_sweeper(preset, direction, pruner):
     import hydra
 
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):

@@ -69,7 +69,7 @@ def assert_state_close(got: dict, ref: dict, rel: float) -> None:
 def test_cpu_sync_batchnorm_equals_batchnorm_in_one_process():
     """Forward, input/parameter gradients and running statistics of the CPU path equal
     torch's BatchNorm (one process: the world's batch is the batch)."""
-    from ddp_exp.sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
+    from ddp_exp.distributed.sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
 
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4),
@@ -102,7 +102,7 @@ def test_optimizer_step_unscales_before_clipping_and_measuring(clip):
     """16-mixed's path (a GradScaler; its CPU variant here, since 16-mixed needs CUDA): the
     norm is measured and clipped on unscaled gradients, so the step and the reported
     ``train/grad_norm`` equal those of the unscaled run (the scale is a power of 2: exact)."""
-    from ddp_exp.optimizer import OptimizerStep, grad_scaler
+    from ddp_exp.train.optimizer import OptimizerStep, grad_scaler
 
     assert grad_scaler("32-true", torch.device("cpu")) is None
     runs = []
@@ -328,7 +328,7 @@ def test_bad_recipe_input_is_one_line_before_any_rank(run_cli):
 
 
 def test_monitor_default_mode_and_test_weights_follow_the_metric():
-    from ddp_exp import monitor
+    from ddp_exp.train import monitor
 
     def cfg(**trainer):
         base = {"monitor": "val/loss", "monitor_mode": None, "early_stopping_patience": None,
@@ -349,7 +349,8 @@ def test_conf_experiment_recipe_composes(tmp_path):
     """The preset that uses every recipe key composes and validates."""
     from hydra import compose, initialize_config_module
 
-    from ddp_exp.config import register_configs, validate
+    from ddp_exp.config.checks import validate
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with initialize_config_module("ddp_exp.conf", version_base="1.3"):
@@ -367,7 +368,7 @@ def test_sweep_summary_has_the_recipe_columns(tmp_path):
     import csv
     import json
 
-    from ddp_exp.sweep import collect, write_summary
+    from ddp_exp.job.sweep import collect, write_summary
 
     jobs = {"0": {"val/loss": 0.5, "best/val/loss": 0.4, "best/epoch": 3, "stopped_early": True,
                   "test/loss": 0.45, "test/accuracy": 0.9, "test/num_samples": 10},

@@ -49,11 +49,11 @@ def _params() -> torch.nn.ParameterList:
 
 
 def _loop(cfg: dict) -> SimpleNamespace:
-    """What the rank's loop (ddp_exp.train.Trainer) holds of the optimizer and the schedule,
-    built as it builds them from ``cfg``, for :func:`ddp_exp.train_state.load_state_dict`."""
-    from ddp_exp import schedule
-    from ddp_exp.monitor import Monitor
-    from ddp_exp.optimizer import build_optimizer
+    """What the rank's loop (ddp_exp.train.loop.Trainer) holds of the optimizer and the schedule,
+    built as it builds them from ``cfg``, for :func:`ddp_exp.train.state.load_state_dict`."""
+    from ddp_exp.train import schedule
+    from ddp_exp.train.monitor import Monitor
+    from ddp_exp.train.optimizer import build_optimizer
 
     per_epoch = PER_EPOCH[cfg["world_size"]]
     model = _params()
@@ -73,7 +73,7 @@ def _loop(cfg: dict) -> SimpleNamespace:
 def _run_epochs(loop: SimpleNamespace, epochs: int, metric: float) -> list[float]:
     """Train ``epochs`` epochs of ``loop``'s steps (no gradients: the rate is what is looked
     at); returns the lr of every optimizer step (of every epoch for a per-epoch scheduler)."""
-    from ddp_exp import schedule
+    from ddp_exp.train import schedule
 
     lrs = []
     for _ in range(epochs):
@@ -108,8 +108,8 @@ def _checkpoint(cfg: dict, epochs_done: int, metric: float = 1.0) -> dict:
 
 def _resumed_lrs(cfg: dict, state: dict, metric: float = 1.0) -> list[float]:
     """The lr of every optimizer step (per epoch: of every epoch) of the run ``cfg`` resumed
-    from ``state`` as a rank resumes (:func:`ddp_exp.train_state.load_state_dict`)."""
-    from ddp_exp import train_state
+    from ``state`` as a rank resumes (:func:`ddp_exp.train.state.load_state_dict`)."""
+    from ddp_exp.train import state as train_state
 
     loop = _loop(cfg)
     train_state.load_state_dict(loop, state, "last.pt")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 
 
 def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
@@ -186,7 +186,7 @@ SLURM_TWO_NODES = dict(SLURM_JOB_ID=123456, SLURM_NTASKS=2, SLURM_JOB_NUM_NODES=
 @pytest.mark.parametrize(("task", "node"), [(0, 0), (1, 1)])
 def test_slurm_task_reads_its_node_and_the_first_host(monkeypatch, task, node):
     pytest.importorskip("submitit")
-    from ddp_exp.cluster import submitit_layout
+    from ddp_exp.launch.cluster import submitit_layout
 
     _fake_slurm_env(monkeypatch, **SLURM_TWO_NODES, SLURM_PROCID=task, SLURM_NODEID=node)
     layout = submitit_layout()
@@ -198,7 +198,7 @@ def test_slurm_task_reads_its_node_and_the_first_host(monkeypatch, task, node):
 def test_slurm_array_task_gets_its_own_rendezvous(monkeypatch):
     """Sweep jobs are array tasks: each has its own SLURM_JOB_ID, hence port and run id."""
     pytest.importorskip("submitit")
-    from ddp_exp.cluster import submitit_layout
+    from ddp_exp.launch.cluster import submitit_layout
 
     ports = set()
     for job_id, array_task in ((2001, 0), (2002, 1)):
@@ -213,7 +213,7 @@ def test_slurm_array_task_gets_its_own_rendezvous(monkeypatch):
 
 def test_slurm_tasks_must_be_one_per_node(monkeypatch):
     pytest.importorskip("submitit")
-    from ddp_exp.cluster import submitit_layout
+    from ddp_exp.launch.cluster import submitit_layout
 
     _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_NTASKS": 4}, SLURM_PROCID=0,
                     SLURM_NODEID=0)
@@ -222,7 +222,7 @@ def test_slurm_tasks_must_be_one_per_node(monkeypatch):
 
 
 def test_rendezvous_port_stays_in_its_range():
-    from ddp_exp.cluster import rendezvous_port
+    from ddp_exp.launch.cluster import rendezvous_port
 
     assert rendezvous_port("0") == 10000 and rendezvous_port("19999") == 29999
     assert rendezvous_port("20000") == 10000
@@ -240,7 +240,7 @@ def test_slurm_preset_maps_world_size_onto_nodes_and_gpus(monkeypatch, tmp_path)
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
 
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with initialize_config_module("ddp_exp.conf", version_base="1.3"):
@@ -277,7 +277,7 @@ def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
     the entry adds the line that installs it."""
     import importlib.util
 
-    from ddp_exp.__main__ import missing_plugin_hint
+    from ddp_exp.cli.main import missing_plugin_hint
 
     error = "In 'launcher/slurm': Could not find 'hydra/launcher/submitit_slurm'"
     real = importlib.util.find_spec
@@ -306,8 +306,9 @@ def test_cluster_presets_validate_as_composed_and_as_filled_in(monkeypatch, pres
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_module
 
-    from ddp_exp.cluster import apply_layout
-    from ddp_exp.config import register_configs, validate
+    from ddp_exp.config.checks import validate
+    from ddp_exp.config.compose import register_configs
+    from ddp_exp.launch.cluster import apply_layout
 
     register_configs()
     with initialize_config_module("ddp_exp.conf", version_base="1.3"):
@@ -330,8 +331,8 @@ def test_non_owner_task_leaves_the_shared_folder_alone(monkeypatch, tmp_path):
     import torch.distributed.launcher.api as launcher_api
     from omegaconf import OmegaConf
 
-    from ddp_exp import launch
-    from ddp_exp.schema import LauncherConfig
+    from ddp_exp.config.schema import LauncherConfig
+    from ddp_exp.launch import elastic as launch
 
     cfg = OmegaConf.create({"launcher": OmegaConf.structured(LauncherConfig)})
     inputs = type("Inputs", (), {"backend": "gloo", "job_dir": str(tmp_path)})()
@@ -372,8 +373,8 @@ def test_slurm_job_with_fewer_gpus_than_ranks_fails_clearly(monkeypatch):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_module
 
-    from ddp_exp.cluster import apply_layout
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
+    from ddp_exp.launch.cluster import apply_layout
 
     register_configs()
     with initialize_config_module("ddp_exp.conf", version_base="1.3"):
@@ -388,7 +389,7 @@ def _free_slurm_job_id() -> int:
     """A job id whose derived rendezvous port (10000 + id mod 20000) is free here now."""
     import random
 
-    from ddp_exp.cluster import rendezvous_port
+    from ddp_exp.launch.cluster import rendezvous_port
 
     while True:
         job_id = random.randrange(100_000, 10_000_000)
@@ -448,7 +449,7 @@ def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
 def test_plain_srun_layouts_from_the_slurm_environment(monkeypatch, tmp_path):
     """launcher.cluster=slurm without submitit: one task per node is node SLURM_PROCID's agent
     at the first host; several tasks per node are ranks with torchrun's variables."""
-    from ddp_exp.cluster import slurm_hostnames, slurm_layout
+    from ddp_exp.launch.cluster import slurm_hostnames, slurm_layout
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the compressed list is parsed
     # submitit's parser (the test extras install it)

@@ -184,8 +184,8 @@ def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
 
 # ------------------------------------------------------ in this process: the data path
 def test_batches_keep_integer_ids_and_pad_with_ignore_index():
-    from ddp_exp.batches import Call
     from ddp_exp.data import lazy
+    from ddp_exp.data.batches import Call
 
     split = lazy.TorchSplit(Tokens(3, 0), torch.arange(3).numpy(), lazy.ItemReader(), (5,),
                             VOCAB, elementwise=True, padding=lazy.Padding(7, -100, False))
@@ -199,7 +199,7 @@ def test_batches_keep_integer_ids_and_pad_with_ignore_index():
 
 
 def test_tuple_output_is_its_first_element():
-    from ddp_exp.objective import Objective
+    from ddp_exp.train.objective import Objective
 
     objective = Objective(VOCAB)
     tokens = torch.randint(0, VOCAB, (2, 5))
@@ -292,7 +292,7 @@ def test_class_dim_1_and_a_per_element_user_loss_give_the_token_sum():
     """``trainer.class_dim=1`` reads logits ``[B, C, T]`` as ``last`` reads ``[B, T, C]``; a
     user's loss returning per-token values (the target's shape) is summed over counted
     tokens only; the count excludes ``ignore_index``."""
-    from ddp_exp.objective import Objective
+    from ddp_exp.train.objective import Objective
 
     logits = torch.randn(2, 5, VOCAB, dtype=torch.float64)
     target = torch.randint(0, VOCAB, (2, 5))
@@ -344,7 +344,7 @@ def test_per_token_labels_in_a_file_point_to_data_dataset(tmp_path):
     """A .pt of token ids with a label per token and data.task=classification is refused in one
     line that says where such labels train (the in-memory file path takes one label per
     sample); it used to stop at 'one label 0..C-1 per sample'."""
-    from ddp_exp.config import ConfigError
+    from ddp_exp.config.errors import ConfigError
     from ddp_exp.data import load_file
 
     path = tmp_path / "tokens.pt"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import free_port
 
-from ddp_exp.config import register_configs
+from ddp_exp.config.compose import register_configs
 
 
 def _state(job_dir):
@@ -53,11 +53,11 @@ def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.distributed import World, destroy_process_group, init_process_group
-    from ddp_exp.metrics import MetricsWriter
-    from ddp_exp.models import MLP
-    from ddp_exp.objective import Objective
-    from ddp_exp.train import Trainer
+    from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),

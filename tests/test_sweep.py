@@ -3,7 +3,8 @@ the joblib launcher, HParams in each run's own event stream, the sweep summary, 
 experiment/debug presets and the Optuna search.
 
 Every expected value comes from somewhere other than the output under test: a job's own
-``metrics.json`` and ``.hydra/`` files (read here, not through ``ddp_exp.sweep``), the TensorBoard
+``metrics.json`` and ``.hydra/`` files (read here, not through ``ddp_exp.job.sweep``), the
+TensorBoard
 event file read with tensorboard's ``EventAccumulator``, or a learning rate computed here.
 """
 
@@ -352,7 +353,7 @@ def test_objective_is_the_worst_value_for_optimising_sweepers_only():
     worst value; the basic sweeper (no direction) keeps NaN; a finite val/loss passes as is."""
     from omegaconf import OmegaConf
 
-    from ddp_exp.sweep import objective
+    from ddp_exp.job.sweep import objective
 
     for direction, worst in (("minimize", math.inf), (["maximize"], -math.inf)):
         sweeper = OmegaConf.create({"direction": direction})
@@ -371,7 +372,7 @@ def compose_hydra():
     """``compose_hydra(*overrides)`` -> the composed config including its ``hydra`` node."""
     import hydra
 
-    from ddp_exp.config import register_configs
+    from ddp_exp.config.compose import register_configs
 
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):

@@ -18,7 +18,7 @@ import yaml
 from conftest import QUIET, hparams_table, scalars
 
 from ddp_exp.data import build_datasets, load_digits
-from ddp_exp.models import MLP
+from ddp_exp.train.models import MLP
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VAL, BATCH, EPOCHS, EVERY = 297, 50, 2, 4  # 750 samples per rank: 15 steps of 2 x 50 an epoch

@@ -1,4 +1,5 @@
-"""The training loss windows (ddp_exp.train_loss): the host and device sums agree and are exact,
+"""The training loss windows (ddp_exp.metrics.train_loss): the host and device sums agree and are
+exact,
 the perf row rides along, and a non-finite loss names its first step (issue 13's host path)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import math
 import pytest
 import torch
 
-from ddp_exp.distributed import World
-from ddp_exp.train_loss import LossWindow, NonFiniteLossError
+from ddp_exp.distributed.process_group import World
+from ddp_exp.metrics.train_loss import LossWindow, NonFiniteLossError
 
 WORLD = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
 

@@ -34,8 +34,8 @@ def _split(val_size: int, seed: int, world_size: int):
 
 
 def _initial_model(seed: int, datasets) -> torch.nn.Module:
-    """The seeded initial MLP, built as ``ddp_exp.build.prepare`` does (seed, then build)."""
-    from ddp_exp.models import MLP
+    """The seeded initial MLP, built as ``ddp_exp.launch.build.prepare`` does (seed, then build)."""
+    from ddp_exp.train.models import MLP
 
     mlp = yaml.safe_load((CONF / "model" / "mlp.yaml").read_text())  # the default model
     torch.manual_seed(seed)

@@ -4,12 +4,14 @@ unless ``DDP_EXP_TEST_PHASE`` names a phase. At that phase the process touches
 ``$DDP_EXP_TEST_MARKER`` and waits there (up to 60 s), so that a test's signal lands inside the
 phase, not at a moment a sleep guessed:
 
-- ``import``: the entry point imports torch (after ``ddp_exp.__main__`` set its import-time
+- ``import``: the entry point imports torch (after ``ddp_exp.cli.main`` set its import-time
   SIGINT handler, before Hydra runs): the first look-up of ``torch`` by the import system waits;
 - ``fork``: the launcher has forked the second of its ranks (``launcher.start_method=fork``:
   an ``os.register_at_fork`` hook in the launching process, while
-  ``ddp_exp.agent.start_ranks_safely`` holds signals back). It waits until the agent has noted a
-  signal (``ddp_exp.agent._held``), then touches ``$DDP_EXP_TEST_MARKER.held``: the proof that
+  ``ddp_exp.compat.elastic_agent.start_ranks_safely`` holds signals back). It waits until the agent
+  has noted a
+  signal (``ddp_exp.compat.elastic_agent._held``), then touches ``$DDP_EXP_TEST_MARKER.held``: the
+  proof that
   the signal came inside the fork window.
 """
 
@@ -46,7 +48,7 @@ def _wait_after_the_second_rank_fork(marker: str) -> None:
     forks = [0]
 
     def after_fork_in_parent() -> None:
-        agent = sys.modules.get("ddp_exp.agent")
+        agent = sys.modules.get("ddp_exp.compat.elastic_agent")
         if agent is None or agent.FORK_GATE_ENV not in os.environ:  # not a rank's fork
             return
         forks[0] += 1

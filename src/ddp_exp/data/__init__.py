@@ -3,7 +3,7 @@ rank receives (:func:`load` and its dispatch), and the names users and the built
 ``data._target_``s import from ``ddp_exp.data``.
 
 Runs in the launching process, once (no torch compute beyond reading one item; see
-:mod:`ddp_exp.build`). ``data._target_`` returns one of:
+:mod:`ddp_exp.launch.build`). ``data._target_`` returns one of:
 
 * an :class:`ArrayDataset` (digits, synthetic data, a user's .pt/.npz/.csv file): held whole in
   memory, the fast path for small data;
@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config import ConfigError, find_target
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.targets import find_target
 from ddp_exp.data.arrays import ArrayDataset, load_digits, make_synthetic
 from ddp_exp.data.loaders import seeded
 from ddp_exp.data.splits import Datasets, build_datasets, standardize
@@ -70,7 +71,7 @@ def load(data_cfg: Mapping[str, Any], seed: int, world_size: int) -> Datasets:
         ConfigError: the target fails or returns something else than a dataset or a pair of
             datasets; a held-out ``data.val_size`` with given splits; any bad content.
     """
-    from ddp_exp.config import instantiate_node
+    from ddp_exp.config.targets import instantiate_node
 
     target = data_cfg["_target_"]
     args = {k: v for k, v in data_cfg.items() if k not in PATH_KEYS}
@@ -177,7 +178,7 @@ def _transforms(train: Any, data_cfg: Mapping[str, Any]):
     user = data_cfg.get("transform")
     transform = None
     if user is not None:
-        from ddp_exp.config import instantiate_node
+        from ddp_exp.config.targets import instantiate_node
 
         transform = instantiate_node(user, "data.transform")
         if not callable(transform):

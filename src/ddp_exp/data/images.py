@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

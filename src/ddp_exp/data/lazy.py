@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +119,10 @@ def _float_input(x):
 
 
 def collate_inputs(xs: list, padding: Padding, transform) -> Any:
-    """Inputs of a batch: tensors stacked (a :class:`ddp_exp.objective.Call` with an
+    """Inputs of a batch: tensors stacked (a :class:`ddp_exp.train.objective.Call` with an
     ``attention_mask`` when items were padded), tuples element by element, mappings key by
     key (``attention_mask`` padded with 0)."""
-    from ddp_exp.batches import Call
+    from ddp_exp.data.batches import Call
 
     first = xs[0]
     if isinstance(first, Mapping):

@@ -28,7 +28,7 @@ Training policy for a training set not divisible by ``world_size``: DistributedS
 i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are served
 twice, so every rank runs the same number of steps and DDP's all-reduces line up; the repeats
 (each the last sample of its rank, :attr:`RankData.duplicate_last`) count zero in the loss, the
-gradient and ``train/num_samples`` (:mod:`ddp_exp.train`), so training is exact for any size.
+gradient and ``train/num_samples`` (:mod:`ddp_exp.train.loop`), so training is exact for any size.
 Validation is never padded: each sample is evaluated exactly once across the world.
 
 May use: torch, NumPy; the splits it serves come from :mod:`ddp_exp.data.splits`, by interface
@@ -326,7 +326,7 @@ class RankData:
                                                 drop_last=False))
         # DistributedSampler repeats the start of the epoch's order to fill the last ranks'
         # shards: this rank's last sample is such a duplicate (counted zero for per-element
-        # targets, ddp_exp.train).
+        # targets, ddp_exp.train.loop).
         total = self.sampler.total_size
         self.padded = total - len(train)  # the world's repeated samples per epoch
         self.duplicate_last = total > len(train) and rank + total - world_size >= len(train)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.arrays import ArrayDataset
 
 
@@ -33,7 +33,7 @@ class Datasets:
     # Training items the launching process has read while loading (dataset index -> the item
     # as the dataset returned it): item 0 of a lazy dataset, read to learn the shapes. The
     # checks before the ranks start take it from here instead of reading it again
-    # (ddp_exp.build); emptied before the ranks start, which read every item themselves.
+    # (ddp_exp.launch.build); emptied before the ranks start, which read every item themselves.
     items_read: dict[int, Any] = field(default_factory=dict)
 
     @property

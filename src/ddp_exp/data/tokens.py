@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SHIFT_STREAM = 0x5EED  # SeedSequence's extra word for the per-epoch shift

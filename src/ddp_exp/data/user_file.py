@@ -14,9 +14,9 @@ import warnings
 
 import numpy as np
 
-from ddp_exp.config import ConfigError
+from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.arrays import ArrayDataset
-from ddp_exp.files import load_failure
+from ddp_exp.io.files import load_failure
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``hydra/sweeper=ddp_optuna``: Optuna search whose trials are pruned per epoch (issue 31).
 
 Each trial is one Hydra job (one DDP world) started through the launcher in use. The sweeper
-asks the study for a trial, hands the job the trial's link (``ddp_exp.pruning``: a file in
+asks the study for a trial, hands the job the trial's link (``ddp_exp.job.pruning``: a file in
 ``<sweep dir>/.optuna/``, named by ``hydra.job.env_set``), and, when the job ends, reads its
 ``status.json`` and ``metrics.json``: a completed job with a finite monitored value is COMPLETE
 with that value (the last epoch's), a job its pruner stopped (``pruned_at_epoch``) is PRUNED,
@@ -89,7 +89,7 @@ def direction_of(direction: str | None, task: DictConfig) -> str:
         SweepRefused: no monitored metric, an unknown direction, or one that contradicts the
             monitored metric's mode.
     """
-    from ddp_exp.monitor import default_mode
+    from ddp_exp.train.monitor import default_mode
 
     monitor = OmegaConf.select(task, "trainer.monitor")
     if monitor is None:
@@ -167,7 +167,7 @@ def job_outcome(job_dir: str | None, monitor: str
     ``status.json`` and ``metrics.json``: ``COMPLETE`` (finite monitored value), ``PRUNED`` or
     ``FAIL``; ``epochs_run`` is metrics.json's ``epoch`` (``trainer.max_steps`` and early
     stopping end runs early too), None without one."""
-    from ddp_exp.files import read_json
+    from ddp_exp.io.files import read_json
 
     folder = job_dir or ""
     status = read_json(os.path.join(folder, "status.json")) or {}
@@ -218,7 +218,7 @@ class DDPOptunaSweeper(Sweeper):
                   file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 
-        from ddp_exp import pruning
+        from ddp_exp.job import pruning
 
         try:
             check_counts(self.n_trials, self.n_jobs)
@@ -334,8 +334,8 @@ class DDPOptunaSweeper(Sweeper):
         results = {"name": "ddp_optuna", "direction": direction, "best_params": best_params,
                    "best_value": best_value, "states": counts,
                    "epochs_run": run, "epochs_without_pruning": full}
-        from ddp_exp.files import atomic_write
-        from ddp_exp.pruning import TRIALS_RECORD
+        from ddp_exp.io.files import atomic_write
+        from ddp_exp.job.pruning import TRIALS_RECORD
 
         record = {t.user_attrs["job"]: {
             "number": t.number, "state": t.state.name, "metric": self.monitor,

@@ -1,0 +1,65 @@
+"""``python -m ddp_exp --help``: the resolvers behind ``conf/hydra/help/ddp_exp.yaml``.
+
+Hydra's help template offers ``$APP_CONFIG_GROUPS``, which lists every config group, ddp_exp's
+internal ``schema/*`` groups (the structured configs in :mod:`ddp_exp.config.schema`) included. The
+``ddp_exp.help_groups`` resolver lists the same groups through Hydra's own formatter, without
+those; ``ddp_exp.help_keys`` lists the composed config's top-level keys and their values.
+
+Cost: OmegaConf dereferences the help template whenever a later config layer merges onto it,
+which is at every composition, not only under ``--help``; Hydra composes twice per job
+(``@hydra.main`` asks for the run mode, then composes the job). Listing the groups scans the
+whole config repository (1.4-2 s here), so :func:`help_groups` does it only when the command
+line asks for help and returns a placeholder otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+HIDDEN_GROUPS = ("hydra", "schema")
+HELP_FLAGS = ("--help", "-h")  # Hydra's flags that print hydra.help.template
+
+
+def help_requested(argv: list[str] | None = None) -> bool:
+    """True when the command line (``sys.argv`` by default) asks Hydra for ``--help``."""
+    return any(arg in HELP_FLAGS for arg in (sys.argv[1:] if argv is None else argv))
+
+
+def help_groups() -> str:
+    """``group: option, option, ...`` per line for every group a user chooses from (those of
+    ``conf/`` and of any ``--config-dir``), as Hydra formats ``$APP_CONFIG_GROUPS``."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not help_requested():  # composing a run: nobody reads it, and it costs seconds
+        return "(python -m ddp_exp --help lists them)"
+    hydra = GlobalHydra.instance().hydra
+    if hydra is None:  # resolved outside Hydra's --help (e.g. --cfg hydra)
+        return ""
+    return hydra.format_config_groups(
+        lambda group: group.split("/")[0] not in HIDDEN_GROUPS).rstrip("\n")
+
+
+def help_keys(_root_: DictConfig) -> str:
+    """``key: value`` per line for the composed config's top-level values (``world_size``,
+    ``seed``, ...), then the names of its nested sections (``data``, ``trainer``, ...)."""
+    lines, sections = [], []
+    for key in _root_:
+        if key == "hydra":
+            continue
+        node: Any = _root_._get_node(key)
+        if isinstance(node, DictConfig) and len(node) > 0:
+            sections.append(str(key))
+        else:
+            value = OmegaConf.to_yaml({key: node}).strip()
+            lines.append(value)
+    lines.append(f"sections: {', '.join(sections)}")
+    return "\n".join(lines)
+
+
+def register_resolvers() -> None:
+    """Register ``ddp_exp.help_groups`` and ``ddp_exp.help_keys`` (once per process)."""
+    OmegaConf.register_new_resolver("ddp_exp.help_groups", help_groups, replace=True)
+    OmegaConf.register_new_resolver("ddp_exp.help_keys", help_keys, replace=True)

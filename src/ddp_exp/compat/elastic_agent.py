@@ -1,0 +1,197 @@
+"""The elastic agent's start of its ranks (every rank forked before any connects; a signal
+during the forks held until the ranks exist) and its wait for them (woken by a rank's result or
+exit, not by a timer).
+
+torch's ``LocalElasticAgent`` checks its ranks in a loop: ``time.sleep(monitor_interval)``,
+then ``_monitor_workers`` (which polls every rank's process and result pipe). Measured here
+(issue 13, a 2-rank digits job): each check cost ~0.9 ms of the launcher's CPU, so a 0.05 s
+interval kept ~1.8% of a core busy through the whole of training, on a machine whose every
+core runs a rank; and a run's end waited for the next check (25 ms on average, more with a
+longer interval).
+
+:func:`wake_on_rank_events` makes each check first wait, in ``multiprocessing.connection.wait``
+(no CPU while waiting), on what can change its answer: each live rank's process sentinel (it
+exited or failed) and the pipe its return value arrives through (it finished), for at most
+``interval_s``. torch's own sleep between checks is then :data:`AGENT_SLEEP_S`. So a finished
+or failed rank is noticed at once, and an idle agent checks every ``interval_s`` seconds
+(``launcher.monitor_interval_s``: what else a check looks at, such as nodes waiting to join a
+multi-node world, is looked at that often).
+
+Where the agent's process context is not the one this module knows (``MultiprocessContext``
+of torch 2.x: ``_pc.sentinels``, ``_ret_vals``, ``_return_values``), the check sleeps
+``interval_s`` first instead: torch's behaviour with that interval.
+
+With ``launcher.start_method=fork``, :func:`start_ranks_safely` holds each forked rank
+(:func:`pass_fork_gate`, first thing in :func:`ddp_exp.rank.worker.run_rank`) until the agent has
+forked them all. A rank that connected to the agent's ``TCPStore`` while the agent was still
+forking made the store's server thread format the peer's address (glibc ``getnameinfo``, which
+takes the resolver's lock); a rank forked at that moment inherited the lock held, with no
+thread to release it, and hung for good in its own first ``getnameinfo`` (seen here as a rare
+start-up hang of 3- and 4-rank worlds, the stuck rank's native stack in
+``__resolv_context_get``). Forking a process that has threads copies only the forking thread:
+whatever lock another thread held stays held in the child.
+
+Used by :mod:`ddp_exp.launch.elastic` around ``elastic_launch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+AGENT_SLEEP_S = 0.005  # torch's sleep between two checks (LaunchConfig.monitor_interval)
+# "<read fd>,<write fd>" of the pipe that holds forked ranks until all are forked.
+FORK_GATE_ENV = "DDP_EXP_FORK_GATE"
+
+
+def rank_waitables(pcontext: Any) -> list[Any] | None:
+    """What a finished or failed rank makes ready: the sentinels of the rank processes not yet
+    joined and the result pipes of the ranks that have not returned. None when ``pcontext`` is
+    not a started ``MultiprocessContext``."""
+    try:
+        sentinels = list(pcontext._pc.sentinels)
+        pipes = [queue._reader for rank, queue in pcontext._ret_vals.items()
+                 if rank not in pcontext._return_values]
+    except AttributeError:
+        return None
+    return sentinels + pipes
+
+
+@contextlib.contextmanager
+def wake_on_rank_events(interval_s: float) -> Iterator[None]:
+    """While open, the elastic agents of this process wait for a rank event (at most
+    ``interval_s`` seconds) before each check of their ranks; pass ``AGENT_SLEEP_S`` as the
+    launch's ``monitor_interval``. A signal still interrupts the wait (torch's handlers raise).
+    """
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    check = LocalElasticAgent._monitor_workers
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        waitables = rank_waitables(self._pcontext)
+        wait_s = max(0.0, interval_s - AGENT_SLEEP_S)
+        if waitables is None:
+            time.sleep(wait_s)
+        elif waitables:
+            multiprocessing.connection.wait(waitables, timeout=wait_s)
+        return check(self, worker_group)
+
+    LocalElasticAgent._monitor_workers = _monitor_workers
+    try:
+        yield
+    finally:
+        LocalElasticAgent._monitor_workers = check
+
+
+# Held back while the agent forks its ranks (start_ranks_safely), until the ranks exist.
+START_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The signals torch's agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE), and those of
+# them ignored when this process started (read when ddp_exp's entry imports this module, before
+# any handler of ours): ``nohup`` ignores SIGHUP, a shell's background job SIGINT and SIGQUIT.
+AGENT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                      if hasattr(signal, n))
+IGNORED_AT_START = frozenset(s for s in AGENT_SIGNALS if signal.getsignal(s) is signal.SIG_IGN)
+# The signals that came while the agent forked its ranks (a forked rank inherits the list).
+_held: list[int] = []
+
+
+def _hold(signum: int, frame: Any) -> None:
+    """The agent's handler of :data:`START_SIGNALS` while it forks: note the signal."""
+    del frame
+    _held.append(signum)
+
+
+@contextlib.contextmanager
+def start_ranks_safely(fork: bool) -> Iterator[None]:
+    """While open, each start of the local ranks by an elastic agent of this process (the
+    first, and each restart) holds SIGINT and SIGTERM back while it starts the rank processes,
+    and raises the first one that came (torch's handler: ``SignalException``, the agent stops
+    the ranks: interrupted) once every rank is started and known to the agent. A signal ignored
+    when the command started (:data:`IGNORED_AT_START`: ``nohup``'s SIGHUP) is ignored again
+    before the forks, in the agent and so in every rank, where torch's agent had installed its
+    handler (pytorch/pytorch #76894). Before, a
+    signal that came while the agent forked was raised by torch's handler inside Python's
+    after-fork hooks, which print "Exception ignored" and drop it: the run trained on to the
+    end, or a rank that had it raised it as a failure. (A thread's signal mask cannot hold it
+    back: the kernel hands a process's signal to any thread that does not block it, the
+    store's among them.)
+
+    With ``fork`` (``start_method=fork``), also opens a pipe whose ends the ranks inherit
+    (named in :data:`FORK_GATE_ENV`) and closes the agent's ends once every rank is forked:
+    :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe."""
+    import threading
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    start_workers, start_processes = LocalElasticAgent._start_workers, MultiprocessContext._start
+
+    def _start(self: Any) -> Any:  # after torch has set its handlers, around the forks
+        if threading.current_thread() is not threading.main_thread():
+            return start_processes(self)
+        for sig in IGNORED_AT_START:  # torch's handler replaced SIG_IGN (nohup, R11)
+            signal.signal(sig, signal.SIG_IGN)
+        handlers = {sig: signal.signal(sig, _hold) for sig in START_SIGNALS
+                    if sig not in IGNORED_AT_START}
+        try:
+            return start_processes(self)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _start_workers(self: Any, worker_group: Any) -> Any:
+        _held.clear()
+        read_fd, write_fd = os.pipe() if fork else (-1, -1)
+        if fork:
+            os.environ[FORK_GATE_ENV] = f"{read_fd},{write_fd}"
+        try:
+            started = start_workers(self, worker_group)
+        finally:  # every rank is started (or the start failed): their reads end
+            if fork:
+                os.environ.pop(FORK_GATE_ENV, None)
+                os.close(write_fd)
+                os.close(read_fd)
+        if _held:  # the agent knows its ranks now: its handler stops them
+            signal.raise_signal(_held[0])
+        return started
+
+    LocalElasticAgent._start_workers = _start_workers
+    MultiprocessContext._start = _start
+    try:
+        yield
+    finally:
+        LocalElasticAgent._start_workers = start_workers
+        MultiprocessContext._start = start_processes
+
+
+def pass_fork_gate() -> None:
+    """In a rank, first thing: SIGINT and SIGTERM end the rank at once, unless ignored when the
+    command started (:data:`IGNORED_AT_START`) (the default action:
+    a forked rank inherits the agent's Python handlers, and with them a rank blocked in native
+    code ignored SIGTERM until the launcher's grace period ended); one that came while the
+    agent forked (held back, :func:`start_ranks_safely`) ends the rank now. Then wait until
+    the agent has forked every rank of this start, before the rank's first connection; no
+    wait where there is no gate (spawned ranks, torchrun, srun). The wait is a pipe's read,
+    which ends when every copy of its write end is closed: this rank's (closed here), the
+    agent's (closed after the last fork, or when the agent dies) and those of the ranks forked
+    before this one (closed as each passes here or exits)."""
+    for sig in START_SIGNALS:
+        if sig not in IGNORED_AT_START:
+            signal.signal(sig, signal.SIG_DFL)
+    if _held:  # came while the agent forked (to it or to this rank): the world is stopping
+        signal.raise_signal(_held[0])
+    gate = os.environ.pop(FORK_GATE_ENV, None)
+    if gate is None:
+        return
+    read_fd, write_fd = (int(fd) for fd in gate.split(","))
+    os.close(write_fd)
+    try:
+        while os.read(read_fd, 1):  # nothing is ever written: b"" once all writers closed
+            pass
+    finally:
+        os.close(read_fd)

@@ -1,0 +1,263 @@
+"""Hydra's side of the configuration: :func:`register_configs` hands Hydra the schema and the
+resolvers the YAML uses; the primary config's checks, the mode composition, the task's
+overrides, interpolation checks, the run stamp and the command's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp.config import schema
+from ddp_exp.config.errors import ConfigError
+from hydra_plugins import ddp_optuna_sweeper
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (:data:`ddp_exp.config.schema.SCHEMAS`, group
+    ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
+    once per process."""
+    cs = ConfigStore.instance()
+    cs.store(name="ddp_exp_schema", node=schema.Config)
+    ddp_optuna_sweeper.register()  # hydra/sweeper=ddp_optuna, also from an editable install
+    for group, name, node in schema.SCHEMAS:
+        if (group, name) in schema.OPEN_SCHEMAS:
+            node = open_node(node)
+        cs.store(group=f"schema/{group}", name=name, node=node)
+    OmegaConf.register_new_resolver("ddp_exp.ranks_per_node", ranks_per_node, replace=True)
+    OmegaConf.register_new_resolver("ddp_exp.run_stamp", run_stamp, use_cache=True,
+                                    replace=True)
+
+
+def open_node(dataclass: type) -> DictConfig:
+    """The schema ``dataclass`` as a node that takes keys of its own: each field keeps its
+    type (``batch_size=x`` is refused at composition), and a config that extends it may add
+    keys, the arguments of a user's ``_target_`` (a data YAML with ``size: 100``); on the
+    command line a new key is ``+data.size=100``, which Hydra's error then suggests."""
+    typed = OmegaConf.structured(dataclass)
+    node = OmegaConf.create({})
+    for key in typed:
+        node[key] = typed._get_node(key)
+    return node
+
+
+# Packaged config groups whose options set ``hydra.mode`` (a test holds every packaged option
+# to this list), and the config sources a composition may read when ``hydra.mode`` is left
+# unset: Hydra's own, ``conf/`` and the ConfigStore (provider, scheme://path).
+MODE_GROUPS = ("hparams_search",)
+
+
+OWN_SOURCES = frozenset({("hydra", "pkg://hydra.conf"), ("main", "pkg://ddp_exp.conf"),
+                         ("schema", "structured://")})
+
+
+def mode_left_unset(overrides: list[str], sources: list[tuple[str, str]]) -> bool:
+    """True when composing the config with ``overrides`` cannot set ``hydra.mode``: every
+    source is ddp_exp's or Hydra's own (``OWN_SOURCES``: no ``--config-dir``, no search-path
+    plugin), and no override sets ``hydra.mode`` or the search path, selects a ``hydra/``
+    option or an option of ``MODE_GROUPS``, or selects a group ddp_exp does not ship. Then
+    Hydra's run-mode question (``Hydra.get_mode``, a whole composition, ~0.1 s) has the answer
+    None: ``-m`` decides. Conservative: False sends the question to Hydra.
+    """
+    if any(source not in OWN_SOURCES for source in sources):
+        return False
+    groups = _own_groups()
+    known = groups | {f.name for f in dataclasses.fields(schema.Config)}
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+        top = key.split("/", 1)[0].split(".", 1)[0]
+        if key.startswith(("hydra.mode", "hydra.searchpath", "hydra/")) or key == "hydra":
+            return False
+        if top in MODE_GROUPS or ("." not in key and top not in known):
+            return False
+        if "/" in key and top not in groups:
+            return False
+    return True
+
+
+def _own_groups() -> set[str]:
+    """The config groups of ``conf/`` (its top-level folders)."""
+    import importlib.resources
+
+    root = importlib.resources.files("ddp_exp.conf")
+    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+
+
+def group_options(group: str) -> list[str]:
+    """The options ddp_exp ships in config group ``group`` (``conf/<group>/*.yaml``, sorted);
+    empty for a name that is no group of ``conf/``."""
+    import importlib.resources
+
+    root = importlib.resources.files("ddp_exp.conf")
+    if group.startswith(("_", ".")) or not root.joinpath(group).is_dir():
+        return []
+    return sorted(p.name[:-5] for p in root.joinpath(group).iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
+    """One line for ``group=null`` on the command line (``scheduler=null``; Hydra raises a
+    ``ValueError``, "Config group override must be a string or a list"): a config group takes
+    one of its options; the line names the one that means "none" (``scheduler=none``), or says
+    that a preset group is empty unless chosen, or lists the options. None for any other
+    error, or when no argument of ``argv`` sets a group (a key without a dot) to null."""
+    if not (isinstance(exc, ValueError) and "Config group override must be" in str(exc)):
+        return None
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        group = key.lstrip("+")
+        if not sep or "." in group or value.strip().lower() != "null":
+            continue
+        options = group_options(group)
+        if "none" in options:
+            hint = f"{group}=none"
+        elif group in PRESET_GROUPS:
+            hint = f"leave {group} out: no {group} preset is applied unless one is chosen"
+        elif options:
+            hint = f"choose one of {', '.join(options)}"
+        else:
+            hint = f"leave {group} out, or choose one of its options"
+        return f"{arg}: a config group takes one of its options, not null; {hint}"
+    return None
+
+
+def primary_config_overrides(argv: list[str]) -> list[str]:
+    """Overrides appended to ``argv`` when the command names a primary config of the user's own
+    (``--config-name``/``-cn``): a Hydra callback (:class:`PrimaryConfigCheck`) that refuses, before
+    Hydra creates the run's folder, a primary config whose defaults list lacks ddp_exp's
+    ``config``. Hydra's callbacks come from the primary config, so the check is added here;
+    ddp_exp's own ``config`` needs none (empty list)."""
+    if not any(arg.split("=", 1)[0] in ("--config-name", "-cn") for arg in argv):
+        return []
+    return [f"++hydra.callbacks.ddp_exp_primary_config._target_={__name__}.PrimaryConfigCheck"]
+
+
+class PrimaryConfigCheck(Callback):
+    """Hydra callback (:func:`primary_config_overrides`) run before a single run's folder or a
+    sweep's is made: a composed config without the top-level keys of ddp_exp's schema (a
+    ``bare.yaml`` whose defaults list lacks ``config``) ends the command with one line, exit 2.
+    Hydra turns an ``Exception`` raised in a callback into a warning, so this prints the line
+    and raises ``SystemExit(2)``."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, kwargs.get("config_name"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, kwargs.get("config_name"))
+
+    @staticmethod
+    def _check(config: DictConfig, name: str | None) -> None:
+        lacking = [f.name for f in dataclasses.fields(schema.Config) if f.name not in config]
+        if not lacking:
+            return
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank composes it
+            print(f"error: --config-name {name}: the primary config lacks ddp_exp's keys "
+                  f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''}): a primary "
+                  "config of your own must include ddp_exp's, first in its defaults list "
+                  "(defaults: [config, <your options>, _self_]); or leave --config-name out and "
+                  "give your options with --config-dir", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+# Groups whose option is null in conf/config.yaml's defaults list: presets applied on demand.
+PRESET_GROUPS = ("experiment", "hparams_search", "debug")
+
+
+def skip_needless_mode_composition() -> None:
+    """Answer ``@hydra.main``'s run-mode question without composing when the answer is known.
+
+    Hydra composes the whole config twice per process: once in ``Hydra.get_mode`` only to
+    read ``hydra.mode`` (set by no ddp_exp option but ``hparams_search``), then for the job.
+    Where :func:`mode_left_unset` holds, the first composition would return None, so this
+    returns None without it (~0.1 s of every start-up, issue 13); otherwise Hydra's own
+    ``get_mode`` runs. Installed once per process.
+    """
+    from hydra._internal.hydra import Hydra
+
+    hydra_get_mode = Hydra.get_mode
+    if getattr(hydra_get_mode, "ddp_exp_shortcut", False):
+        return
+
+    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
+        sources = [(s.provider, f"{s.scheme()}://{s.path}")
+                   for s in self.config_loader.get_sources()]
+        if mode_left_unset(list(overrides), sources):
+            return None
+        return hydra_get_mode(self, config_name, overrides)
+
+    get_mode.ddp_exp_shortcut = True  # type: ignore[attr-defined]
+    Hydra.get_mode = get_mode
+
+
+def task_overrides(hydra_cfg: Any) -> list[str]:
+    """The job's command-line overrides (``hydra.overrides.task``) as the user typed them.
+
+    Read unresolved: an override such as ``data.val_size=${oops}`` is a string here, and
+    iterating Hydra's list node would resolve it (an ``InterpolationKeyError`` traceback before the
+    config's own check could name the key).
+    """
+    return [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)]
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Resolve every ``${...}`` of the job's config once, before anything reads it.
+
+    Raises:
+        ConfigError: an interpolation that names no key or fails in its resolver (a typed
+            ``data.val_size=${oops}``), in one line naming the key and OmegaConf's reason.
+    """
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        key = getattr(exc, "full_key", None) or "the config"
+        raise ConfigError(f"{key}: {reason} (an interpolation ${{...}} names a key of the "
+                          "config, e.g. ${trainer.epochs}, or a resolver such as ${now:%H})"
+                          ) from None
+
+
+def run_stamp(cluster: str | None) -> str:
+    """The single-run folder's name under ``outputs/runs/`` (resolver
+    ``${ddp_exp.run_stamp:${launcher.cluster}}`` in ``hydra.run.dir``): ``slurm-<SLURM_JOB_ID>``
+    for ``launcher.cluster=slurm`` inside a SLURM job, so that every task of the job derives
+    the same folder (and a requeued job finds it again); otherwise ``<date>/<time with
+    microseconds>``, as Hydra's ``${now:...}`` (cached: one value per process)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if cluster == "slurm" and job_id:
+        return f"slurm-{job_id}"
+    return datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+
+
+def ranks_per_node(world_size: int, nnodes: int) -> int:
+    """``world_size / nnodes`` (resolver ``${ddp_exp.ranks_per_node:${world_size},N}``, used by
+    the SLURM presets for GPUs per node).
+
+    Raises:
+        ConfigError: ``world_size`` is not a multiple of ``nnodes``.
+    """
+    if nnodes < 1 or world_size % nnodes:
+        raise ConfigError(f"world_size={world_size}: must be a multiple of launcher.nnodes="
+                          f"{nnodes} (the same number of ranks on every node)")
+    return world_size // nnodes
+
+
+def command_folder() -> str:
+    """The folder the command ran in: Hydra's original working directory inside a Hydra job
+    (the job may have changed into its output folder, ``hydra.job.chdir=true``), else the
+    current one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        cwd = OmegaConf.select(HydraConfig.get(), "runtime.cwd")
+        if cwd:
+            return str(cwd)
+    return os.getcwd()

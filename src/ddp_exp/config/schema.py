@@ -1,0 +1,326 @@
+"""The config schema: every key a user can set, its type, default and allowed values.
+
+Each config group's options are dataclasses here (``data``, ``model``, ``optim``, ``scheduler``,
+``trainer``, ``launcher``) plus the top-level :class:`Config`; :data:`SCHEMAS` names them in
+Hydra's ConfigStore (group ``schema``; :func:`ddp_exp.config.compose.register_configs` stores
+them). The
+YAML options in ``conf/`` extend these schemas (see ``conf/data/digits.yaml``), so OmegaConf
+checks types at composition; ranges and relations between keys are checked by
+:func:`ddp_exp.config.checks.validate`, against the allowed values listed here (``BACKENDS``, ...).
+
+Uses nothing of ddp_exp (OmegaConf's ``MISSING`` and ``SI`` only); :mod:`ddp_exp.config` and the
+modules that check a value against its choices (:mod:`ddp_exp.launch.cluster`) use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, SI
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+START_METHODS = ("fork", "forkserver", "spawn")
+RDZV_BACKENDS = ("c10d", "static")
+CLUSTERS = ("submitit", "slurm")  # launcher.cluster: where nodes and the rendezvous come from
+TASKS = ("auto", "classification", "regression")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+PROGRESS_MODES = ("auto", "bar", "log", "off")
+
+
+# ----------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    """Keys every dataset has; ``_target_`` returns an :class:`ddp_exp.data.ArrayDataset`, a
+    map-style dataset or a ``(train, val)`` pair of them (see :mod:`ddp_exp.data`)."""
+
+    _target_: str = MISSING
+    batch_size: int = 32  # per rank; the global batch is batch_size * world_size
+    val_size: int = 297  # held-out validation samples, chosen by the top-level seed
+    shuffle: bool = True
+    num_workers: int = 0  # > 0 serves batches through torch's DataLoader with worker processes
+    persistent_workers: bool | None = None  # null: true when num_workers > 0
+    prefetch_factor: int | None = None  # batches each worker loads ahead (null: torch's 2)
+    pin_memory: Any = "auto"  # auto (on CUDA only) | true | false
+    test_size: int = 0  # held-out test samples, chosen by the seed alone (disjoint from val)
+
+
+@dataclass
+class DigitsDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.load_digits"
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.make_synthetic"
+    num_samples: int = 4096
+    num_features: int = 32
+    num_classes: int = 0  # 0: regression y = x @ w + noise; k > 0: k classes from a linear teacher
+    noise_std: float = 0.1
+    seed: int = SI("${seed}")
+    val_size: int = 512
+
+
+@dataclass
+class FileDataConfig(DataConfig):
+    _target_: str = "ddp_exp.data.load_file"
+    path: str = MISSING
+    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
+    val_size: int = 0
+    standardize: bool = False  # (x - mean) / std per feature, statistics of the training split
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    """``data=image_folder``: ``data.path/<class>/<image>`` (or its train/ and val/)."""
+
+    _target_: str = "ddp_exp.data.images.load_image_folder"
+    path: str = MISSING
+    image_size: int | None = None  # side after resize + centre crop (null: the files' size)
+    channels: int = 3  # 1 (grey) or 3 (RGB, as torchvision's loader)
+    augment: bool = False  # training only: random rotation, shift and zoom; no flip (Kornia)
+    mean: list[float] | None = None  # per-channel normalisation (null: none)
+    std: list[float] | None = None
+    transform: Any = None  # a _target_ node: the user's transform of each training sample
+    val_size: int = 0
+
+
+@dataclass
+class TorchDatasetConfig(DataConfig):
+    """``data=dataset``: ``data._target_`` returns any map-style Dataset or a (train, val)
+    pair; other keys given with ``+data.<key>=...`` are its arguments."""
+
+    _target_: str = MISSING
+    input_key: str | None = None  # items that are mappings: the input's key
+    target_key: str | None = None  # ... and the target's key
+    num_classes: int | None = None  # null: the dataset's `classes`, if it has them
+    task: str = "auto"  # auto: integer targets are class labels, anything else is regression
+    val_size: int = 0
+    ignore_index: int = -100  # per-element labels (tokens, pixels) that count nowhere
+    pad_value: float = 0  # inputs of different lengths are padded per batch with it
+    shift_labels: bool = False  # predict label t+1 at position t (Hugging Face causal-LM labels)
+
+
+@dataclass
+class TokensDataConfig(DataConfig):
+    """``data=tokens``: windows of a token stream (:mod:`ddp_exp.data.tokens`)."""
+
+    _target_: str = "ddp_exp.data.tokens.load_tokens"
+    path: str | None = None  # a .bin (data.dtype) or 1-D .npy of tokens; null: built-in corpus
+    dtype: str = "uint16"  # a .bin's token type: uint16 | uint32
+    vocab_size: int | None = None  # required for a file; the built-in corpus is bytes (256)
+    block_size: int = 128  # tokens per window (the model's context)
+    val_size: int | None = None  # held-out windows at the stream's tail (null: about 10%)
+
+
+# ---------------------------------------------------------------------------------- model
+@dataclass
+class MLPConfig:
+    _target_: str = "ddp_exp.train.models.MLP"
+    hidden_sizes: list[int] = field(default_factory=lambda: [128])
+    dropout: float = 0.0
+
+
+@dataclass
+class GPTConfig:
+    """``model=gpt``: :class:`ddp_exp.train.gpt.GPT`; block_size and vocabulary come from the
+    data."""
+
+    _target_: str = "ddp_exp.train.gpt.GPT"
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128  # divisible by n_head
+    dropout: float = 0.0
+    bias: bool = True
+
+
+@dataclass
+class CNNConfig:
+    _target_: str = "ddp_exp.train.models.CNN"
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    hidden_size: int = 128
+    batch_norm: bool = False  # BatchNorm2d after each convolution
+
+
+@dataclass
+class LinearConfig:
+    _target_: str = "ddp_exp.train.models.Linear"
+
+
+# ---------------------------------------------------------------------------------- optim
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+@dataclass
+class OptimConfig:
+    """Keys every optimizer has; ``lr_scaling`` and ``reference_batch_size`` are ours, the rest
+    go to the ``_target_`` optimizer class."""
+
+    _target_: str = MISSING
+    _partial_: bool = True
+    lr: float = MISSING  # base learning rate, at the reference global batch size
+    lr_scaling: str = "none"  # none | linear | sqrt: scale lr by global batch / reference
+    reference_batch_size: int = 64  # the global batch size at which lr is the base lr
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    _target_: str = "torch.optim.SGD"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+# ------------------------------------------------------------------------------ scheduler
+SCHEDULER_INTERVALS = ("step", "epoch")
+
+
+@dataclass
+class SchedulerConfig:
+    """Keys every scheduler has (see :mod:`ddp_exp.train.schedule`); ``_target_: null`` is none."""
+
+    _target_: str | None = None  # a torch.optim.lr_scheduler class (or ours); null: constant lr
+    interval: str = "step"  # step: once per optimizer step | epoch: once per epoch
+
+
+@dataclass
+class CosineSchedulerConfig(SchedulerConfig):
+    _target_: str | None = "ddp_exp.train.schedule.warmup_cosine"
+    warmup_steps: int = 0  # optimizer steps of linear warmup
+    min_lr: float = 0.0  # the learning rate of the run's last optimizer step
+
+
+@dataclass
+class StepSchedulerConfig(SchedulerConfig):
+    _target_: str | None = "ddp_exp.train.schedule.step_decay"
+    step_size_epochs: int = 30
+    gamma: float = 0.1
+    interval: str = "epoch"
+
+
+# ------------------------------------------------------------------------- trainer & world
+MONITOR_MODES = ("min", "max")
+TEST_WEIGHTS = ("best", "last")
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 10
+    max_steps: int | None = None  # stop after this many optimizer steps, even mid-epoch
+    log_every_n_steps: int = 10
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
+    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
+    compile: bool = False  # torch.compile the DDP model
+    progress: str = "auto"  # auto (bar on a terminal, else log lines) | bar | log | off
+    save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
+    checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
+    keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
+    resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
+    resume_allow_changes: bool = False  # resume even with another seed / data split
+    perf_metrics: bool = True  # perf/* scalars: per-rank step timing, stragglers, memory
+    log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
+    gradient_clip_val: float | None = None  # max global L2 norm of the gradients (null: off)
+    monitor: str | None = "val/loss"  # reduced validation metric for best.pt / early stopping
+    monitor_mode: str | None = None  # min | max (null: max for val/accuracy, else min)
+    early_stopping_patience: int | None = None  # epochs without improvement (null: off)
+    test_weights: str | None = None  # best | last (null: best when a monitor exists)
+    output_key: str = "logits"  # a model returning a mapping: the output's key
+    # per-element labels [B, *dims]: logits [B, *dims, C] (last) or [B, C, *dims] (1)
+    class_dim: str = "last"
+    # validation on the first limit_val_batches x data.batch_size samples (null: all of them)
+    limit_val_batches: int | None = None
+    peak_flops: float | None = None  # FLOP/s of one device: perf/mfu (data=tokens, model=gpt)
+    sample_every_n_epochs: int = 1  # data=tokens: rank 0's text sample (TensorBoard, 0: never)
+    sample_prompt: str = "The "  # ... continued from this prompt (byte-level data)
+
+
+@dataclass
+class DistributedConfig:
+    backend: str = "auto"  # set through the `backend` group: auto | gloo | nccl
+    timeout_s: float = 600.0  # collective timeout of the process group, seconds
+
+
+@dataclass
+class LauncherConfig:
+    """The world's shape and how the elastic launcher starts it (torch.distributed.launcher.api)."""
+
+    nnodes: int = 1
+    max_restarts: int = 0
+    rdzv_backend: str = "c10d"  # c10d (elastic, needs rdzv_id) | static (needs node_rank)
+    rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
+    rdzv_id: str | None = None  # c10d: the same id on every node of a multi-node world
+    node_rank: int | None = None  # static: this node's index, 0..nnodes-1 (node 0 hosts it)
+    cluster: str | None = None  # null | submitit | slurm: nodes and rendezvous from the job
+    rdzv_timeout_s: int = 900
+    start_method: str = "fork"
+    monitor_interval_s: float = 1.0  # agent checks: at a rank's end or failure, else this often
+
+
+@dataclass
+class DDPConfig:
+    """Options passed to torch.nn.parallel.DistributedDataParallel."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    sync_batchnorm: bool = False  # BatchNorm statistics over the world's global batch
+
+
+@dataclass
+class Config:
+    data: Any = MISSING
+    model: Any = MISSING
+    optim: Any = MISSING
+    scheduler: Any = None  # the scheduler group: none | cosine | step (or a _target_)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
+    metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
+    world_size: int = 2  # total number of ranks
+    device: str = "auto"  # auto | cpu | cuda (each rank on cuda:LOCAL_RANK)
+    seed: int = 0
+    print_config: bool = True
+
+
+
+# Hydra's ConfigStore entries, (group under schema/, name, node): conf/<group>/<option>.yaml
+# extends /schema/<group>/<name>; the primary config's defaults start with ddp_exp_schema.
+SCHEMAS = [
+    ("data", "digits", DigitsDataConfig),
+    ("data", "synthetic", SyntheticDataConfig),
+    ("data", "file", FileDataConfig),
+    ("data", "image_folder", ImageFolderDataConfig),
+    ("data", "dataset", TorchDatasetConfig),
+    ("data", "tokens", TokensDataConfig),
+    ("data", "base", DataConfig),
+    ("model", "mlp", MLPConfig),
+    ("model", "cnn", CNNConfig),
+    ("model", "gpt", GPTConfig),
+    ("model", "linear", LinearConfig),
+    ("optim", "sgd", SGDConfig),
+    ("optim", "adamw", AdamWConfig),
+    ("optim", "base", OptimConfig),
+    ("scheduler", "none", SchedulerConfig),
+    ("scheduler", "cosine", CosineSchedulerConfig),
+    ("scheduler", "step", StepSchedulerConfig),
+    ("trainer", "default", TrainerConfig),
+    ("launcher", "local", LauncherConfig),
+]
+# Schemas that a user's own ``_target_`` extends (``conf/data/dataset.yaml``, a user's data YAML
+# over ``/schema/data/base``): stored as nodes that take the target's own arguments as extra keys
+# (:func:`ddp_exp.config.compose.open_node`), their fields still typed.
+OPEN_SCHEMAS = (("data", "dataset"), ("data", "base"))

@@ -1,0 +1,234 @@
+"""The process group and what surrounds it: the world as seen by one rank, the backend, the
+device, intra-op threads per rank, and the all-reduce of metric sums.
+
+Rules and where they come from:
+
+* ``device=auto`` is cuda when every local rank can own a GPU (``cuda:LOCAL_RANK``), and
+  ``backend=auto`` is nccl on cuda, gloo on the CPU (torch.distributed docs, "Which backend to
+  use?"); see :func:`resolve_placement`.
+* Threads per rank: the user's ``OMP_NUM_THREADS`` if set, else ``max(1, cores // local ranks)``.
+  torchrun sets ``OMP_NUM_THREADS=1`` in its CLI only (pytorch #22260, PR #22501); the launcher
+  API does not, so each rank sets its own: two ranks at torch's default of one thread per core
+  run 5-6x slower on this 2-core machine (../shared/DESIGN.md).
+* Metrics are reduced as float64 sums and counts with ``ReduceOp.SUM``. ``ReduceOp.AVG`` also
+  works on gloo for floating-point tensors (torch 2.13: ``[1.5, 15.0]`` from ``[1, 10]`` and
+  ``[2, 20]``; integer tensors fail), but an average over ranks is a mean of per-rank means,
+  wrong for uneven shards; summed (sum, count) divided at the end is exact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ddp_exp.config.errors import ConfigError
+
+
+class PeerFailed(RuntimeError):
+    """This rank stops because another rank failed first; the message names that rank and its
+    failure. Raised where every rank learns of one rank's failure together (a collective said
+    so): the launchers then report the other rank's own error as the cause
+    (:func:`ddp_exp.rank.worker.is_peer_failure`), not this one."""
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process sits: ``rank`` in ``[0, world_size)``, ``local_rank`` on its node."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0, the only rank that writes outputs."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> World:
+        """Read ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` (set by torchrun
+        and the elastic launcher)."""
+        world_size = int(os.environ["WORLD_SIZE"])
+        return cls(rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
+                   world_size=world_size,
+                   local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process, counted through NVML
+    (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), which does not initialise CUDA here, so ranks forked
+    from this process can still use their GPU."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_placement(device: str, backend: str, local_world_size: int,
+                      gpus: int | None = None) -> tuple[str, str]:
+    """Turn ``device`` and ``backend`` (each possibly ``auto``) into what the ranks use.
+
+    Rules (torch.distributed docs, "Which backend to use?": NCCL for CUDA tensors, gloo for CPU
+    tensors; gloo also reduces CUDA tensors, more slowly):
+
+    * ``device=auto`` is ``cuda`` when every local rank can own a GPU (rank ``r`` on
+      ``cuda:LOCAL_RANK``) and the backend is not an explicit ``gloo``; otherwise ``cpu``.
+    * ``backend=auto`` is ``nccl`` on ``cuda`` (when this torch has NCCL), ``gloo`` on ``cpu``.
+
+    Args:
+        device: ``auto``, ``cpu`` or ``cuda`` (the ``device`` key).
+        backend: ``auto``, ``gloo`` or ``nccl`` (the ``backend`` group).
+        local_world_size: ranks on this node (``world_size / launcher.nnodes``).
+        gpus: CUDA devices on this node; None counts them (:func:`cuda_device_count`).
+
+    Returns:
+        ``(device type, backend)``: ``("cpu" | "cuda", "gloo" | "nccl")``.
+
+    Raises:
+        ConfigError: ``device=cuda`` or ``backend=nccl`` without one CUDA device per local rank,
+            ``backend=nccl`` with ``device=cpu``, or ``nccl`` in a torch built without it.
+    """
+    gpus = cuda_device_count() if gpus is None else gpus
+    enough = gpus >= local_world_size
+    if device == "auto":
+        device = "cuda" if enough and backend != "gloo" else "cpu"
+    if device == "cuda" and not enough:
+        raise ConfigError(f"device=cuda needs one CUDA device per local rank ({local_world_size} "
+                          f"here) and found {gpus}; use device=cpu or device=auto")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        if device != "cuda" and not enough:
+            raise ConfigError(f"backend=nccl needs one CUDA device per local rank "
+                              f"({local_world_size} here) and found {gpus}; use backend=gloo or "
+                              "backend=auto")
+        if device != "cuda":
+            raise ConfigError("backend=nccl needs device=cuda (NCCL reduces CUDA tensors only); "
+                              "use device=auto or backend=gloo")
+        if not dist.is_nccl_available():
+            raise ConfigError("backend=nccl: this torch build has no NCCL; use backend=gloo")
+    return device, backend
+
+
+def device_for(device_type: str, local_rank: int) -> torch.device:
+    """``cuda:<local_rank>`` for ``cuda``, the CPU otherwise."""
+    return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+
+
+def threads_per_rank(local_world_size: int, num_workers: int = 0) -> int:
+    """Intra-op threads for one rank: ``OMP_NUM_THREADS`` if the user set it, else
+    ``max(1, usable cores // (local_world_size * (1 + num_workers)))``: each DataLoader worker
+    (``data.num_workers``, a process decoding batches) takes a core of its own too. With 2
+    cores, one rank and 2 decoding workers, 2 intra-op threads made both the rank and its
+    workers crawl (measured in make bench's image-folder group: ~10x slower)."""
+    user = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if user.isdigit() and int(user) > 0:
+        return int(user)
+    return max(1, len(os.sched_getaffinity(0)) // (local_world_size * (1 + num_workers)))
+
+
+def oversubscription_warning(ranks_on_host: int) -> str | None:
+    """One line when this machine runs more ranks than it has usable CPU cores, else None.
+
+    Each rank then gets one thread and the ranks take turns on the cores; every step waits
+    for the rank that is off its core, so a step runs slower than with one rank per core (the
+    results are the same); ``make bench`` measures it (world_size=4 on 2 cores).
+    """
+    cores = len(os.sched_getaffinity(0))
+    if ranks_on_host <= cores:
+        return None
+    return (f"{ranks_on_host} ranks on this machine's {cores} CPU core(s): the ranks take "
+            f"turns on the cores and every step waits for the slowest, so training runs "
+            f"slower than with {cores} rank(s) (same results)")
+
+
+def init_process_group(backend: str, world: World, timeout_s: float,
+                       device_type: str = "cpu") -> None:
+    """Join the world's default process group (env:// rendezvous set up by the launcher).
+
+    ``timeout_s`` bounds every collective, so a rank whose peer died fails instead of hanging.
+    On ``cuda`` the rank first makes ``cuda:LOCAL_RANK`` its current device (NCCL and
+    ``all_gather_object`` use the current device); with nccl the group is bound to it
+    (``device_id``: eager NCCL communicator creation).
+    """
+    kwargs = {}
+    if device_type == "cuda":
+        torch.cuda.set_device(world.local_rank)
+        if backend == "nccl":
+            kwargs["device_id"] = torch.device("cuda", world.local_rank)
+    dist.init_process_group(backend=backend, rank=world.rank, world_size=world.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
+def destroy_process_group() -> None:
+    """Leave the process group if one is initialised (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum ``values`` (any shape, float64 for exact counts) over all ranks, in place; returns it.
+
+    A no-op outside a process group.
+    """
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of ``values`` over all ranks, in place; returns it. A no-op outside a
+    process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, MiB (``getrusage``'s ``ru_maxrss``: KiB on
+    Linux, bytes on macOS). DataLoader workers are other processes and are not counted."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` on every rank with rank 0's values, in place (one broadcast each).
+    A no-op outside a process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+
+def broadcast_buffers_from_main(module: torch.nn.Module) -> None:
+    """Overwrite every buffer of ``module`` (BatchNorm's running statistics and
+    ``num_batches_tracked``, or any other ``register_buffer``) with rank 0's, in place: one
+    broadcast per dtype and device (the buffers flattened into one tensor). A no-op outside a
+    process group or for a module without buffers; every rank must call it.
+
+    The same rule as DDP's ``broadcast_buffers=True``, which copies rank 0's buffers to every
+    rank before each synchronised training forward (``DistributedDataParallel._sync_buffers``:
+    "The process with rank 0 is considered the authoritative copy"): between those forwards
+    each rank's BatchNorm updates its running statistics from its own shard, so at the end of
+    an epoch they differ. Calling this before evaluating makes every rank evaluate rank 0's
+    model, the one rank 0 saves; DDP's next training forward would copy the same values, so
+    training is unchanged.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for buffer in module.buffers():
+        groups.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+    with torch.no_grad():
+        for buffers in groups.values():
+            flat = torch.cat([b.reshape(-1) for b in buffers])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for b in buffers:
+                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                offset += b.numel()

@@ -1,0 +1,4 @@
+"""Files: atomic writes, disk-full reporting, checkpoints.
+
+May import config, compat.
+"""

@@ -1,0 +1,286 @@
+"""Checkpoints: written by rank 0 alone, atomically, loaded with ``weights_only=True``.
+
+Layout, in ``<job_dir>/checkpoints/``:
+
+* ``epoch_0000.pt``, ``epoch_0001.pt``, ...: every ``trainer.checkpoint_every_n_epochs`` epochs,
+  the newest ``trainer.keep_checkpoints`` kept;
+* ``last.pt``: the newest completed epoch, always (what ``trainer.resume=auto`` and elastic
+  restarts continue from);
+* ``best.pt``: the checkpoint of the best epoch of ``trainer.monitor`` so far (as Lightning's
+  ``ModelCheckpoint`` keeps by default: the whole state, so a run can also continue from it;
+  written in an epoch that stopped early at ``trainer.max_steps``, it is marked not resumable).
+  When the best epoch also writes ``last.pt``, the two names share one file (a hard link).
+
+A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
+(best value, best epoch, epochs without improvement), the completed ``epoch``
+(0-based), ``global_step``, the run's ``steps_per_epoch`` and ``run_steps``, every rank's RNG
+states and the resolved config: all that is needed to continue exactly (the sampler's order is a
+function of seed and epoch; a resumed run rebuilds its schedule from its own config and length,
+:func:`ddp_exp.train.state.resume_optimizer`, and reads the scheduler's state only for
+``ReduceLROnPlateau``'s progress). Files are written to a
+temp file, fsynced and renamed (:func:`ddp_exp.io.files.atomic_write`), so a reader, or a run killed
+mid-save, sees the previous complete file or the new complete one, never part of one. The loop
+serializes each checkpoint at once and writes it on a background thread
+(:class:`ddp_exp.io.files.BackgroundWriter`): training goes on while the file is fsynced.
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes); what the
+loop puts into a checkpoint and takes back is :mod:`ddp_exp.train.state`'s.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import glob
+import io
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.io.files import BackgroundWriter, atomic_write, load_failure, remove_partial, temp_name
+
+log = logging.getLogger("ddp_exp.checkpoint")
+
+FORMAT = "ddp_exp/checkpoint/v1"
+LAST = "last.pt"
+BEST = "best.pt"
+
+
+def checkpoint_dir(job_dir: str) -> str:
+    """``<job_dir>/checkpoints``."""
+    return os.path.join(job_dir, "checkpoints")
+
+
+def epoch_path(job_dir: str, epoch: int) -> str:
+    """Path of the checkpoint of (0-based) ``epoch``."""
+    return os.path.join(checkpoint_dir(job_dir), f"epoch_{epoch:04d}.pt")
+
+
+def _serialized(payload: dict[str, Any]) -> memoryview:
+    """``torch.save(payload)`` in memory: a snapshot of the tensors now, which the loop may
+    change while it is being written (a view of the buffer, not a second copy of it)."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getbuffer()
+
+
+def _write_bytes(path: str, data: memoryview) -> None:
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def _run(job: Callable[[], object], writer: BackgroundWriter | None) -> None:
+    """``job()`` now, or on ``writer``'s thread after the jobs submitted before it."""
+    if writer is None:
+        job()
+    else:
+        writer.submit(job)
+
+
+def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
+         writer: BackgroundWriter | None = None, last: bool = True, best: bool = False) -> str:
+    """Write ``state`` once under each name it is due: its epoch file (``keep_epoch_file``),
+    ``last.pt`` (``last``, and always with an epoch file) and ``best.pt`` (``best``: the epoch
+    is the monitor's new best); then delete all but the newest ``keep`` epoch files. Call on
+    rank 0 only.
+
+    One file is written and fsynced (the first of those names); each other name becomes a hard
+    link to it, put in place by an atomic rename: one write and one fsync per epoch, however
+    many names (an epoch that is the new best used to write its weights a second time). A
+    later write of ``last.pt`` replaces that name only; ``best.pt`` keeps its file.
+
+    ``state`` is serialized before this returns; with ``writer``, the files are written on its
+    thread, after every write submitted before (call ``writer.wait()`` before reading them).
+
+    Returns:
+        The path written (the epoch file, else ``last.pt``, else ``best.pt``).
+
+    Raises:
+        ValueError: no name is due.
+    """
+    folder = checkpoint_dir(job_dir)
+    names = ([epoch_path(job_dir, state["epoch"])] if keep_epoch_file else []) + [
+        os.path.join(folder, name) for name, due in ((LAST, last or keep_epoch_file),
+                                                     (BEST, best)) if due]
+    if not names:
+        raise ValueError("checkpoint.save: neither an epoch file, last.pt nor best.pt is due")
+    os.makedirs(folder, exist_ok=True)
+    data = _serialized({"format": FORMAT, **state})
+    path, links = names[0], names[1:]
+
+    def write() -> None:
+        # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
+        # writes have finished (one thread, in order).
+        remove_partial(folder)
+        _write_bytes(path, data)
+        for name in links:  # a second name of the same complete file: no second write
+            tmp = temp_name(name)
+            os.link(path, tmp)
+            os.replace(tmp, name)
+        if keep_epoch_file:
+            for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
+                os.unlink(old)
+
+    _run(write, writer)
+    return path
+
+
+def best_path(job_dir: str) -> str:
+    """``<job_dir>/checkpoints/best.pt``: the checkpoint of the best epoch of
+    ``trainer.monitor``."""
+    return os.path.join(checkpoint_dir(job_dir), BEST)
+
+
+def repair_best(source: str, state: dict[str, Any]) -> bool:
+    """Put ``best.pt`` back where a kill left it behind: when ``source`` is a run's
+    ``last.pt`` whose epoch is the monitor's best (``state["monitor"]["best_epoch"]``), its
+    ``best.pt`` must be the same file; a run killed between the ``last.pt`` rename and the
+    ``best.pt`` link kept an older epoch's ``best.pt`` (and a temp link, which
+    :func:`ddp_exp.io.files.remove_partial` deletes). Call in the launching process (rank 0 under
+    torchrun) once every check has passed, before any rank starts.
+
+    Returns:
+        True when ``best.pt`` was replaced by a link to ``source``.
+    """
+    if os.path.basename(source) != LAST:
+        return False
+    best_epoch = (state.get("monitor") or {}).get("best_epoch")
+    if best_epoch is None or best_epoch != state.get("epoch"):
+        return False
+    best = os.path.join(os.path.dirname(source), BEST)
+    if os.path.exists(best) and (os.path.samefile(source, best)
+                                 or filecmp.cmp(source, best, shallow=False)):
+        return False  # the same file, or a copy of it (a copied job folder)
+    tmp = temp_name(best)
+    os.link(source, tmp)
+    os.replace(tmp, best)
+    log.info("%s: best.pt is now epoch %d's checkpoint, the monitor's best (the same file as "
+             "%s)", os.path.dirname(source), best_epoch + 1, LAST)
+    return True
+
+
+def load(path: str, key: str = "trainer.resume", map_location: str | torch.device = "cpu"
+         ) -> dict[str, Any]:
+    """Load and check a checkpoint with ``torch.load(weights_only=True)``.
+
+    Raises:
+        ConfigError: missing, unreadable, corrupt or not a ddp_exp checkpoint; ``key`` names
+            the config key the path came from.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"{key}={path!r}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        intact = intact_beside(path)
+        raise ConfigError(f"{key}={path!r}: cannot load it as a checkpoint: "
+                          f"{load_failure(exc)}" + (
+                              f"; an intact checkpoint beside it: trainer.resume={intact}"
+                              if intact else "")) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
+    return state
+
+
+def intact_beside(path: str) -> str | None:
+    """The newest checkpoint in ``path``'s folder that loads (``epoch_NNNN.pt`` newest first,
+    then ``best.pt``), other than ``path`` and the files that are ``path`` under another name
+    (``best.pt`` is often a hard link to ``last.pt``): what a user could resume from when
+    ``path`` is truncated or corrupt (R15). None when there is none."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"epoch_\d+\.pt", n)),
+                       reverse=True) + [BEST]
+    except OSError:
+        return None
+    for name in names:
+        candidate = os.path.join(folder, name)
+        try:
+            if os.path.samefile(candidate, path):
+                continue
+            torch.load(candidate, map_location="cpu", weights_only=True)
+        except Exception:  # missing, or broken too: the next one
+            continue
+        return candidate
+    return None
+
+
+def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:
+    """The checkpoint to continue from: ``resume`` as a path, or ``<job_dir>/checkpoints/
+    last.pt`` for ``resume=auto`` and after an elastic restart (when it exists)."""
+    if resume not in (None, "auto"):
+        return os.path.abspath(os.path.expanduser(resume))
+    last = os.path.join(checkpoint_dir(job_dir), LAST)
+    if (resume == "auto" or restarted) and os.path.isfile(last):
+        return last
+    return None
+
+
+# Keys that choose which samples train and which validate (the split is drawn from the seed):
+# resuming with another value would move training samples into validation.
+SPLIT_KEYS = ("seed", "data.val_size", "data.test_size")
+
+
+def check_same_split(saved_cfg: dict[str, Any] | None, cfg: dict[str, Any], resume: str,
+                     allow_changes: bool) -> None:
+    """Refuse to resume with another data split than the checkpoint's.
+
+    Args:
+        saved_cfg: the resolved config stored in the checkpoint (``state["config"]``).
+        cfg: this run's resolved config.
+        resume: ``trainer.resume`` as given (named in the message).
+        allow_changes: ``trainer.resume_allow_changes``: the user accepts the change.
+
+    Raises:
+        ConfigError: naming the first key of :data:`SPLIT_KEYS` whose value differs (a key
+            absent from either config, e.g. from a checkpoint older than the key, is skipped).
+    """
+    if not saved_cfg:
+        return
+    for key in SPLIT_KEYS:
+        before, now = _lookup(saved_cfg, key), _lookup(cfg, key)
+        if _ABSENT not in (before, now) and before != now:
+            if allow_changes:  # accepted, but the held-out scores now include trained samples
+                log.warning("%s=%s differs from the checkpoint's %s=%s "
+                            "(trainer.resume_allow_changes=true): samples trained on may now be "
+                            "validated or tested", key, now, key, before)
+                continue
+            raise ConfigError(f"{key}={now} differs from the checkpoint's {key}={before} "
+                              f"(trainer.resume={resume}): another split would move samples "
+                              f"between training, validation and test; resume with "
+                              f"{key}={before}, or add trainer.resume_allow_changes=true to "
+                              "accept it")
+
+
+_ABSENT = object()
+
+
+def _lookup(cfg: dict[str, Any], dotted: str) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``; :data:`_ABSENT` when a part is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def model_mismatch(exc: BaseException, state: dict[str, Any], model_cfg: dict[str, Any]) -> str:
+    """Why a checkpoint's ``state["model"]`` does not load into this run's model, in one line:
+    the state-dict keys torch names (missing, unexpected, size mismatch for ``key``), and the
+    ``model._target_`` the checkpoint was written with when it differs from this run's.
+    ``exc`` is what ``load_state_dict`` raised; its first line alone ("Error(s) in loading
+    state_dict for CNN:") names no key."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    details = "; ".join(ln for ln in lines[1:] if ln) or (lines[0] if lines else repr(exc))
+    if len(details) > 300:
+        details = details[:297] + "..."
+    written = ((state.get("config") or {}).get("model") or {}).get("_target_")
+    if written and written != model_cfg.get("_target_"):
+        details += (f"; the checkpoint was written with model._target_={written}, this run has "
+                    f"model._target_={model_cfg.get('_target_')}")
+    return details
+

@@ -1,0 +1,220 @@
+"""What an earlier run left in a job folder, and whether a new run may start there.
+
+:func:`refuse_earlier_run` (called by the build step, before any rank starts) refuses to train
+afresh over an earlier run's outputs (:class:`ddp_exp.job.folder.FolderHoldsRun`), but for an
+attempt of this same run killed before its first ``checkpoints/last.pt``
+(:func:`killed_first_epoch`), which ``trainer.resume=auto`` starts afresh; :func:`make_way`
+then clears that attempt's files and the temp files a killed writer left, once every other
+check has passed. A temp file (``.<name>.<tag>.tmp``) is never an earlier run's output.
+
+May use: :mod:`ddp_exp.job.folder` (the folder's names, its lock's previous record, the refusal),
+:mod:`ddp_exp.io.checkpoint` (the checkpoints folder's name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+
+from omegaconf import OmegaConf
+
+from ddp_exp.io import checkpoint
+from ddp_exp.io.files import read_text
+from ddp_exp.job.folder import (
+    ERRORS_DIR,
+    LOCK_FILE,
+    STATUS_FILE,
+    FolderHoldsRun,
+    job_log_file,
+    previous_record,
+    remove_partial_files,
+)
+
+log = logging.getLogger("ddp_exp")
+
+
+def earlier_outputs(job_dir: str) -> list[str]:
+    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files. A
+    temp file (``.last.pt.<tag>.tmp``, left by a writer killed mid-write) is not an output."""
+    found = [name for name in ("metrics.json", "model.pt")
+             if os.path.isfile(os.path.join(job_dir, name))]
+    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
+        folder = os.path.join(job_dir, sub)
+        if any(pattern in f and not _is_temp(f) for f in _names(folder)):
+            found.append(f"{sub}/")
+    return found
+
+
+def _names(folder: str) -> list[str]:
+    """``os.listdir(folder)``; empty when there is no such folder (under torchrun, rank 0 may
+    be deleting a killed attempt's folders while another rank looks)."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_temp(name: str) -> bool:
+    """A temp file of :func:`ddp_exp.io.files.atomic_write` / :func:`ddp_exp.io.files.temp_name`."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+# What a run of ddp_exp writes into its job folder before its first checkpoints/last.pt (the
+# Hydra record and the job log aside, named by Hydra's config): an attempt killed in its first
+# epoch left only these.
+_FIRST_EPOCH_FILES = {LOCK_FILE, STATUS_FILE, ERRORS_DIR, "tensorboard", "checkpoints",
+                      "standardization.json"}
+
+
+def killed_first_epoch(job_dir: str) -> str | None:
+    """Whether ``job_dir`` holds only what an attempt of this same run, stopped before its first
+    ``checkpoints/last.pt``, wrote: then ``trainer.resume=auto`` starts the run afresh there.
+
+    The proof, all of it: no ``metrics.json``, ``model.pt`` or complete checkpoint (only temp
+    files under ``checkpoints/``); ``status.json`` absent (a kill) or ``interrupted`` /
+    ``failed``; nothing in the folder but what ddp_exp and Hydra write there (the ``.hydra/``
+    record, the job log, ``tensorboard/`` event files, ``errors/``, ``standardization.json``,
+    the lock file); and, where the launching process took the folder's lock
+    (:func:`job_folder_lock`), the earlier attempt's ``config.yaml`` equals this run's but for
+    ``trainer.resume``. A user's file, a finished or another config's run keep the refusal.
+
+    Returns:
+        Why not (one phrase), or None when the folder is such an attempt.
+    """
+    if any(os.path.isfile(os.path.join(job_dir, n)) for n in ("metrics.json", "model.pt")):
+        return "it finished"
+    status = run_status(job_dir)
+    if status not in (None, "interrupted", "failed"):
+        return f"its status.json says {status!r}"
+    hydra_subdir, log_file = _hydra_names()
+    allowed = _FIRST_EPOCH_FILES | {n for n in (hydra_subdir, log_file) if n}
+    try:
+        names = set(os.listdir(job_dir))
+        checkpoints = _names(checkpoint.checkpoint_dir(job_dir))
+        events = _names(os.path.join(job_dir, "tensorboard"))
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    others = sorted(names - allowed)
+    if others:
+        return f"it holds {others[0]!r}, which ddp_exp did not write"
+    if not all(_is_temp(n) for n in checkpoints):
+        return "it holds a checkpoint"
+    if not all("tfevents" in n for n in events):
+        return "tensorboard/ holds files ddp_exp did not write"
+    previous = previous_record(job_dir)
+    if previous and hydra_subdir and not _same_config(
+            previous.get("config.yaml"), read_text(os.path.join(job_dir, hydra_subdir,
+                                                                 "config.yaml"))):
+        return "it was started with another config"
+    return None
+
+
+def run_status(job_dir: str) -> str | None:
+    """``status.json``'s ``status`` in ``job_dir`` (``completed``, ``failed``,
+    ``interrupted``), None when there is none, ``unreadable`` when it cannot be read."""
+    text = read_text(os.path.join(job_dir, STATUS_FILE))
+    if not text:
+        return None
+    try:
+        return str(json.loads(text).get("status"))
+    except (ValueError, AttributeError):
+        return "unreadable"
+
+
+def _hydra_names() -> tuple[str | None, str | None]:
+    """The names, in the job folder, of Hydra's record folder and of the job log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else ".hydra"
+    log_file = job_log_file()
+    return subdir, os.path.basename(log_file) if log_file else None
+
+
+def _same_config(before: str | None, now: str) -> bool:
+    """Two ``.hydra/config.yaml`` texts compose the same run, ``trainer.resume`` aside."""
+    if before is None or not now:
+        return True  # nothing to compare with
+    try:
+        a, b = OmegaConf.create(before), OmegaConf.create(now)
+        for c in (a, b):
+            if OmegaConf.select(c, "trainer") is not None:
+                c.trainer.pop("resume", None)
+        return OmegaConf.to_container(a) == OmegaConf.to_container(b)
+    except Exception:  # an unreadable record: not the same
+        return False
+
+
+def clear_killed_attempt(job_dir: str) -> None:
+    """Delete what an attempt killed before its first checkpoint wrote
+    (:func:`killed_first_epoch`): its event files, temp files, ``errors/``, ``status.json`` and
+    ``standardization.json``; the ``.hydra/`` record and the job log stay."""
+    for sub in ("tensorboard", "checkpoints", ERRORS_DIR):
+        shutil.rmtree(os.path.join(job_dir, sub), ignore_errors=True)
+    for name in (STATUS_FILE, "standardization.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(job_dir, name))
+
+
+def refuse_earlier_run(job_dir: str, resume: str | None) -> bool:
+    """Refuse to train afresh in a folder that holds an earlier run: its event streams and
+    files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
+    ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``. With
+    ``trainer.resume=auto`` and nothing to continue from, it logs one warning
+    (:func:`nothing_to_resume_line`) and the run starts fresh, also when the folder holds only
+    an attempt of this run killed before its first checkpoint (:func:`killed_first_epoch`).
+    Changes nothing: :func:`make_way` does, once every other check has passed.
+
+    Returns:
+        True when the folder holds such a killed attempt, which :func:`make_way` clears.
+
+    Raises:
+        FolderHoldsRun: naming what the earlier run left and how to continue it.
+    """
+    no_checkpoint = resume == "auto" and not os.path.isfile(
+        os.path.join(checkpoint.checkpoint_dir(job_dir), checkpoint.LAST))
+    earlier = earlier_outputs(job_dir) if resume is None or no_checkpoint else []
+    why_not = killed_first_epoch(job_dir) if earlier and no_checkpoint else "n/a"
+    if why_not is None:
+        return True
+    if earlier:  # training afresh here would mix two runs' event streams and files
+        how = (f"trainer.resume=auto finds no checkpoints/last.pt to continue from, and "
+               f"{why_not}" if no_checkpoint else "continue it with trainer.resume=auto")
+        raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
+                             f"({', '.join(earlier)}): {how}; or give this run its own folder "
+                             "(hydra.run.dir; hydra.sweep.dir with -m)")
+    if no_checkpoint and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+        log.warning("%s", nothing_to_resume_line(job_dir))
+    return False
+
+
+def make_way(job_dir: str, killed_attempt: bool) -> None:
+    """Once the run may start in ``job_dir`` (every check passed, no rank started yet), on
+    rank 0 alone: delete a killed attempt's files (``killed_attempt``, as
+    :func:`refuse_earlier_run` returned; :func:`clear_killed_attempt`), saying so, and the
+    temp files a killed writer left (``.<name>.<tag>.tmp``)."""
+    if os.environ.get("RANK", "0") != "0" or not os.path.isdir(job_dir):
+        return
+    if killed_attempt:
+        earlier = earlier_outputs(job_dir)
+        clear_killed_attempt(job_dir)
+        log.warning("trainer.resume=auto: %s holds an attempt of this run stopped before its "
+                    "first checkpoint (%s): starting the run afresh there", job_dir,
+                    ", ".join(earlier))
+    remove_partial_files(job_dir)
+
+
+def nothing_to_resume_line(job_dir: str) -> str:
+    """What ``trainer.resume=auto`` says when the job folder has no ``checkpoints/last.pt``:
+    it trains from scratch there (a new folder, when ``hydra.run.dir`` was not given: each
+    run gets its own timestamped one), and how to resume a run instead."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    how = ("pass the sweep's folder as hydra.sweep.dir" if sweep
+           else "pass its folder as hydra.run.dir")
+    return f"trainer.resume=auto: nothing to resume in {job_dir}: starting fresh; to resume a " \
+           f"run, {how}"

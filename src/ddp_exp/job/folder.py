@@ -1,0 +1,369 @@
+"""The job folder's lifecycle: one Hydra job's output folder from Hydra's ``mkdir`` to its status.
+
+What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training, in order:
+
+* :func:`job_folder_lock`: the entry holds ``.hydra/.ddp_exp.lock`` while a world uses the
+  folder, and keeps in it a copy of the ``.hydra/`` record of the run that last held it, put
+  back when a run is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
+* what an earlier run left, and whether a new run may start over it
+  (:class:`FolderHoldsRun`), is :mod:`ddp_exp.job.earlier_run`'s; :func:`previous_record` gives
+  it the record of the run that last held the folder;
+* :func:`clear_errors` at the start of a run, :func:`keep_error_files` when a rank failed
+  (``errors/rank<R>.json``), :func:`remove_partial_files` once every rank has ended;
+* :func:`write_status`: ``status.json`` (completed, failed or interrupted), read back by the
+  sweep summary (:mod:`ddp_exp.job.sweep`); :func:`record_unstarted_interrupt` writes it for a
+  job stopped after Hydra made its folder and before its task ran;
+* :func:`remove_refused_folder`: a single run refused before any rank started leaves no folder
+  it created (:class:`NewFoldersCallback` notes which, before Hydra makes them).
+
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes, temp-file
+clean-up), :mod:`ddp_exp.io.checkpoint` (the checkpoints folder's name),
+:mod:`ddp_exp.job.earlier_run` (what a refused run's folder holds; imported where used: it imports
+this module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.io import checkpoint
+from ddp_exp.io.files import atomic_write, best_effort, read_text, remove_partial
+
+log = logging.getLogger("ddp_exp")
+
+LOCK_FILE = ".ddp_exp.lock"
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
+STATUS_FILE = "status.json"
+ERRORS_DIR = "errors"
+
+
+class LeaveFolderAlone(ConfigError):
+    """An error after which this job must not write into its folder (another run's)."""
+
+
+class AlreadyComplete(LeaveFolderAlone):
+    """``trainer.resume`` points at a run that has already trained all its epochs (or stopped
+    early): the single run says so and exits 0, a sweep skips the job."""
+
+
+class JobFolderBusy(LeaveFolderAlone):
+    """Another running job holds the job folder."""
+
+
+class FolderHoldsRun(LeaveFolderAlone):
+    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
+
+
+# The .hydra/ record of the run that last held each job folder before this process took its
+# lock (job_folder_lock): job folder (absolute) -> record.
+_previous_records: dict[str, dict[str, str]] = {}
+
+
+def previous_record(job_dir: str) -> dict[str, str] | None:
+    """The ``.hydra/`` record (file name -> text) of the run that held ``job_dir`` before this
+    process took its lock (:func:`job_folder_lock`); None when this process holds no lock
+    there (under torchrun, a rank other than 0)."""
+    return _previous_records.get(os.path.abspath(job_dir))
+
+
+# The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:
+# the run's folder (absolute) -> the topmost folder on its path that did not exist yet, None
+# when the run's folder already existed.
+_created: dict[str, str | None] = {}
+
+
+def note_new_folders(job_dir: str) -> None:
+    """Note which folders on the path to ``job_dir`` do not exist yet: those that making it
+    creates, and that :func:`remove_refused_folder` may remove. Call before the folder is made.
+    """
+    job_dir = path = os.path.abspath(job_dir)
+    top = None
+    while not os.path.exists(path):
+        top, path = path, os.path.dirname(path)
+    _created[job_dir] = top
+
+
+class NewFoldersCallback(Callback):
+    """Hydra callback (``hydra.callbacks.new_folders`` in ``conf/config.yaml``): at the start of
+    a single run, before Hydra makes ``hydra.run.dir``, note which folders this process creates
+    (:func:`note_new_folders`). A folder left unnoted is kept by a refused run."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_config = HydraConfig.instance()
+        before = hydra_config.cfg
+        try:  # set as Hydra's run_job sets it next, so that ${hydra:...} resolves
+            hydra_config.set_config(config)
+            run_dir = OmegaConf.select(config, "hydra.run.dir")  # ${now:}, run_stamp: cached
+        except Exception:  # a resolver's error: Hydra reports it when it makes the folder
+            return
+        finally:
+            hydra_config.cfg = before
+        if run_dir is not None:
+            note_new_folders(str(run_dir))
+
+
+def remove_refused_folder(job_dir: str, hydra_subdir: str | None, log_file: str | None) -> bool:
+    """Delete the folder of a single run refused before any rank started, when this process
+    created it (:class:`NewFoldersCallback`) and it holds only what this run's start made:
+    Hydra's ``.hydra/`` record, the job log and the lock file. Parent folders this process
+    created on the way and left empty go too (``outputs/runs/<date>/``). A folder that existed
+    before (the tasks of a ``launcher.cluster`` job share one; a ``hydra.run.dir`` given
+    again), or that holds anything else (an earlier run's outputs, ``status.json``, the user's
+    own files), stays as it was.
+
+    Returns:
+        True when the folder was removed.
+    """
+    job_dir = os.path.abspath(job_dir)
+    top = _created.get(job_dir)
+    if top is None:  # not created by this process, or not known to be
+        return False
+    made = {LOCK_FILE}
+    if hydra_subdir:
+        made.add(hydra_subdir)
+    if log_file and os.path.dirname(os.path.abspath(log_file)) == job_dir:
+        made.add(os.path.basename(log_file))
+    try:
+        names = set(os.listdir(job_dir))
+        record = (set(os.listdir(os.path.join(job_dir, hydra_subdir)))
+                  if hydra_subdir and hydra_subdir in names else set())
+    except OSError:
+        return False
+    if not names <= made or not record <= {*HYDRA_RECORD, LOCK_FILE}:
+        return False
+    shutil.rmtree(job_dir, ignore_errors=True)
+    _remove_empty_new_folders(os.path.dirname(job_dir), top)
+    return not os.path.exists(job_dir)
+
+
+def remove_new_empty_folder(path: str) -> None:
+    """Remove ``path`` if this process created it (:func:`note_new_folders`) and it is empty,
+    and the folders created on the way to it that are left empty: what a sweep refused before
+    its first job leaves (:func:`ddp_exp.job.sweep.discard_refused_sweep`)."""
+    path = os.path.abspath(path)
+    top = _created.get(path)
+    if top is not None:
+        _remove_empty_new_folders(path, top)
+
+
+def _remove_empty_new_folders(path: str, top: str) -> None:
+    """``os.rmdir`` ``path`` and its parents up to and including ``top`` while they are empty."""
+    while path == top or path.startswith(top + os.sep):
+        try:
+            os.rmdir(path)
+        except OSError:
+            break
+        path = os.path.dirname(path)
+
+
+@contextlib.contextmanager
+def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
+    """Hold an exclusive lock on the job folder while a world uses it.
+
+    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
+    the lock file also keeps a copy of the record of the run that last held it: a run refused
+    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
+    describing what was trained in it. The lock file is ``<hydra_dir>/.ddp_exp.lock`` (in the
+    job folder itself only with ``hydra.output_subdir=null``): a finished run's folder shows no
+    lock file that would make it look in use (an ``flock`` ends with its process; the file
+    stays, holding the record).
+
+    Raises:
+        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
+            mix their event streams, checkpoints and metrics).
+    """
+    import fcntl
+
+    os.makedirs(job_dir, exist_ok=True)
+    with open(lock_file(job_dir, hydra_dir), "a+") as fh:  # a+: keep the record
+        fh.seek(0)
+        previous = _parse_record(fh.read()) or _parse_record(read_text(
+            os.path.join(job_dir, LOCK_FILE)))  # a folder of an earlier version's run
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            _restore_record(hydra_dir, previous)
+            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
+                                "give this run its own folder") from None
+        _previous_records[os.path.abspath(job_dir)] = previous  # for killed_first_epoch
+        try:
+            _write_record(fh, _read_record(hydra_dir))
+            yield
+        except ConfigError as exc:  # refused before training: the folder's record stays
+            from ddp_exp.job.earlier_run import earlier_outputs  # it imports this module
+
+            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
+                _restore_record(hydra_dir, previous)
+                _write_record(fh, previous)
+                exc.folder_kept = True  # __main__ then writes no status.json either
+            raise
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def lock_file(job_dir: str, hydra_dir: str | None) -> str:
+    """The job folder's lock file: under ``hydra_dir`` (``.hydra/``) when Hydra made one."""
+    folder = hydra_dir if hydra_dir and os.path.isdir(hydra_dir) else job_dir
+    return os.path.join(folder, LOCK_FILE)
+
+
+def _read_record(hydra_dir: str | None) -> dict[str, str]:
+    if not hydra_dir or not os.path.isdir(hydra_dir):
+        return {}
+    record = {}
+    for name in sorted(os.listdir(hydra_dir)):
+        if name.endswith(".yaml"):
+            with open(os.path.join(hydra_dir, name)) as f:
+                record[name] = f.read()
+    return record
+
+
+def _parse_record(text: str) -> dict[str, str]:
+    try:
+        record = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_record(fh, record: dict[str, str]) -> None:
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps(record))
+    fh.flush()
+
+
+def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
+    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
+    if not hydra_dir or not record:
+        return
+    for name, text in record.items():
+        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
+                     lambda f, text=text: f.write(text.encode()))
+
+
+def job_log_file() -> str | None:
+    """The job log (the root logger's file handler, set up by Hydra), or None."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return handler.baseFilename
+    return None
+
+
+def log_to_job_log_only(level: int, text: str) -> None:
+    """Write ``text`` to the job log (``ddp_exp.log``), not to the console."""
+    logger = logging.getLogger("ddp_exp")
+    record = logger.makeRecord(logger.name, level, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: float,
+                 error: str | None = None, pruned_at_epoch: int | None = None) -> None:
+    """Write ``<job_dir>/status.json`` atomically: ``completed``, ``failed`` or
+    ``interrupted``; a trial that hydra/sweeper=ddp_optuna's pruner stopped also has
+    ``pruned: true`` and ``pruned_at_epoch`` (its status stays ``completed``). Best-effort
+    (:func:`ddp_exp.io.files.best_effort`): a status that cannot be written (a full disk) is one
+    ``warning:`` line, or none where ``error`` says the disk is full already; the run's exit
+    status stays its own."""
+    payload = {"status": status, "overrides": list(overrides), "wall_s": wall_s,
+               "error": error}
+    if pruned_at_epoch is not None:
+        payload.update(pruned=True, pruned_at_epoch=pruned_at_epoch)
+    text = json.dumps(payload, indent=2) + "\n"
+    path = os.path.join(job_dir, STATUS_FILE)
+    best_effort(path, lambda: atomic_write(path, lambda fh: fh.write(text.encode())), error)
+
+
+def record_unstarted_interrupt(signal_name: str, job_log: str | None) -> str | None:
+    """After Ctrl-C or SIGTERM outside a job's task: write ``status.json`` (``interrupted``)
+    into the folder Hydra made for this process's job, if the job's task never ran there.
+
+    Hydra makes a job's folder, its job log (``job_log``, the root logger's file) and
+    ``.hydra/`` before it calls the task; a signal in between left the folder without a
+    status (a sweep's summary then listed the job as ``incomplete``). Only a folder that holds
+    nothing else (the job log, and a folder of Hydra's record files) is written to: one with a
+    status, another run's outputs or a lock (a run that may still be going) is left as it is.
+
+    Returns:
+        The folder written to, or None.
+    """
+    if job_log is None:
+        return None
+    job_dir = os.path.dirname(os.path.abspath(job_log))
+    try:
+        others = [e for e in os.scandir(job_dir) if e.name != os.path.basename(job_log)]
+        record = [e for e in others if e.is_dir() and set(os.listdir(e.path)) <= set(
+            HYDRA_RECORD)]
+    except OSError:
+        return None
+    if len(others) > 1 or len(record) != len(others):
+        return None
+    overrides: list[str] = []
+    if record:
+        with contextlib.suppress(Exception):
+            overrides = [str(o) for o in OmegaConf.load(os.path.join(record[0].path,
+                                                                     "overrides.yaml"))]
+    why = f"stopped by {signal_name} before the job started"
+    log_to_job_log_only(logging.ERROR, why)
+    write_status(job_dir, "interrupted", overrides, 0.0, why)
+    return job_dir
+
+
+def clear_errors(job_dir: str) -> None:
+    """Delete ``<job_dir>/errors/`` at the start of a run: an earlier attempt's error files
+    would contradict this run's status."""
+    shutil.rmtree(os.path.join(job_dir, ERRORS_DIR), ignore_errors=True)
+
+
+def keep_error_files(exc, job_dir: str) -> None:
+    """Copy each failed rank's error file (its exception and traceback, written by ``@record``)
+    from the agent's temporary folder to ``<job_dir>/errors/rank<R>.json``, and point the
+    failure table at the copy: the temporary folder is gone once the launch returns.
+
+    Args:
+        exc: torch's ``ChildFailedError`` (its ``failures``: global rank -> ``ProcessFailure``).
+    """
+    for rank, failure in exc.failures.items():
+        if os.path.isfile(failure.error_file):
+            kept = os.path.join(job_dir, ERRORS_DIR, f"rank{rank}.json")
+
+            def copy(source: str = failure.error_file, kept: str = kept) -> None:
+                os.makedirs(os.path.dirname(kept), exist_ok=True)
+                shutil.copyfile(source, kept)
+
+            # Best-effort: on a full disk the failure's own line says so (R16).
+            reported = "no space left on the disk" if _names_full_disk(failure) else None
+            if best_effort(kept, copy, reported):
+                failure.error_file = kept
+            else:
+                failure.error_file = f"<not kept: {kept} could not be written>"
+        else:  # killed by a signal, or exited without raising: nothing was written
+            failure.error_file = "<none: the rank wrote no error file>"
+
+
+def _names_full_disk(failure: Any) -> bool:
+    """Whether a failed rank's recorded message already says its disk is full."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return "no space left on the disk" in str(message)
+
+
+def remove_partial_files(job_dir: str) -> list[str]:
+    """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
+    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
+    return remove_partial(job_dir) + remove_partial(checkpoint.checkpoint_dir(job_dir))

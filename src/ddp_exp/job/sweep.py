@@ -1,0 +1,359 @@
+"""Sweeps: one summary per multirun, the sweep's failure, and what a job returns to the sweeper.
+
+Every job writes ``status.json`` into its own folder (:func:`ddp_exp.job.folder.write_status`):
+completed, failed or interrupted, its overrides, wall seconds and, if not completed, why. At
+the end of a multirun, Hydra calls :class:`SummaryCallback` (``hydra.callbacks`` in
+``conf/config.yaml``), which reads every job folder of the sweep (whichever launcher ran them:
+sequential, joblib processes, submitit) and writes ``summary.csv``, ``summary.md`` and
+``summary.png`` into the sweep folder. A failed job does not take the others' rows with it; the
+callback then records the failure, and the entry point (which runs the sweep) raises
+:class:`SweepFailed` from it, so the sweep still exits non-zero. (Hydra turns exceptions raised
+inside callbacks into warnings.)
+:func:`objective` is what a job returns to Hydra's sweeper (Optuna's worst value for a failed
+job).
+
+May use: :mod:`ddp_exp.io.files` (atomic writes), :mod:`ddp_exp.job.pruning` (a ddp_optuna sweep's
+trial states and curves), :mod:`ddp_exp.job.folder` (``status.json``'s name,
+which folders this process created).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ddp_exp.config.compose import task_overrides
+from ddp_exp.io.files import atomic_write, best_effort, read_json
+from ddp_exp.job import pruning
+from ddp_exp.job.folder import STATUS_FILE, note_new_folders, remove_new_empty_folder
+
+log = logging.getLogger("ddp_exp")
+
+COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
+           "samples_per_sec", "error")
+# Under summary.md's table: what wall_s measures, and why the first job's is longer.
+WALL_S_NOTE = ("`wall_s`: seconds from the job's start to its end in the process that ran it "
+               "(set-up, data, model, training, evaluation). The first job a process runs also "
+               "pays one-off warm-up (imports such as torch._dynamo and TensorBoard, made once "
+               "per process: seconds, often more than a small job's training), so its `wall_s` "
+               "is longer for the same work: compare speed by `samples_per_sec`, which counts "
+               "the training loop only.")
+# The recipe's final values (issue 15), columns when some job has them: best/<monitor>,
+# best/epoch, stopped_early, test/loss, test/accuracy, test/<metric>.
+RECIPE_PREFIXES = ("best/", "test/")
+RECIPE_KEYS = ("stopped_early",)
+
+
+def recipe_values(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The recipe keys of a job's metrics.json (``test/num_samples`` left out)."""
+    return {k: v for k, v in metrics.items()
+            if (k.startswith(RECIPE_PREFIXES) or k in RECIPE_KEYS) and k != "test/num_samples"}
+
+
+def columns(rows: list[dict[str, Any]]) -> list[str]:
+    """:data:`COLUMNS` with the recipe keys any row has inserted before ``error``."""
+    extra = sorted({k for row in rows for k in row if k not in COLUMNS})
+    return [*COLUMNS[:-1], *extra, COLUMNS[-1]]
+
+
+class SweepFailed(RuntimeError):
+    """Some jobs of a multirun failed; the summary lists them."""
+
+
+# Set by SummaryCallback.on_multirun_end in the process that ran the sweep; read and cleared by
+# raise_if_failed. A module global because Hydra swallows exceptions from callbacks.
+_failure: str | None = None
+# The sweep folder of the multirun this process takes part in: set when the multirun starts
+# (SummaryCallback) and by each job's task (a job may run in another process: slurm_local).
+active_sweep_dir: str | None = None
+# The sweep folder's multirun.yaml as it was before this multirun (Hydra's sweeper rewrites
+# it before the first job): put back when the sweep is refused there (discard_refused_sweep).
+_earlier_record: bytes | None = None
+SWEEP_RECORD = "multirun.yaml"
+# The names in the sweep folder when this multirun started (empty: no folder yet): a name that
+# is not here at the end, other than the record, is a job's (discard_refused_sweep).
+_names_before: frozenset[str] = frozenset()
+
+
+def raise_if_failed() -> None:
+    """Raise :class:`SweepFailed` if the multirun that just ended had failed jobs."""
+    global _failure
+    failure, _failure = _failure, None
+    if failure:
+        raise SweepFailed(failure)
+
+
+def objective(value: float | None, sweeper: Any) -> float | None:
+    """What a job returns to Hydra's sweeper: its final ``val/loss``, or NaN for a failed job.
+
+    A sweeper that optimises (one with ``hydra.sweeper.direction``: Optuna) gets the worst value
+    for its direction instead of NaN or None: ``inf`` when minimising, ``-inf`` when maximising.
+    Optuna then records the trial as completed with that value, so it is never the best while
+    any trial completed, and the search goes on. NaN would end it: Optuna refuses NaN, and the
+    plugin's attempt to record the trial as failed with that value raises ("Values cannot be
+    specified when state is TrialState.FAIL", hydra #2237). Which jobs failed stays in their
+    ``status.json`` and the sweep summary; other sweepers ignore the value (NaN kept).
+    """
+    direction = sweeper.get("direction") if hasattr(sweeper, "get") else None
+    if direction is None or (value is not None and math.isfinite(value)):
+        return value
+    if isinstance(direction, Sequence) and not isinstance(direction, str):
+        direction = direction[0]  # one objective: ddp_exp returns one value
+    direction = getattr(direction, "name", direction)  # the plugin's Direction enum, or a str
+    worst = -math.inf if str(direction).lower() == "maximize" else math.inf
+    log.warning("this job has no finite val/loss (%s): the sweeper is told %s, the worst value "
+                "for direction %s, and the search goes on", value, worst, direction)
+    return worst
+
+
+def log_config(cfg: Any) -> None:
+    """Log the resolved config at a job's start (``print_config=true``): the whole of it in a
+    single run and in a sweep's job 0; in a later job of a sweep, one line with the job's
+    overrides on the console (the rest is what job 0 printed) and the whole config in the
+    job's own ``ddp_exp.log``, so that every job folder still says exactly what it ran."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from ddp_exp.job.folder import log_to_job_log_only
+
+    text = OmegaConf.to_yaml(cfg)
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    if hc is None or hc.mode != RunMode.MULTIRUN or not hc.job.num:
+        log.info("config:\n%s", text)
+        return
+    log_to_job_log_only(logging.INFO, f"config:\n{text}")
+    overrides = " ".join(task_overrides(hc)) or "none"
+    log.info("config: job 0's (printed above; the whole in this job's ddp_exp.log), with this "
+             "job's overrides: %s", overrides)
+
+
+def recorded_val_loss(job_dir: str) -> float:
+    """``val/loss`` from a finished job's ``metrics.json``: what a skipped job returns to the
+    sweeper (NaN when it has none)."""
+    value = (read_json(os.path.join(job_dir, "metrics.json")) or {}).get("val/loss")
+    return math.nan if value is None else float(value)
+
+
+def collect(sweep_dir: str) -> list[dict[str, Any]]:
+    """One row per job folder under ``sweep_dir`` (those holding ``.hydra/``), in job order.
+
+    A job's status is its ``status.json``'s (``completed``, ``failed`` or ``interrupted``);
+    without one, a job with ``metrics.json`` is ``completed`` and a job folder with neither
+    (killed before it could write, or still running in another process) is ``incomplete``.
+    """
+    rows = []
+    trials = pruning.trial_states(sweep_dir)  # hydra/sweeper=ddp_optuna: state, pruned_at_epoch
+    for name in os.listdir(sweep_dir):
+        job_dir = os.path.join(sweep_dir, name)
+        if not os.path.isdir(os.path.join(job_dir, ".hydra")):
+            continue
+        status = read_json(os.path.join(job_dir, STATUS_FILE)) or {}
+        metrics = read_json(os.path.join(job_dir, "metrics.json")) or {}
+        state = status.get("status") or ("completed" if metrics else "incomplete")
+        rows.append({
+            "job": name,
+            "overrides": " ".join(status.get("overrides") or _overrides(job_dir)),
+            "status": state,
+            "val/loss": metrics.get("val/loss"),
+            "val/accuracy": metrics.get("val/accuracy"),
+            "train/loss": metrics.get("train/loss"),
+            "wall_s": status.get("wall_s", metrics.get("time/total_s")),
+            "samples_per_sec": metrics.get("train/samples_per_sec"),
+            "error": status.get("error"),
+            **recipe_values(metrics),
+        })
+        if trials is not None:  # the study's state; a trial it never recorded: FAIL
+            trial = trials.get(name) or {}
+            rows[-1].update(state=trial.get("state") or "FAIL",
+                            pruned_at_epoch=trial.get("pruned_at_epoch"))
+    rows.sort(key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit()
+                             else 0, r["job"]))
+    return rows
+
+
+def _overrides(job_dir: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    path = os.path.join(job_dir, ".hydra", "overrides.yaml")
+    return list(OmegaConf.load(path)) if os.path.exists(path) else []
+
+
+def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """Override keys whose value differs between jobs, in first-seen order."""
+    values: dict[str, set[str]] = {}
+    for row in rows:
+        for item in row["overrides"].split():
+            key, _, value = item.partition("=")
+            values.setdefault(key, set()).add(value)
+    return [k for k, v in values.items() if len(v) > 1]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
+    """``summary.csv`` (full precision), ``summary.md`` (a table) and ``summary.png``, each
+    best-effort (:func:`ddp_exp.io.files.best_effort`: a full disk is one line, and the sweep's
+    exit status still says which jobs failed)."""
+    names = columns(rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in names})
+    csv_path = os.path.join(sweep_dir, "summary.csv")
+    best_effort(csv_path, lambda: atomic_write(csv_path, lambda fh: fh.write(
+        buf.getvalue().encode())))
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for row in rows:
+        cells = [_fmt(row.get(k)).replace("|", "\\|").replace("\n", " ") for k in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n\n" + WALL_S_NOTE + "\n"
+    md_path = os.path.join(sweep_dir, "summary.md")
+    best_effort(md_path, lambda: atomic_write(md_path, lambda fh: fh.write(text.encode())))
+    _plot(sweep_dir, rows)
+
+
+def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
+    """Final metrics and throughput against the swept parameter (or the job, if several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = swept_keys(rows)
+    done = [r for r in rows if r["status"] == "completed"]
+    x_label, xs, numeric = "job", [r["job"] for r in done], False
+    if len(keys) == 1:
+        values = [dict(o.partition("=")[::2] for o in r["overrides"].split())[keys[0]]
+                  for r in done]
+        try:
+            xs, numeric = [float(v) for v in values], True
+        except ValueError:
+            xs = values
+        x_label = keys[0]
+    metrics = [("val/loss", "val/loss"), ("val/accuracy", "val/accuracy"),
+               ("train/loss", "train/loss"), ("samples_per_sec", "train samples/s")]
+    trials = pruning.trial_states(sweep_dir)
+    fig, axes = plt.subplots(1, len(metrics) + bool(trials),
+                             figsize=(4 * (len(metrics) + bool(trials)), 3.2))
+    if trials:  # a ddp_optuna sweep: each trial's curve, pruned ones cut
+        pruning.plot_curves(axes[-1], trials)
+    for ax, (key, title) in zip(axes, metrics, strict=False):
+        ys = [r[key] if r[key] is not None else math.nan for r in done]
+        if numeric:
+            order = sorted(range(len(xs)), key=lambda i: xs[i])
+            ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o")
+            if len(set(xs)) > 2 and min(xs) > 0 and max(xs) / min(xs) >= 8:
+                ax.set_xscale("log", base=2)
+        else:
+            ax.bar(range(len(xs)), ys)
+            ax.set_xticks(range(len(xs)), [str(x) for x in xs], rotation=45)
+        ax.set_title(title)
+        ax.set_xlabel(x_label)
+        ax.grid(alpha=0.3)
+    failed = len(rows) - len(done)
+    pruned = sum(1 for r in rows if r.get("state") == "PRUNED")
+    fig.suptitle(f"{os.path.basename(os.path.normpath(sweep_dir))}: {len(done)} completed"
+                 + (f" ({pruned} pruned)" if pruned else "") + (f", {failed} failed" if failed
+                                                                 else ""))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    png_path = os.path.join(sweep_dir, "summary.png")
+    best_effort(png_path, lambda: atomic_write(png_path, lambda fh: fh.write(buf.getvalue())))
+
+
+def summarize_interrupted(sweep_dir: str) -> None:
+    """Write the summary of a sweep stopped by Ctrl-C or SIGTERM (Hydra then never calls
+    ``on_multirun_end``): the jobs that finished, and the one that was running, ``interrupted``
+    in its ``status.json``. Jobs the sweep never started have no folder and no row."""
+    rows = collect(sweep_dir) if os.path.isdir(sweep_dir) else []
+    if rows:
+        write_summary(sweep_dir, rows)
+        log.info("sweep interrupted; summary: %s",
+                 os.path.join(os.path.abspath(sweep_dir), "summary.md"))
+
+
+def discard_refused_sweep() -> bool:
+    """Put the sweep folder back as it was when a multirun is refused before any job made its
+    folder (an override that does not compose: ``-m model=mlp,nonexistent``; Hydra's sweeper
+    writes ``multirun.yaml`` first and composes the jobs next): the earlier sweep's
+    ``multirun.yaml`` goes back, or the refused one is removed, and the folder goes too if this
+    multirun created it and it is empty (with the folders made on the way to it). Does nothing
+    once a job has put anything into the folder.
+
+    Returns:
+        True when the folder was put back.
+    """
+    if active_sweep_dir is None:
+        return False
+    try:
+        new = set(os.listdir(active_sweep_dir)) - _names_before - {SWEEP_RECORD}
+    except OSError:
+        return False
+    if new:  # a job started: its folder and the record stay
+        return False
+    if _earlier_record is not None:  # the sweep that ran there before: its record goes back
+        record = _earlier_record
+        atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
+    else:
+        try:
+            os.remove(os.path.join(active_sweep_dir, SWEEP_RECORD))
+        except FileNotFoundError:
+            pass
+        remove_new_empty_folder(active_sweep_dir)
+    return True
+
+
+class SummaryCallback(Callback):
+    """Hydra callback: notes the sweep folder and its earlier ``multirun.yaml`` when a multirun
+    starts (:data:`active_sweep_dir`: a Ctrl-C still writes the summary,
+    :func:`summarize_interrupted`; :func:`discard_refused_sweep`), writes the sweep summary
+    when it ends (``on_multirun_end``), and records failed or unfinished jobs for
+    :func:`raise_if_failed`."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global active_sweep_dir, _earlier_record, _names_before
+        active_sweep_dir = str(config.hydra.sweep.dir)
+        try:
+            with open(os.path.join(active_sweep_dir, SWEEP_RECORD), "rb") as fh:
+                _earlier_record = fh.read()
+        except OSError:
+            _earlier_record = None
+        try:
+            _names_before = frozenset(os.listdir(active_sweep_dir))
+        except OSError:
+            _names_before = frozenset()
+        note_new_folders(active_sweep_dir)  # before Hydra's sweeper makes it
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _failure
+        sweep_dir = config.hydra.sweep.dir
+        if not os.path.isdir(sweep_dir):
+            return
+        rows = collect(sweep_dir)
+        if not rows:
+            return
+        write_summary(sweep_dir, rows)
+        log.info("sweep summary: %s", os.path.join(os.path.abspath(sweep_dir), "summary.md"))
+        bad = [r for r in rows if r["status"] != "completed"]
+        if bad:
+            jobs = ", ".join(f"{r['job']} ({r['status']})" for r in bad)
+            _failure = (f"{len(bad)} of {len(rows)} jobs did not complete: {jobs}; see "
+                        f"{os.path.join(sweep_dir, 'summary.md')}")

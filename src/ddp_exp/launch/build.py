@@ -1,0 +1,268 @@
+"""The build-once step: from a validated config to what every rank needs (:class:`RankInputs`).
+
+:func:`prepare`, used by both launch paths (the elastic launch and the torchrun join of
+:mod:`ddp_exp.launch.elastic`), builds in this process, before any rank starts: the data split, the
+seeded model (identical initial weights on every rank), the objective checked on two training
+samples, the optimizer and the scheduler, and, when resuming, checks that the checkpoint fits
+them. Bad input therefore fails here, once, with one line naming the key, not in ``world_size``
+ranks.
+
+May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.data`, :mod:`ddp_exp.data.loaders`,
+:mod:`ddp_exp.train.models`, :mod:`ddp_exp.train.objective`, :mod:`ddp_exp.train.loop` (the
+optimizer),
+:mod:`ddp_exp.train.schedule`, :mod:`ddp_exp.train.monitor`, :mod:`ddp_exp.io.checkpoint`,
+:mod:`ddp_exp.metrics.writer` (hyper-parameters), :mod:`ddp_exp.job.folder` (refusals, the job log),
+:mod:`ddp_exp.job.earlier_run` (an earlier run in the job folder),
+:mod:`ddp_exp.rank.worker` (:class:`RankInputs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp import data as data_module
+from ddp_exp.config.checks import effective_lr, global_batch_size
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.data import Datasets
+from ddp_exp.data.loaders import seeded
+from ddp_exp.io import checkpoint
+from ddp_exp.job import earlier_run
+from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.metrics.writer import flatten_hparams
+from ddp_exp.rank.worker import RankInputs
+from ddp_exp.train import monitor, schedule
+from ddp_exp.train import state as train_state
+from ddp_exp.train.models import build_model
+from ddp_exp.train.objective import Objective
+from ddp_exp.train.optimizer import build_optimizer
+
+log = logging.getLogger("ddp_exp")
+
+
+def load_data(cfg: DictConfig) -> Datasets:
+    """Build ``cfg.data``'s training, validation and test split (:func:`ddp_exp.data.load`): arrays
+    read once, or lazy datasets of which one item is read.
+
+    Raises:
+        ConfigError: unreadable data, or ``data.val_size`` / ``data.test_size`` too large.
+    """
+    datasets = data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
+                                cfg.world_size)
+    limit = cfg.trainer.get("limit_val_batches")
+    if limit is not None and len(datasets.val) > limit * cfg.data.batch_size:
+        # the first limit x batch_size validation samples, whatever world_size
+        datasets.val = datasets.val.subset(np.arange(limit * cfg.data.batch_size))
+    return datasets
+
+
+def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
+    """The config flattened, plus the group choices and the derived global batch size."""
+    hparams = flatten_hparams(plain)
+    if HydraConfig.initialized():
+        for group, choice in HydraConfig.get().runtime.choices.items():
+            if not group.startswith(("hydra", "schema")) and choice is not None:
+                hparams[group] = str(choice)
+    hparams["global_batch_size"] = global_batch_size(plain)
+    hparams["optim.effective_lr"] = effective_lr(plain)
+    return hparams
+
+
+def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend: str
+            ) -> RankInputs:
+    """Build, once and in this process, what every rank of the world needs; shared by both
+    launch paths. In order: the folder may take a fresh run, the data, the seeded model, the
+    checkpoint to resume from (it fits the model and has epochs left), the resolved config,
+    the objective on two training samples, the monitor, the optimizer and the scheduler (and
+    their states from the checkpoint).
+
+    Args:
+        cfg: the validated config; ``world_size``, ``device`` (``cpu`` | ``cuda``) and
+            ``backend``: as resolved for this world (recorded in the returned config).
+        job_dir: absolute path of the job folder.
+
+    Raises:
+        FolderHoldsRun: an earlier run's outputs in ``job_dir`` and no checkpoint to resume.
+        AlreadyComplete: the checkpoint to resume has no epoch left to train.
+        ConfigError: any other bad input (data, model, objective, optim, scheduler, a
+            checkpoint that does not fit), before any rank starts.
+    """
+    t_start = time.time()
+    killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
+    datasets = load_data(cfg)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
+    model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
+                        datasets.train.input_shape, datasets.train.num_outputs)
+    source = checkpoint.find_resume(job_dir, cfg.trainer.resume, restarted=False)
+    # Check the file and that it fits, before ranks start.
+    state = None if source is None else _resumable_state(cfg, source, model, world_size)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    if state is not None:
+        checkpoint.check_same_split(state.get("config"), plain, cfg.trainer.resume,
+                                    cfg.trainer.resume_allow_changes)
+    plain["world_size"] = world_size
+    plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
+    objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"),
+                          plain["trainer"].get("output_key", "logits"),
+                          plain["trainer"].get("class_dim", "last"),
+                          plain["data"].get("ignore_index", -100))
+    _check_objective(objective, model, datasets, cfg.seed)
+    note = monitor.resolve(plain, objective.metrics, len(datasets.val))
+    if note:
+        log.info(note)
+    optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
+    scheduler = _build_scheduler(plain, optimizer, len(datasets.train), world_size)
+    if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
+        _load_optimizer_states(cfg.trainer.resume, plain, state, optimizer, scheduler,
+                               len(datasets.train))
+        if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
+            checkpoint.repair_best(source, state)
+    earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+    return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
+                      backend=backend,
+                      datasets=datasets, model=model, objective=objective,
+                      hparams=_hparams(plain), t_start=t_start)
+
+
+def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world_size: int
+                     ) -> dict[str, Any]:
+    """Load the checkpoint ``source`` into ``model`` and check that it has epochs left to
+    train; warns when it was written by a world of another size. Returns its state.
+
+    Raises:
+        ConfigError: unreadable, written mid-epoch (not resumable), or its model does not fit
+            this one.
+        AlreadyComplete: it stopped early, or has trained ``trainer.epochs`` already.
+    """
+    state = checkpoint.load(source)
+    train_state.check_resumable(state, cfg.trainer.resume)
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as exc:
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
+                          "does not fit this model ("
+                          f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
+    owed = _end_owed(source, state)
+    if (state.get("monitor") or {}).get("stopped_early") and not owed:
+        raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} stopped "
+                              "early (trainer.early_stopping_patience): nothing left to "
+                              "train; the job folder is unchanged")
+    if state["epoch"] + 1 >= cfg.trainer.epochs and not owed:
+        raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has "
+                              f"finished {state['epoch'] + 1} epoch(s), trainer.epochs="
+                              f"{cfg.trainer.epochs}: nothing left to train (raise "
+                              "trainer.epochs to continue); the job folder is unchanged")
+    max_steps = cfg.trainer.max_steps
+    if max_steps is not None and state["global_step"] >= max_steps:
+        raise AlreadyComplete(f"trainer.resume={cfg.trainer.resume!r}: {source} has taken "
+                              f"{state['global_step']} optimizer step(s), trainer.max_steps="
+                              f"{max_steps}: nothing left to train (raise trainer.max_steps to "
+                              "continue); the job folder is unchanged")
+    if owed and (state["epoch"] + 1 >= cfg.trainer.epochs
+                 or (state.get("monitor") or {}).get("stopped_early")):
+        log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
+                 "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
+                 cfg.trainer.resume, source)
+    if state.get("world_size") not in (None, world_size):
+        log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
+                    "batch differ from the interrupted run", state["world_size"], world_size)
+    return state
+
+
+def _end_owed(source: str, state: dict[str, Any]) -> bool:
+    """Whether the run that wrote ``source`` (a ``checkpoints/last.pt``) still owes its end:
+    the checkpoint's job folder has no ``status.json`` saying ``completed`` (a kill between the
+    final checkpoint and ``metrics.json`` / ``status.json``). Only ``last.pt`` is a run's
+    state: a ``best.pt`` or an epoch file given as ``trainer.resume`` owes nothing."""
+    del state
+    if os.path.basename(source) != checkpoint.LAST:
+        return False
+    job_dir = os.path.dirname(os.path.dirname(os.path.abspath(source)))
+    return earlier_run.run_status(job_dir) != "completed"
+
+
+def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Datasets,
+                     seed: int) -> None:
+    """Run the objective on the model's output for the first two training samples, taking
+    those that loading read already from ``datasets.items_read`` (a user's Dataset reads each
+    item once here), then empty ``items_read``: the ranks read every item themselves.
+
+    Raises:
+        ConfigError: reading those samples failed, or the loss / a metric does not fit the
+            model's output (:meth:`ddp_exp.train.objective.Objective.check`).
+    """
+    try:
+        with seeded(seed):  # an augmented probe draws nothing from this process's RNG
+            probe_x, probe_y = datasets.train.batch(range(min(2, len(datasets.train))),
+                                                    datasets.items_read)
+    except ConfigError:
+        raise
+    except Exception as exc:  # an unreadable file, an item of another shape, a transform's bug
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise ConfigError(f"data: reading the first training samples failed: "
+                          f"{type(exc).__name__}: {first}") from None
+    finally:
+        datasets.items_read.clear()
+    objective.check(model, probe_x, probe_y)
+
+
+def _build_scheduler(plain: dict[str, Any], optimizer: torch.optim.Optimizer, n_train: int,
+                     world_size: int) -> Any:
+    """The learning-rate scheduler over the run's optimizer steps, or None; built here so that
+    a bad scheduler fails before the ranks start.
+
+    Raises:
+        ConfigError: as :func:`ddp_exp.train.schedule.check` /
+        :func:`ddp_exp.train.schedule.build_scheduler`.
+    """
+    t = plain["trainer"]
+    per_epoch = schedule.steps_per_epoch(n_train, world_size, plain["data"]["batch_size"],
+                                         t["accumulate_grad_batches"])
+    run_steps = schedule.total_steps(t["epochs"], t["max_steps"], per_epoch)
+    schedule.check(plain, run_steps)
+    scheduler, _ = schedule.build_scheduler(plain.get("scheduler"), optimizer, run_steps,
+                                            per_epoch)
+    return scheduler
+
+
+def _load_optimizer_states(resume: str, plain: dict[str, Any], state: dict[str, Any],
+                           optimizer: torch.optim.Optimizer, scheduler: Any, n_train: int
+                           ) -> None:
+    """Check, before any rank starts, that the checkpoint's optimizer state fits this run's
+    optimizer and that this run's schedule can be entered where the checkpoint left off
+    (:func:`ddp_exp.train.state.resume_optimizer`, which every rank runs again). When the
+    run's length or steps per epoch changed (``trainer.epochs``, ``world_size``,
+    ``data.batch_size``, ``trainer.accumulate_grad_batches``, ``trainer.max_steps``) and a
+    ``scheduler`` is set, one line says so and where its schedule continues.
+
+    Args:
+        scheduler: built by :func:`_build_scheduler` for a fresh run (None: no schedule).
+        n_train: training samples (the run's steps per epoch follow from it).
+
+    Raises:
+        ConfigError: written by another optimizer (SGD state for AdamW), or a schedule that
+            does not fit this run.
+    """
+    t = plain["trainer"]
+    per_epoch = schedule.steps_per_epoch(n_train, plain["world_size"],
+                                         plain["data"]["batch_size"],
+                                         t["accumulate_grad_batches"])
+    _, interval, run_steps = train_state.resume_optimizer(plain, state, optimizer, per_epoch,
+                                                          resume)
+    was = (state.get("steps_per_epoch"), state.get("run_steps"))
+    if scheduler is not None and None not in was and was != (per_epoch, run_steps):
+        start, _ = schedule.resume_steps(state["epoch"] + 1, state["global_step"], t["epochs"],
+                                         t["max_steps"], per_epoch)
+        where = (f"step {start} of {run_steps}" if interval == "step" else
+                 f"epoch {state['epoch'] + 1} of {t['epochs']}")
+        log.info("trainer.resume: this run has %d optimizer steps, %d per epoch (the "
+                 "checkpoint's run: %d, %d per epoch): the schedule is this run's, continued "
+                 "at %s, as in an uninterrupted run with these settings", run_steps, per_epoch,
+                 was[1], was[0], where)

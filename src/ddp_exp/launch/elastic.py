@@ -1,0 +1,434 @@
+"""Start a world: from one composed Hydra job to ``world_size`` running ranks.
+
+:func:`run_job` validates the config, resolves device and backend, has the data and the seeded
+model built **once** in this process (:func:`ddp_exp.launch.build.prepare`), and starts
+``world_size``
+ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``,
+the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: on one node
+the agent's own rendezvous (:mod:`ddp_exp.launch.rendezvous`: a fresh store on a free loopback
+port, so
+parallel jobs cannot collide or merge), across nodes c10d (or static) on
+``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``;
+the agent checks its ranks when one finishes or fails (:mod:`ddp_exp.compat.elastic_agent`).
+
+When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` and
+``TORCHELASTIC_RUN_ID`` in the environment),
+:func:`run_under_torchrun` runs this process as one rank instead: rank 0 owns the output folder
+and broadcasts its resolved config, so every rank trains on the same config.
+
+Fork safety: the default start method is fork (fast start; ranks inherit imports, data and
+model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
+process pins itself to one intra-op thread before any torch compute (../shared/DESIGN.md).
+
+May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.launch.cluster` (a scheduler's layout),
+:mod:`ddp_exp.distributed.process_group` (placement, the process group),
+:mod:`ddp_exp.launch.build`,
+:mod:`ddp_exp.job.folder` (``errors/``, partial files, the job log), :mod:`ddp_exp.rank.failures`
+(a build that fails), :mod:`ddp_exp.io.files`, :mod:`ddp_exp.launch.rendezvous` (one node's),
+:mod:`ddp_exp.compat.elastic_agent` (the agent's wait), :mod:`ddp_exp.rank.worker` (what each rank
+runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import uuid
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ddp_exp.compat import elastic_agent as agent
+from ddp_exp.config.checks import check_precision, validate
+from ddp_exp.config.compose import task_overrides
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.distributed.process_group import (
+    World,
+    destroy_process_group,
+    init_process_group,
+    oversubscription_warning,
+    resolve_placement,
+)
+from ddp_exp.io.files import atomic_write
+from ddp_exp.job import folder as jobdir
+from ddp_exp.job.sweep import log_config
+from ddp_exp.launch import cluster
+from ddp_exp.launch.build import prepare
+from ddp_exp.launch.user_input import settle
+from ddp_exp.rank.failures import build_failure_recorded
+from ddp_exp.rank.worker import (
+    FAILURES_ENV,
+    RankInputs,
+    configure_logging,
+    record_rank_failure,
+    run_rank,
+    set_threads,
+    train_rank,
+)
+
+log = logging.getLogger("ddp_exp")
+
+_FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+MULTIRUN_UNDER_TORCHRUN = ("multirun (-m) cannot run under torchrun: start the sweep with "
+                           "python -m ddp_exp -m ..., which launches one world per job")
+
+
+# What torchrun's agent sets for each rank; ``TORCHELASTIC_RUN_ID`` says an agent started it.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+TORCHRUN_VARIABLES = (*RANK_VARIABLES, "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def under_torchrun() -> bool:
+    """True when this process is a rank started by torchrun (or any elastic agent): its rank
+    variables and ``TORCHELASTIC_RUN_ID`` are set, torch's own test
+    (``torch.distributed.is_torchelastic_launched``). ``RANK``/``WORLD_SIZE`` alone are often
+    left in a shell by an earlier experiment (:func:`ignore_leftover_torchrun_variables`)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and all(k in os.environ for k in RANK_VARIABLES)
+
+
+def ignore_leftover_torchrun_variables() -> list[str]:
+    """Remove from this process's environment the variables of a torchrun rank
+    (:data:`TORCHRUN_VARIABLES`) when no agent started it (no ``TORCHELASTIC_RUN_ID``), so that
+    the command launches its own world instead of waiting ``distributed.timeout_s`` for the
+    peers of a world that no longer exists (R12: Lightning-AI/pytorch-lightning #16313, #5651);
+    its ranks get their own from the elastic agent. Returns the names removed, for a line that
+    says so; empty under torchrun or when none is set."""
+    if under_torchrun() or not any(k in os.environ for k in RANK_VARIABLES):
+        return []
+    found = [k for k in TORCHRUN_VARIABLES if k in os.environ]
+    for key in found:
+        del os.environ[key]
+    return found
+
+
+def asks_for_multirun(argv: list[str]) -> bool:
+    """True when the command line asks Hydra for a multirun (``-m``, ``--multirun``,
+    ``hydra.mode=MULTIRUN``); a preset that sets ``hydra.mode`` is seen only once composed."""
+    return any(arg in ("-m", "--multirun") or arg.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN"
+               for arg in argv)
+
+
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """``argv`` with a ``-m`` / ``--multirun`` that follows an override moved before the
+    overrides, where Hydra's parser takes it (``python -m ddp_exp data.batch_size=16,32 -m``
+    was an 8-line argparse usage ending in "unrecognized arguments"). ``argv[0]`` stays."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    if not flags:
+        return argv
+    return argv[:1] + flags[:1] + [a for a in argv[1:] if a not in ("-m", "--multirun")]
+
+
+def torchrun_overrides(argv: list[str]) -> list[str]:
+    """Overrides appended to ``argv`` on non-zero torchrun ranks before Hydra parses it, so that
+    they create nothing: no run folder (the current one), no ``.hydra/``, no job log."""
+    if not under_torchrun() or os.environ["RANK"] == "0":
+        return []
+    return ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+            "hydra/hydra_logging=none"]
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any] | None:
+    """Run one Hydra job as one training world; returns rank 0's final metrics.
+
+    Raises:
+        ConfigError: invalid config or data, before any rank starts.
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a rank failed.
+    """
+    if under_torchrun():
+        return run_under_torchrun(cfg)
+    torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
+    layout = cluster.apply_layout(cfg)
+    if layout is not None and layout.ranks is not None:  # srun started one task per rank
+        os.environ.update({**layout.ranks, "TORCHELASTIC_RUN_ID": layout.job_id or "srun"})
+        return run_under_torchrun(cfg)
+    if layout is not None:
+        _log_as_task(cfg.launcher.cluster, layout)
+    owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
+    job_dir = HydraConfig.get().runtime.output_dir
+    with build_failure_recorded(job_dir, owner):
+        nproc, inputs = prepare_world(cfg, job_dir,
+                                      layout.tasks_on_host if layout is not None else 1)
+    env = {}
+    if layout is not None and layout.tasks_on_host > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
+        # over every rank on the machine).
+        cores = len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
+    if cfg.launcher.start_method == "fork":
+        _preload_for_ranks()
+    if cfg.print_config:  # once per sweep: later jobs print their overrides
+        log_config(inputs.cfg)
+    if owner:  # an earlier attempt's errors/ would contradict this run's status
+        jobdir.clear_errors(inputs.job_dir)
+    la = cfg.launcher
+    if la.nnodes > 1:
+        log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
+                 "%d s)", la.nnodes, la.rdzv_endpoint, la.rdzv_backend, la.rdzv_timeout_s)
+    with _environ(env):
+        results = _elastic_launch(cfg, nproc, inputs, owner)
+    if 0 not in results:
+        log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
+                 sorted(results))
+    return results.get(0)
+
+
+def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
+                  ) -> tuple[int, RankInputs]:
+    """Everything this launcher checks and builds before its ranks start, in order: the
+    config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
+    precision on that device, the oversubscription warning (over the ranks of
+    ``tasks_on_host`` tasks on this machine), then the data, model and the rest
+    (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
+
+    Raises:
+        ConfigError: invalid config or data (one line naming the key).
+        FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.launch.build.prepare`.
+    """
+    settle(cfg)  # paths relative to the command's folder, a replaced _target_'s keys
+    validate(cfg)
+    nproc = cfg.world_size // cfg.launcher.nnodes
+    device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
+    check_precision(cfg.trainer.precision, device)
+    warning = oversubscription_warning(nproc * tasks_on_host)
+    if warning:
+        log.warning("%s", warning)
+    return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
+
+
+def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
+    """Say where this task sits; then a task other than 0 logs only warnings and errors
+    (every task's handlers append to the one job log, which task 0 keeps)."""
+    log.info("%s job %s: node %d of %d, static rendezvous at %s", scheduler, layout.job_id,
+             layout.node_rank, layout.nnodes, layout.rdzv_endpoint)
+    if layout.node_rank > 0:
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)
+
+
+def _preload_for_ranks() -> None:
+    """Import, once and here, what every rank would import at its first ``DDP(model)``
+    (torch._dynamo, ~1 s) and in rank 0's writer; forked ranks inherit the modules. Imports
+    before a fork are safe; torch compute is not."""
+    import torch._dynamo  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
+
+
+class _AgentLogFilter(logging.Filter):
+    """Filter of the elastic agent's process-context logger, for one launch.
+
+    * The agent logs a failed rank's traceback, then raises it again in ChildFailedError, which
+      the entry point prints: the error is shown once. The failure (local rank, exit code) is
+      appended to ``failures_file`` (JSON list, one entry per failed attempt), where rank 0 of
+      the restarted world reads it (:func:`ddp_exp.rank.worker.restart_line`).
+    * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart, and
+      torch.multiprocessing's "Terminating process <pid> via signal SIGTERM" when a rank fails,
+      show only when their logger is set to DEBUG (``hydra.verbose=torch``).
+    """
+
+    def __init__(self, failures_file: str, first_rank: int | None) -> None:
+        super().__init__()
+        self.failures_file, self.first_rank, self.failures = failures_file, first_rank, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(("Closing process", "Terminating process")):
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        if not message.startswith("failed (exitcode"):
+            return True
+        exitcode, local_rank = (record.args or (None, None))[:2]
+        rank = None if self.first_rank is None else self.first_rank + int(local_rank)
+        self.failures.append({"local_rank": local_rank, "rank": rank, "exitcode": exitcode})
+        text = json.dumps(self.failures)
+        atomic_write(self.failures_file, lambda fh: fh.write(text.encode()))
+        return False
+
+
+def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True
+                    ) -> dict[int, Any]:
+    """Start this node's ``nproc`` ranks and wait for the world; returns this node's ranks'
+    results by global rank. ``owns_folder``: this launcher may clean the job folder afterwards
+    (False for a task sharing another task's folder, which may still be writing there)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    la = cfg.launcher
+    # The agent's per-attempt error files go to a folder removed afterwards; the failure
+    # summary (rank, exit code, traceback) is raised as ChildFailedError.
+    # A restarted world must not read the previous attempt's keys: by default torch's c10d
+    # rendezvous hands every attempt the same shared TCPStore, and the new ranks connect to the
+    # dead ones' gloo addresses ("Connection refused"; 10 of 17 restarts failed here). Opting out
+    # gives every attempt's ranks a fresh store on a new free port.
+    # Forked ranks must not resolve host names: a rank forked while another thread of this
+    # process held glibc's resolver lock blocked for ever in getaddrinfo (seen once, a rank stuck
+    # in __resolv_context_get inside TCPStore's connect). Numeric addresses and a named gloo
+    # interface keep getaddrinfo's resolver out of the ranks and of the agent's threads.
+    env = {}
+    if la.max_restarts > 0:
+        env[_FRESH_STORE_ENV] = "1"
+    # One node, or "nodes" meeting on this machine: every rank is reached over loopback.
+    on_loopback = la.nnodes == 1 or la.rdzv_endpoint.rpartition(":")[0] in LOOPBACK_HOSTS
+    if on_loopback and inputs.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Gloo would resolve this host's name to pick an interface; on one node it is loopback.
+        env["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+    # static reads "timeout"; c10d reads "join_timeout" (default 600 s) and ignores "timeout".
+    rdzv_configs: dict[str, Any] = {"timeout": la.rdzv_timeout_s,
+                                    "join_timeout": la.rdzv_timeout_s}
+    if la.rdzv_backend == "static":  # torchrun --node-rank: ranks numbered node by node
+        rdzv_configs["rank"] = la.node_rank
+    rdzv_backend = la.rdzv_backend
+    if la.nnodes == 1 and rdzv_backend == "c10d" and la.rdzv_endpoint.endswith(":0"):
+        # One node on a free port: nobody to meet, so no c10d join (ddp_exp.launch.rendezvous).
+        from ddp_exp.launch import rendezvous
+
+        rdzv_backend = rendezvous.BACKEND
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process" lines
+    # Global rank of this node's local rank 0: known on one node and with static node ranks.
+    first_rank = (0 if la.nnodes == 1 else
+                  la.node_rank * nproc if la.rdzv_backend == "static" else None)
+    with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
+        failures = _AgentLogFilter(os.path.join(agent_dir, "failures.json"), first_rank)
+        env[FAILURES_ENV] = failures.failures_file
+        config = LaunchConfig(
+            min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
+            run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
+            rdzv_backend=rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
+            rdzv_configs=rdzv_configs,
+            # The agent checks its ranks when one finishes or fails, else every
+            # launcher.monitor_interval_s (ddp_exp.compat.elastic_agent).
+            max_restarts=la.max_restarts, monitor_interval=agent.AGENT_SLEEP_S,
+            start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
+            # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
+            local_addr="127.0.0.1" if on_loopback else None,
+        )
+        agent_log.addFilter(failures)
+        spawn_log.addFilter(failures)
+        try:
+            with (_environ(env), _own_signal_handlers(),
+                  agent.wake_on_rank_events(la.monitor_interval_s),
+                  agent.start_ranks_safely(fork=la.start_method == "fork")):
+                return elastic_launch(config, run_rank)(inputs)
+        except ChildFailedError as exc:
+            jobdir.keep_error_files(exc, inputs.job_dir)
+            raise
+        finally:  # every rank has ended: a rank killed mid-write leaves no partial file
+            agent_log.removeFilter(failures)
+            spawn_log.removeFilter(failures)
+            if owns_folder:
+                jobdir.remove_partial_files(inputs.job_dir)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers():
+    """Put this process's signal handlers back after the launch. The agent installs torch's
+    (SIGINT, SIGTERM, SIGHUP, SIGQUIT raise ``SignalException``) and leaves them: a Ctrl-C
+    while Hydra composed a sweep's next job then raised it inside OmegaConf, which rebuilt it
+    with one argument and printed a ``TypeError`` traceback instead of the interrupt."""
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n, None) for n in names)
+             if sig is not None}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in saved.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+
+def _default_run_id(rdzv_backend: str) -> str:
+    """A fresh id for c10d (a world of its own on its free port); for the static rendezvous one
+    id that every node derives alike, as torchrun's default ``none`` (the store's keys are
+    prefixed with it, so nodes with different ids would never meet)."""
+    return "none" if rdzv_backend == "static" else uuid.uuid4().hex
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set environment variables for the launch (the ranks inherit them), then restore."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _loopback_interface() -> str:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    return names[0] if names else "lo"
+
+
+def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
+    """This process is one rank of a torchrun world: validate, join, adopt rank 0's config.
+
+    Raises:
+        ConfigError: an explicit ``world_size=`` that is not torchrun's ``WORLD_SIZE``.
+        ddp_exp.rank.worker.RankFailed: training failed on this rank (recorded by
+            :func:`ddp_exp.rank.worker.record_rank_failure`).
+    """
+    import torch.distributed as dist
+
+    world = World.from_env()
+    hc = HydraConfig.get()
+    if hc.mode is not None and hc.mode.name == "MULTIRUN":
+        raise ConfigError(MULTIRUN_UNDER_TORCHRUN)
+    explicit = [o for o in task_overrides(hc) if o.split("=", 1)[0].lstrip("+~") == "world_size"]
+    if explicit and cfg.world_size != world.world_size:
+        raise ConfigError(f"world_size={cfg.world_size} disagrees with torchrun's WORLD_SIZE="
+                          f"{world.world_size}; drop world_size= or make them equal")
+    cfg.world_size = world.world_size
+    # The world torchrun (or srun) made: its nodes, this node's index, rank 0's store.
+    la = cfg.launcher
+    la.nnodes = world.world_size // world.local_world_size
+    la.rdzv_backend, la.node_rank, la.rdzv_id = "static", world.rank // world.local_world_size, None
+    la.rdzv_endpoint = ":".join(os.environ.get(k, d) for k, d in (("MASTER_ADDR", "127.0.0.1"),
+                                                                   ("MASTER_PORT", "0")))
+    settle(cfg)
+    validate(cfg)
+    device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
+                                        world.local_world_size)
+    check_precision(cfg.trainer.precision, device)
+    threads = set_threads(world, cfg.data.num_workers)
+    warning = oversubscription_warning(world.local_world_size)
+    if warning and world.local_rank == 0:
+        log.warning("%s", warning)
+    init_process_group(backend, world, cfg.distributed.timeout_s, device)
+    try:
+        # Rank 0's composition wins: the same resolved config (${now:} included) and one
+        # output folder for the whole world.
+        if world.is_main:  # an earlier attempt's error files would contradict this run
+            jobdir.clear_errors(hc.runtime.output_dir)
+        shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
+                  jobdir.job_log_file()] if world.is_main else [None, None, None]
+        dist.broadcast_object_list(shared, src=0)
+        plain, job_dir, log_file = shared
+        cfg = OmegaConf.create(plain)
+        configure_logging(world.rank, log_file)
+        with build_failure_recorded(job_dir, world.is_main):
+            inputs = prepare(cfg, job_dir, world.world_size, device, backend)
+        if world.is_main and cfg.print_config:
+            log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
+        try:
+            return train_rank(inputs, world, threads)
+        except Exception as exc:  # recorded as the built-in launcher records a failed rank
+            raise record_rank_failure(exc, world.rank, job_dir) from None
+    finally:
+        destroy_process_group()

@@ -1,0 +1,107 @@
+"""Progress on rank 0: a tqdm bar per epoch on a terminal, plain log lines elsewhere.
+
+``trainer.progress``: ``auto`` (bar when stderr is a terminal, else log), ``bar``, ``log`` or
+``off``. The bar advances every optimizer step (a counter, no device sync); its loss and
+samples/s are the reduced values of each logging interval, so progress costs no extra
+all-reduce. In ``log`` mode an interval line is written at most every ``LOG_EVERY_S`` seconds,
+so a file or CI log gets a heartbeat without a line per step. The epoch's summary line
+(:func:`epoch_line`: its reduced train and validation values) is logged by the loop in every mode.
+
+Uses :mod:`ddp_exp.metrics.writer` (means of reduced sums) and tqdm; the loop
+(:mod:`ddp_exp.train.loop`)
+uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ddp_exp.metrics.writer import mean
+
+log = logging.getLogger("ddp_exp.train")
+
+LOG_EVERY_S = 10.0
+
+
+def resolve_mode(mode: str, enabled: bool) -> str:
+    """``off`` on ranks other than 0; ``auto`` becomes ``bar`` on a terminal, else ``log``."""
+    if not enabled:
+        return "off"
+    if mode == "auto":
+        return "bar" if sys.stderr.isatty() else "log"
+    return mode
+
+
+class Progress:
+    """One epoch's progress. ``step()`` per optimizer step, ``interval(loss, rate)`` per
+    logging interval, ``close()`` at the end of the epoch."""
+
+    def __init__(self, mode: str, epoch: int, epochs: int, steps: int):
+        self.mode, self.epoch, self.epochs, self.steps = mode, epoch, epochs, steps
+        self.done = 0
+        self.last_line = time.monotonic()
+        self.bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", unit="step",
+                            leave=False, dynamic_ncols=True, file=sys.stderr)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def interval(self, loss: float | None, samples_per_sec: float | None) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "-",
+                                 samples_s=f"{samples_per_sec:,.0f}" if samples_per_sec else "-",
+                                 refresh=False)
+        elif self.mode == "log" and time.monotonic() - self.last_line >= LOG_EVERY_S:
+            self.last_line = time.monotonic()
+            log.info("progress: epoch %d/%d, step %d/%d | train/loss %s | %s samples/s",
+                     self.epoch + 1, self.epochs, self.done, self.steps,
+                     f"{loss:.4f}" if loss is not None else "-",
+                     f"{samples_per_sec:,.0f}" if samples_per_sec else "-")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@dataclass
+class EpochResult:
+    """What one epoch measured, reduced over the world."""
+
+    epoch: int
+    global_step: int
+    train_loss: float | None
+    train_samples: int
+    train_s: float
+    val: dict[str, Any]
+
+
+def epoch_line(r: EpochResult, epochs: int) -> str:
+    """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/loss ... | val/... |
+    N samples/s`` (a value that does not apply is left out)."""
+    parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
+    if r.train_loss is not None:
+        parts.append(f"train/loss {r.train_loss:.4f}")
+    if r.val["val/loss"] is not None:
+        parts.append(f"val/loss {r.val['val/loss']:.4f}")
+    if r.val["val/accuracy"] is not None:
+        correct = round(r.val["val/accuracy"] * r.val["val/num_samples"])
+        parts.append(f"val/accuracy {r.val['val/accuracy']:.4f} "
+                     f"({correct}/{r.val['val/num_samples']})")
+    for key, value in r.val.items():
+        if key not in ("val/loss", "val/accuracy", "val/num_samples") and value is not None:
+            parts.append(f"{key} {value:.4f}")
+    rate = mean(r.train_samples, r.train_s)
+    if rate is not None:
+        parts.append(f"{rate:,.0f} samples/s")
+    return " | ".join(parts)

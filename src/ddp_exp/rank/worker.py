@@ -1,0 +1,383 @@
+"""One rank's life: signals, logging, threads, the process group, the loop, clean shutdown.
+
+:func:`run_rank` is the module-level function the elastic launcher starts ``world_size`` times;
+it receives the already composed config as plain data (:class:`RankInputs`), never ``sys.argv``,
+so a rank can neither re-compose the config, nor make its own output folder, nor start a sweep.
+
+Uses the loop (:mod:`ddp_exp.train.loop`, :mod:`ddp_exp.train.state`), :mod:`ddp_exp.io.checkpoint`,
+:mod:`ddp_exp.metrics.writer`, :mod:`ddp_exp.distributed.process_group`,
+:mod:`ddp_exp.train.objective`, :mod:`ddp_exp.data`,
+:mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (the failure line) and
+:mod:`ddp_exp.compat.elastic_agent`'s
+gate for forked ranks; the launcher starts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+
+from ddp_exp.compat import elastic_agent as agent
+from ddp_exp.config.checks import global_batch_size
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.data import Datasets
+from ddp_exp.distributed.process_group import (
+    PeerFailed,
+    World,
+    all_reduce_max,
+    destroy_process_group,
+    device_for,
+    init_process_group,
+    peak_rss_mb,
+    threads_per_rank,
+)
+from ddp_exp.io import checkpoint
+from ddp_exp.io.files import is_disk_full, naming_the_disk
+from ddp_exp.job import folder as jobdir
+from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
+from ddp_exp.rank.failures import failure_detail
+from ddp_exp.train import state as train_state
+from ddp_exp.train.loop import Trainer
+from ddp_exp.train.objective import Objective
+
+log = logging.getLogger("ddp_exp")
+
+LOG_FORMAT = "[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
+
+
+PEER_FAILURE_GRACE_S = 5.0
+FAILURES_ENV = "DDP_EXP_FAILURES_FILE"  # the launcher's record of failed ranks, per attempt
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True for errors a collective raises because a peer rank went away (gloo/NCCL connection
+    closed or reset, a store that is gone), and for
+    :class:`ddp_exp.distributed.process_group.PeerFailed`
+    (another rank's failure, learnt through a collective), as opposed to an error of this
+    rank's own."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, PeerFailed)) or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer",
+                            "Broken pipe", "NCCL communicator was aborted"))
+
+
+class RankFailed(Exception):
+    """A rank of a world that torchrun (or srun) started failed while training; see
+    :func:`record_rank_failure`.
+
+    Attributes:
+        line: ``rank R failed: <type>: <first line of the error>``.
+        job_dir: the run's folder (rank 0's).
+        report: this rank reports the failure (one line on stderr, ``status.json``): the first
+            rank of the world to record one (one per node where nodes share no folder).
+        peer: this rank's collective broke because another rank failed first.
+    """
+
+    def __init__(self, line: str, job_dir: str, report: bool, peer: bool):
+        super().__init__(line)
+        self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
+
+
+def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
+    """Call in the ``except`` block of a rank that torchrun (or srun) started, around its
+    training. Does what the built-in launcher's ``@record`` and failure table do: the traceback
+    goes to the job log (a peer's failure, :func:`is_peer_failure`, gets one warning line there
+    and nothing else: it is a knock-on effect); the error is written to
+    ``<job_dir>/errors/rank<R>.json`` and to torchrun's error file (``TORCHELASTIC_ERROR_FILE``:
+    its failure summary then names the cause), both in torch's error-file format
+    (``ErrorHandler.record_exception``). The rank that creates ``errors/`` first reports the
+    failure (``RankFailed.report``): an error that every rank raises together (a diverged
+    loss) is reported once.
+
+    Returns:
+        The :class:`RankFailed` to raise instead of ``exc``.
+    """
+    import traceback
+
+    exc = naming_the_disk(exc, job_dir)
+    peer = is_peer_failure(exc)
+    # The last line, as in the launcher's failure line: a DataLoader worker's error says
+    # "Caught ValueError in DataLoader worker process 0." first and the error itself last.
+    detail = failure_detail(f"{type(exc).__name__}: {exc}")
+    line = f"rank {rank} failed: {detail}"
+    if peer:  # a knock-on effect, not a second failure: no traceback
+        jobdir.log_to_job_log_only(logging.WARNING, f"rank {rank} stopped: another rank failed "
+                                   f"first ({detail})")
+        return RankFailed(line, job_dir, False, True)
+    jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
+    errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
+    try:
+        os.mkdir(errors)  # atomic: exactly one rank creates it
+        report = True
+    except FileExistsError:
+        report = False
+    except OSError:  # no folder to record in: rank 0 still reports
+        report = rank == 0
+    with contextlib.suppress(OSError):
+        _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
+    ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
+    return RankFailed(line, job_dir, report, False)
+
+
+class _ErrorFile(ErrorHandler):
+    """torch's ``ErrorHandler`` writing to ``path`` instead of ``TORCHELASTIC_ERROR_FILE``."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def _get_error_file_path(self) -> str:
+        return self.path
+
+
+@dataclass
+class RankInputs:
+    """Everything a rank needs, as picklable data built once by the launching process.
+
+    Attributes:
+        cfg: the resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
+        job_dir: absolute path of the job's output folder (rank 0 writes there).
+        log_file: the job's log file to append to, or None.
+        device: the resolved device type, ``cpu`` or ``cuda`` (rank ``r`` on
+            ``cuda:LOCAL_RANK``).
+        backend: the resolved process-group backend (``gloo`` or ``nccl``).
+        datasets: the train/validation split.
+        model: the seeded, unwrapped model.
+        objective: the training loss and validation metrics.
+        hparams: flat hyper-parameters for TensorBoard's HParams dashboard.
+        t_start: ``time.time()`` when the job started, for ``time/total_s``.
+    """
+
+    cfg: dict[str, Any]
+    job_dir: str
+    log_file: str | None
+    device: str
+    backend: str
+    datasets: Datasets
+    model: nn.Module
+    objective: Objective
+    hparams: dict[str, Any] = field(default_factory=dict)
+    t_start: float = field(default_factory=time.time)
+
+
+def configure_logging(rank: int, log_file: str | None) -> None:
+    """Rank 0 logs INFO and above, other ranks WARNING and above; every line carries its rank.
+
+    Replaces inherited handlers (a forked rank inherits the parent's, which would write every
+    line once per rank), writing to stdout and appending to the job's log file.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file, mode="a"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    threading.excepthook = _thread_failed
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A background thread's uncaught error (TensorBoard's event writer, the checkpoint
+    writer): a full disk is left to the rank's own line, which names the disk when the rank
+    next writes (the writer re-raises it there; :func:`ddp_exp.io.files.naming_the_disk`), not
+    printed as a second traceback; anything else as Python prints it."""
+    if args.exc_value is not None and is_disk_full(args.exc_value):
+        return
+    threading.__excepthook__(args)
+
+
+def set_threads(world: World, num_workers: int = 0) -> int:
+    """Set this rank's intra-op threads (see
+    :func:`ddp_exp.distributed.process_group.threads_per_rank`)."""
+    threads = threads_per_rank(world.local_world_size, num_workers)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any] | None:
+    """Run the loop on this rank (process group already up); rank 0 writes the outputs.
+
+    Returns:
+        The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks.
+    """
+    cfg = inputs.cfg
+    device = device_for(inputs.device, world.local_rank)
+    data = inputs.datasets
+    global_batch = global_batch_size(cfg)
+    n_train = len(data.train)
+    padded = -n_train % world.world_size
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
+    state = checkpoint.load(source, map_location=device) if source else None
+    if attempt > 0 and world.is_main:
+        log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
+    log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
+             "(%d per rank x %d accumulated); %d training / %d validation samples",
+             world.world_size, threads, inputs.backend, device.type, global_batch,
+             cfg["data"]["batch_size"], cfg["trainer"]["accumulate_grad_batches"], n_train,
+             len(data.val))
+    if padded:
+        log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
+                 "%d sample(s) per epoch, which count zero: each of the %d samples counts once",
+                 n_train, world.world_size, padded, n_train)
+    test_metrics = (["loss", *inputs.objective.metrics]
+                    if data.test is not None and len(data.test) else [])
+    writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
+                           purge_step=state["global_step"] + 1 if state else None,
+                           recipe_metrics=recipe_hparam_metrics(cfg["trainer"]["monitor"],
+                                                                test_metrics))
+    try:
+        if data.standardization is not None:  # what a user must apply to new inputs
+            writer.write_json("standardization.json", data.standardization)
+        trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
+        if state is not None:
+            train_state.load_state_dict(trainer, state, source)
+        final = trainer.fit()
+        peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
+                                           device=device))
+        final.update({
+            "perf/max_rss_mb": float(peak.item()),  # the largest peak over the ranks
+            "world_size": world.world_size,
+            "batch_size": cfg["data"]["batch_size"],
+            "global_batch_size": global_batch,
+            "threads_per_rank": threads,
+            "backend": inputs.backend,
+            "device": inputs.device,
+            "time/total_s": time.time() - inputs.t_start,
+        })
+        writer.finish(final, trainer.model)
+    finally:
+        writer.close()
+    if world.is_main:
+        log.info("wrote %s", os.path.join(inputs.job_dir, "metrics.json"))
+        return final
+    return None
+
+
+def restart_line(attempt: int, max_restarts: int, source: str | None,
+                 state: dict[str, Any] | None) -> str:
+    """The line rank 0 of a world restarted by the elastic agent logs: which restart, which
+    rank failed (as the launcher recorded it in the file named by :data:`FAILURES_ENV`;
+    a failure on another node is not seen here) and the checkpoint the world continues from.
+
+    Args:
+        attempt: ``TORCHELASTIC_RESTART_COUNT`` (1 for the first restart).
+        max_restarts: ``launcher.max_restarts``.
+        source: the checkpoint this world loaded, or None (no epoch had finished).
+        state: its contents (``epoch`` 0-based, ``global_step``).
+    """
+    failures = []
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.environ.get(FAILURES_ENV, "")) as fh:
+            failures = json.load(fh)
+    failed = "a rank on another node failed"
+    if len(failures) >= attempt:
+        f = failures[attempt - 1]
+        who = (f"rank {f['rank']}" if f.get("rank") is not None
+               else f"local rank {f['local_rank']} of this node")
+        code = f.get("exitcode")
+        how = (f"killed by {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
+               and -code in signal.valid_signals() else f"exit code {code}")
+        failed = f"{who} failed ({how})"
+    where = (f"continues from {source} (epoch {state['epoch'] + 1} done, step "
+             f"{state['global_step']})" if source and state is not None
+             else "starts again from the beginning (no epoch had finished)")
+    return f"restart {attempt} of launcher.max_restarts={max_restarts}: {failed}; the world {where}"
+
+
+# Settings each node may set its own way: how it joins (launcher.*: the rendezvous checks what
+# must agree, and a host may be named differently from each node), how it reports, how many
+# loader workers it runs, and where its copy of the data lives (its content is compared).
+NODE_LOCAL_KEYS = ("launcher.", "print_config", "trainer.progress", "data.num_workers",
+                   "data.persistent_workers", "data.prefetch_factor", "data.pin_memory",
+                   "data.path")
+
+
+def check_nodes_agree(inputs: RankInputs, world: World) -> None:
+    """Every node of a multi-node world composed its own config and built its own data: check,
+    with one ``all_gather_object``, that all ranks hold what rank 0 holds (the resolved config
+    but the node-local keys of ``NODE_LOCAL_KEYS``, and the data's sizes and CRC-32). Nodes
+    started with different overrides would otherwise train different models under one DDP
+    world, or abort in gloo.
+
+    Raises:
+        ConfigError: on every rank, naming the first keys that differ from rank 0.
+    """
+    import torch.distributed as dist
+
+    mine = {k: v for k, v in flatten_hparams(inputs.cfg).items()
+            if not k.startswith(NODE_LOCAL_KEYS)}
+    data = inputs.datasets.fingerprint()
+    mine.update(data)
+    everyone: list[Any] = [None] * world.world_size
+    dist.all_gather_object(everyone, mine)
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone):
+        differ = sorted((k for k in reference.keys() | theirs.keys()
+                         if reference.get(k) != theirs.get(k)),
+                        key=lambda k: (k in data, k))  # the config's keys first: the cause
+        if differ:
+            shown = ", ".join(f"{k}={theirs.get(k)!r} (rank 0: {reference.get(k)!r})"
+                              for k in differ[:3])
+            more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+            raise ConfigError(f"the nodes disagree: rank {rank} has {shown}{more}; start every "
+                              "node with the same overrides and data")
+
+
+@record
+def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
+    """Entry point of one rank started by the elastic launcher (env ``RANK``, ``WORLD_SIZE``...).
+
+    ``@record`` hands an uncaught error to PyTorch's elastic error reporting, which names the
+    failing rank in the launcher's summary.
+    """
+    # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
+    # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
+    agent.pass_fork_gate()
+    world = World.from_env()
+    configure_logging(world.rank, inputs.log_file)
+    threads = set_threads(world, inputs.cfg["data"]["num_workers"])
+    # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
+    # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
+    inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
+    init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"],
+                       inputs.device)
+    try:
+        if inputs.cfg["launcher"]["nnodes"] > 1:
+            check_nodes_agree(inputs, world)
+        return train_rank(inputs, world, threads)
+    except Exception as exc:
+        if is_peer_failure(exc):
+            # Our collective broke because another rank died first. Exit after it, so that the
+            # launcher reports that rank's error as the root cause (it stops us when it sees it).
+            time.sleep(PEER_FAILURE_GRACE_S)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < inputs.cfg["launcher"][
+                "max_restarts"]:  # the agent restarts the world and raises nothing: say why here
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            log.error("rank %d failed: %s: %s", world.rank, type(exc).__name__, first)
+        named = naming_the_disk(exc, inputs.job_dir)
+        if named is not exc:
+            raise named from exc
+        raise
+    finally:
+        destroy_process_group()

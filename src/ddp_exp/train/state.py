@@ -1,0 +1,219 @@
+"""The loop's state in a checkpoint: what ``last.pt`` and ``best.pt`` hold of a running loop
+(the same: ``best.pt`` is the best epoch's checkpoint), when each is written, and how a loop
+continues exactly from one.
+
+A resumable checkpoint holds the unwrapped model, the optimizer, scheduler, grad-scaler and
+monitor states, the last completed ``epoch`` (0-based), ``global_step``, the open ``train/loss``
+interval, every rank's RNG states and the resolved config (the sampler's order is a function
+of seed and epoch, so nothing of the data is stored). The files themselves (layout, atomic
+writes, loading, the split check) are :mod:`ddp_exp.io.checkpoint`'s.
+
+Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer` (read through the attributes
+named in its docstring; this module does not import the loop), but :func:`resume_optimizer`,
+which the launcher's check shares. Uses :mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.train.schedule`
+(a
+resumed run's schedule) and :mod:`ddp_exp.config` (errors, the learning rate).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ddp_exp.config.checks import effective_lr
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.io import checkpoint
+from ddp_exp.train import schedule
+
+log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
+
+
+def state_dict(loop: Any) -> dict[str, Any]:
+    """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG).
+
+    Reads the loop's ``model``, ``optimizer``, ``scheduler``, ``monitor``, ``scaler``,
+    ``epoch`` (the next one to run), ``global_step``, ``window`` (the open ``train/loss``
+    interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch`` and ``run_steps``.
+    """
+    import torch.distributed as dist
+
+    rng = {"torch": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state(loop.device) if loop.device.type == "cuda"
+           else None}
+    ranks_rng: list[Any] = [None] * loop.world.world_size
+    if dist.is_initialized() and loop.world.world_size > 1:
+        dist.all_gather_object(ranks_rng, rng)
+    else:
+        ranks_rng = [rng]
+    return {
+        "model": loop.model.state_dict(),
+        "optimizer": loop.optimizer.state_dict(),
+        "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
+        "monitor": loop.monitor.state_dict(),
+        "scaler": loop.scaler.state_dict() if loop.scaler is not None else None,
+        "epoch": loop.epoch - 1,  # the last completed epoch, 0-based
+        "global_step": loop.global_step,
+        "world_size": loop.world.world_size,
+        # The run's length as its schedule saw it (a resume names what changed).
+        "steps_per_epoch": loop.steps_per_epoch,
+        "run_steps": loop.run_steps,
+        # The open train/loss interval (world sums): a resumed run logs it like one never
+        # interrupted.
+        "train_interval": [loop.window.interval_sum, loop.window.interval_count,
+                           loop.window.interval_s],
+        "rng": ranks_rng,
+        "config": loop.cfg,
+        # The last epoch's train loss and samples: metrics.json of a run resumed after its final
+        # epoch (only the end left to do) reports them as the uninterrupted run does.
+        "last_train": list(loop.last_train),
+    }
+
+
+def check_resumable(state: dict[str, Any], source: str) -> None:
+    """Refuse to continue from a checkpoint written mid-epoch (a ``best.pt`` of an epoch that
+    ``trainer.max_steps`` stopped part-way: ``resumable: False``).
+
+    Raises:
+        ConfigError: one line naming ``source`` and what to resume from instead.
+    """
+    if state.get("resumable") is False:
+        raise ConfigError(f"trainer.resume={source!r}: written when trainer.max_steps stopped "
+                          f"the epoch part-way, so continuing from it could not be exact; "
+                          f"resume from that run's checkpoints/last.pt")
+
+
+def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
+                     optimizer: torch.optim.Optimizer, per_epoch: int, resume: str
+                     ) -> tuple[Any, str, int]:
+    """Continue the checkpoint's optimizer under this run's config and enter this run's
+    schedule where the checkpoint left off: the launcher's check before any rank starts and
+    every rank's resume run this same function.
+
+    Loads ``state["optimizer"]`` (its moments and step counts, and its param groups' other
+    hyper-parameters), then gives every param group this run's learning rate
+    (:func:`ddp_exp.config.checks.effective_lr`: ``optim.lr`` scaled by the global batch, which a
+    world of another size changes) and rebuilds ``cfg["scheduler"]`` over this run's length,
+    entered at :func:`ddp_exp.train.schedule.resume_steps`'s start
+    (:func:`ddp_exp.train.schedule.enter`;
+    the checkpoint's scheduler state is not loaded, so the new config's scheduler keys govern).
+    ``ReduceLROnPlateau`` keeps the rate it had reduced to, times the ratio of this run's
+    learning rate to the checkpoint's.
+
+    Args:
+        cfg: this run's resolved config (its ``world_size`` the running world's).
+        state: the checkpoint (:func:`state_dict`).
+        optimizer: built from ``cfg`` over the model's parameters.
+        per_epoch: this run's optimizer steps per epoch.
+        resume: ``trainer.resume`` as given (named in messages).
+
+    Returns:
+        ``(scheduler or None, interval, run_steps)``: ``run_steps`` is the schedule's length.
+
+    Raises:
+        ConfigError: the optimizer state does not fit (written by another optimizer), or the
+            scheduler does not fit this run (:func:`ddp_exp.train.schedule.check`,
+            :func:`ddp_exp.train.schedule.check_length`) or raises while it is entered.
+    """
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
+                          f"not fit optim ({cfg['optim']['_target_']}; {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})") from None
+    reached = [group["lr"] for group in optimizer.param_groups]
+    base = effective_lr(cfg)
+    for group in optimizer.param_groups:  # a fresh scheduler takes its base from "lr"
+        group.pop("initial_lr", None)
+        group["lr"] = base
+    trainer = cfg["trainer"]
+    epochs_done = state["epoch"] + 1
+    start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
+                                             trainer["epochs"], trainer["max_steps"], per_epoch)
+    schedule.check(cfg, run_steps)
+    scheduler, interval = schedule.build_scheduler(cfg.get("scheduler"), optimizer, run_steps,
+                                                   per_epoch)
+    if scheduler is None:
+        return None, interval, run_steps
+    try:
+        schedule.enter(scheduler, start if interval == "step" else epochs_done,
+                       state.get("scheduler"))
+    except Exception as exc:  # a user's scheduler that cannot take that many steps
+        raise ConfigError(f"trainer.resume={resume!r}: scheduler ({type(scheduler).__name__}) "
+                          f"failed entering this run's schedule at step {start} of {run_steps}:"
+                          f" {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+    if schedule.is_plateau(scheduler):  # its rate is its state: the checkpoint's, rescaled
+        saved_cfg = state.get("config")
+        before = effective_lr(saved_cfg) if saved_cfg else base
+        for group, lr in zip(optimizer.param_groups, reached, strict=True):
+            group["lr"] = lr * (base / before) if before else lr
+    return scheduler, interval, run_steps
+
+
+def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
+    """Continue ``loop`` from a checkpoint written by :func:`state_dict` (same model and
+    optimizer; ``source``: its path, for messages). Every rank's RNG streams continue when the
+    world has the checkpoint's size. The optimizer and the schedule continue under this run's
+    config and length (:func:`resume_optimizer`): the loop's ``scheduler``,
+    ``step_scheduler`` and ``run_steps`` are replaced.
+
+    Raises:
+        ConfigError: the checkpoint's model or optimizer does not fit this run. (A checkpoint
+            that is not resumable was refused before any rank: :func:`check_resumable`.)
+    """
+    try:
+        loop.model.load_state_dict(state["model"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
+                          f"model ({str(exc).splitlines()[0][:200]})") from None
+    loop.scheduler, interval, loop.run_steps = resume_optimizer(
+        loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source)
+    loop.step_scheduler = loop.scheduler if interval == "step" else None
+    loop.step_lr = loop.optimizer.param_groups[0]["lr"]
+    if state.get("scaler") and loop.scaler is not None:
+        loop.scaler.load_state_dict(state["scaler"])
+    loop.monitor.load_state_dict(state.get("monitor"))
+    loop.epoch = state["epoch"] + 1
+    loop.global_step = state["global_step"]
+    if state.get("train_interval"):
+        total, count, seconds = state["train_interval"]
+        loop.window.interval_sum, loop.window.interval_count = float(total), int(count)
+        loop.window.interval_s = float(seconds)
+    if state.get("last_train"):
+        loss, samples = state["last_train"]
+        loop.last_train = (None if loss is None else float(loss), int(samples))
+    ranks_rng = state.get("rng") or []
+    if len(ranks_rng) == loop.world.world_size:  # same world: continue every rank's stream
+        mine = ranks_rng[loop.world.rank]
+        # RNG states are CPU byte tensors, whatever map_location moved them to.
+        torch.set_rng_state(mine["torch"].cpu())
+        if mine.get("cuda") is not None and loop.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda"].cpu(), loop.device)
+    log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
+             loop.global_step)
+
+
+def save_checkpoint(loop: Any, best: bool = False, complete: bool = True) -> None:
+    """Every rank calls it after an epoch (``loop.epoch`` already counts it); rank 0 writes
+    the epoch's checkpoint once, under each name it is due (see
+    :func:`ddp_exp.io.checkpoint.save`): ``last.pt`` (``trainer.save_last``), every
+    ``trainer.checkpoint_every_n_epochs`` epochs the epoch's file, and ``best.pt`` when
+    ``best`` (the epoch is the monitor's new best), on ``loop.checkpoint_files``'s thread (a
+    :class:`ddp_exp.io.files.BackgroundWriter`).
+
+    ``complete=False``: the epoch stopped at ``trainer.max_steps``; continuing from it could not
+    be exact, so only ``best.pt`` is written (if due), marked ``resumable: False``.
+    """
+    trainer = loop.cfg["trainer"]
+    every = trainer["checkpoint_every_n_epochs"]
+    keep_epoch_file = complete and every > 0 and loop.epoch % every == 0
+    last = complete and trainer["save_last"]
+    if not (last or keep_epoch_file or best):
+        return
+    state = state_dict(loop)  # a collective: every rank
+    if not complete:
+        state["resumable"] = False
+    if loop.world.is_main:
+        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer["keep_checkpoints"],
+                        loop.checkpoint_files, last=last, best=best)
