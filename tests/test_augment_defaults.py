@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 MARGIN = 0.03
-# The preset as the README runs it, shortened to 6 epochs (about 5 s of training each).
+# The preset as docs/recipe.md runs it, shortened to 6 epochs (about 5 s of training each).
 PRESET = ("experiment=image_folder_recipe", "trainer.epochs=6", "seed=0", "print_config=false",
           "trainer.progress=off")
 
@@ -23,7 +23,7 @@ PRESET = ("experiment=image_folder_recipe", "trainer.epochs=6", "seed=0", "print
 @pytest.fixture(scope="module")
 def digits_png(tmp_path_factory) -> Path:
     """The 1797 digits as PNG files, ``<class>/<image>.png`` (as ``python -m
-    ddp_exp.data.images`` writes them for the README)."""
+    ddp_exp.data.images`` writes them for docs/data.md)."""
     from lazy_data import write_digits_folder
 
     return write_digits_folder(tmp_path_factory.mktemp("digits") / "png")

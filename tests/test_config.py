@@ -275,7 +275,7 @@ def test_a_scheduler_key_the_scheduler_does_not_use_is_refused(compose, override
     ["scheduler=cosine", "scheduler.warmup_steps=2", "scheduler.min_lr=0.001"],
     ["scheduler=step", "scheduler.interval=step"],
     ["scheduler._target_=torch.optim.lr_scheduler.ExponentialLR", "+scheduler.gamma=0.8",
-     "scheduler.interval=epoch"],  # a user's scheduler: its keys are its arguments (README)
+     "scheduler.interval=epoch"],  # a user's scheduler: its keys are its arguments (docs/recipe.md)
 ])
 def test_scheduler_keys_a_scheduler_uses_are_accepted(compose, overrides):
     validate(compose(*overrides))

@@ -1,5 +1,5 @@
-"""Issue 32 items 3-8: runs that survive their environment (R11, R12, R16, R19 of
-../shared/cases/README.md): ``group=null`` and ``~group``, a primary config of the user's own,
+"""Issue 32 items 3-8: runs that survive their environment (the users'
+cases R11, R12, R16, R19): ``group=null`` and ``~group``, a primary config of the user's own,
 leftover torchrun variables, nohup, a full disk, and the smaller reports of item 8."""
 
 from __future__ import annotations

@@ -430,7 +430,7 @@ def _stop_on_sigterm() -> None:
     ``status.json`` saying interrupted and, in a sweep, the summary written; Python's default
     would end the process on the spot, leaving no record. Not under torchrun: there this
     process is a rank, and a rank must die on SIGTERM at once, even inside a collective
-    (../shared/DESIGN.md, forked ranks and signal handlers)."""
+    (a forked rank inherits its launcher's signal handlers)."""
     if (under_torchrun() or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN):  # ignored stays ignored
         return

@@ -283,8 +283,8 @@ def build_augmentation(size: tuple[int, int]):
 
     No flip and no small crop: a mirrored digit or letter is another shape, and torchvision's
     ImageNet recipe (``RandomResizedCrop`` down to 8% of the area, then a horizontal flip) took
-    the image-folder recipe on the 8x8 digits from test accuracy 0.98 to 0.92 (README,
-    "Augmentation"). For photos, add a flip with ``data.transform`` (e.g.
+    the image-folder recipe on the 8x8 digits from test accuracy 0.98 to 0.92 (docs/data.md,
+    "A folder of images"). For photos, add a flip with ``data.transform`` (e.g.
     ``kornia.augmentation.RandomHorizontalFlip``).
     """
     import kornia.augmentation as K

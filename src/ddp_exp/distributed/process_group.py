@@ -9,7 +9,7 @@ Rules and where they come from:
 * Threads per rank: the user's ``OMP_NUM_THREADS`` if set, else ``max(1, cores // local ranks)``.
   torchrun sets ``OMP_NUM_THREADS=1`` in its CLI only (pytorch #22260, PR #22501); the launcher
   API does not, so each rank sets its own: two ranks at torch's default of one thread per core
-  run 5-6x slower on this 2-core machine (../shared/DESIGN.md).
+  run 5-6x slower on this 2-core machine (docs/scaling-out.md).
 * Metrics are reduced as float64 sums and counts with ``ReduceOp.SUM``. ``ReduceOp.AVG`` also
   works on gloo for floating-point tensors (torch 2.13: ``[1.5, 15.0]`` from ``[1, 10]`` and
   ``[2, 20]``; integer tensors fail), but an average over ranks is a mean of per-rank means,

@@ -153,7 +153,7 @@ class BackgroundWriter:
     it trained slower, although the fsync itself is outside the loop's clock. Runs pinned to
     one core each, side by side, job folder on this machine's virtio disk while other jobs
     wrote to it: the loop's samples/s 1.6-3.5x higher with the wait here than on rank 0's own
-    thread, every pair (BENCHMARKS.md, issue 13). Each file is still fsynced before it is
+    thread, every pair (docs/benchmarks.md, issue 13). Each file is still fsynced before it is
     renamed into place (:func:`atomic_write`), so a reader, a killed run or a power cut sees
     the previous complete file or the new one.
 

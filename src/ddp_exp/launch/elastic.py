@@ -18,7 +18,7 @@ and broadcasts its resolved config, so every rank trains on the same config.
 
 Fork safety: the default start method is fork (fast start; ranks inherit imports, data and
 model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
-process pins itself to one intra-op thread before any torch compute (../shared/DESIGN.md).
+process pins itself to one intra-op thread before any torch compute (docs/scaling-out.md).
 
 May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.launch.cluster` (a scheduler's layout),
 :mod:`ddp_exp.distributed.process_group` (placement, the process group),

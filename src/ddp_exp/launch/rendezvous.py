@@ -13,7 +13,7 @@ restarted world never reads the dead one's keys.
 It is registered with torch's ``rendezvous_handler_registry`` (the elastic launcher's extension
 point for rendezvous backends) under :data:`BACKEND`; :mod:`ddp_exp.launch.elastic` picks it for one
 node on the default endpoint ``127.0.0.1:0``. Measured: the one-node start-up of the 1-epoch
-digits job is ~0.2 s shorter (BENCHMARKS.md, issue 13).
+digits job is ~0.2 s shorter (docs/benchmarks.md, issue 13).
 
 May use: torch.distributed (nothing of ddp_exp).
 """

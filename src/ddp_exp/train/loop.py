@@ -421,8 +421,8 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``trainer.epochs`` or ``trainer.max_steps``; returns the final global
-        metrics (see ``metrics.json`` in the README). The checkpoints submitted to the
-        background writer are on disk when it returns or raises."""
+        metrics (``metrics.json``: docs/metrics-and-tensorboard.md). The checkpoints submitted
+        to the background writer are on disk when it returns or raises."""
         trainer = self.cfg["trainer"]
         try:
             last, train_s, run_samples = self._epochs()
@@ -483,7 +483,7 @@ class Trainer:
         return last, train_s, run_samples
 
     def _final(self, last: EpochResult, run_samples: int, train_s: float) -> dict[str, Any]:
-        """The final global metrics of the last epoch (see ``metrics.json`` in the README)."""
+        """The final global metrics of the last epoch (docs/metrics-and-tensorboard.md)."""
         return {
             **last.val,
             "train/loss": last.train_loss,
