@@ -24,6 +24,11 @@ Every other block runs, so a section added later is covered without touching thi
 outputs were taken on a 2-core machine: the blocks run pinned to 2 cores. Every block quotes
 digits of trained models, and the blocks build on each other's outputs: the whole guide is
 ``float_sensitive`` (``make test-float`` runs it with another CPU's kernels).
+
+The Chinese guide, docs/guide.zh-CN.md, must hold the same blocks (commands, quoted output,
+markers), so running the English guide's checks both. The README and every page of docs/ link
+only to files and headings that exist, the README links every page and stays short, and no file
+refers to notes outside the repository.
 """
 
 from __future__ import annotations
@@ -282,3 +287,97 @@ def test_guide_block_runs_and_prints_what_it_quotes(block: Block, workdir: Workd
     missing = missing_lines(block.expected, output, block.rel)
     assert not missing, (f"docs/guide.md line {block.line}: not printed:\n" + "\n".join(missing)
                          + "\n--- output ---\n" + output[-6000:])
+
+
+# The Chinese guide is the English one translated: the same blocks (commands, quoted output,
+# markers), so the blocks run above check both guides; running them twice would double the
+# suite's longest test for no new command.
+GUIDE_ZH = ROOT / "docs" / "guide.zh-CN.md"
+
+
+def runnable(block: Block) -> tuple:
+    """What running a block checks: its command, quoted output, statuses, precision, skip."""
+    return block.command, block.expected, block.exits, block.rel, block.skip is not None
+
+
+def test_the_chinese_guide_runs_the_english_guides_blocks():
+    zh = guide_blocks(GUIDE_ZH.read_text())
+    assert len(zh) == len(BLOCKS), (len(zh), len(BLOCKS))
+    for en_block, zh_block in zip(BLOCKS, zh, strict=True):
+        assert runnable(zh_block) == runnable(en_block), (
+            f"docs/guide.zh-CN.md line {zh_block.line} is not docs/guide.md line "
+            f"{en_block.line}: the translation runs the same blocks")
+
+
+# The README and docs/ link each other: a link to a file or a heading that is not there is a
+# page the reader cannot find.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-`` (a ``#`` line inside a code block is no heading)."""
+    anchors, in_code = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (hit := re.match(r"#+\s+(.*)", line)):
+            anchors.add(re.sub(r"[^\w\- ]", "", hit.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def relative_links(page: Path) -> list[str]:
+    """The links of a markdown page to files of this repository (outside code blocks)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [link for link in LINK.findall(text) if not re.match(r"[a-z]+:", link)]
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a markdown page whose file, or heading, does not exist."""
+    broken = []
+    for link in relative_links(page):
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists() or (anchor and target.suffix == ".md"
+                                   and anchor not in heading_anchors(target.read_text())):
+            broken.append(link)
+    return broken
+
+
+def test_heading_anchors_and_broken_links(tmp_path):
+    page = tmp_path / "a.md"
+    page.write_text("# Sweeps: `-m` and Optuna's\n```\n# not a heading\n```\n"
+                    "[x](a.md#sweeps--m-and-optunas) [y](#not-a-heading) [z](b.md) "
+                    "[w](https://example.com/c.md)\n")
+    assert heading_anchors(page.read_text()) == {"sweeps--m-and-optunas"}  # "-m" keeps its dash
+    assert broken_links(page) == ["#not-a-heading", "b.md"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_the_pages_links_resolve(page):
+    assert broken_links(page) == []
+
+
+def test_the_readme_is_a_front_door_to_every_page():
+    """The README stays what a newcomer reads in ten minutes (~15 KB) and links every page of
+    docs/."""
+    readme = ROOT / "README.md"
+    assert len(readme.read_text()) < 16_000
+    linked = {(ROOT / link.partition("#")[0]).resolve() for link in relative_links(readme)}
+    assert [p.name for p in PAGES[1:] if p.resolve() not in linked] == []
+
+
+# A clone holds everything its text refers to: no design notes or case lists in a folder beside
+# the checkout.
+OUTSIDE = re.compile(r"\.\./shared/|\bshared/(?:cases|DESIGN|STYLE)|\b(?:DESIGN|STYLE)\.md\b")
+TEXT_FILES = ("README.md", "Makefile", "pyproject.toml", "docs/**/*.md", "src/**/*.py",
+              "tests/**/*.py", "conf/**/*.yaml", "benchmarks/*.py", "benchmarks/*.md",
+              "examples/**/*.py", "examples/**/*.yaml", "examples/**/*.md")
+
+
+def test_nothing_refers_to_files_outside_the_repository():
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for pattern in TEXT_FILES for path in sorted(ROOT.glob(pattern))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if OUTSIDE.search(line)]
+    assert found == []
