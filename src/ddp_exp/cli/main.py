@@ -7,7 +7,10 @@ what is valid, exit status 2; a rank that raised (any exception: the user's Data
 a diverged loss, ddp_exp's own) ends it with one line, ``error: rank R failed: <type>:
 <message>``, exit status 1, the failure table and traceback in the job log (under torchrun:
 one line, then torchrun's table); a rank killed without raising (a signal) ends it with
-PyTorch's elastic failure summary. Resuming a finished run says so, exit 0.
+PyTorch's elastic failure summary. Resuming a finished run says so, exit 0. A job stopped by
+its scheduler's warning (``trainer.preempt_signal``) after a step checkpoint says so in one line,
+``status.json`` ``preempted``, requeues itself (SLURM, submitit) and exits with status 75
+(:data:`ddp_exp.rank.preemption.EXIT_PREEMPTED`, sysexits' EX_TEMPFAIL).
 ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
 May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line),
@@ -74,7 +77,7 @@ from ddp_exp.job.sweep import (
     recorded_val_loss,
     summarize_interrupted,
 )
-from ddp_exp.launch.cluster import owns_folder
+from ddp_exp.launch.cluster import owns_folder, requeue
 from ddp_exp.launch.elastic import (
     MULTIRUN_UNDER_TORCHRUN,
     asks_for_multirun,
@@ -86,6 +89,7 @@ from ddp_exp.launch.elastic import (
 )
 from ddp_exp.launch.user_input import TARGET_GROUPS
 from ddp_exp.rank.failures import world_failure
+from ddp_exp.rank.preemption import EXIT_PREEMPTED, JobPreempted
 from ddp_exp.rank.worker import PEER_FAILURE_GRACE_S, RankFailed
 
 log = logging.getLogger("ddp_exp")
@@ -148,6 +152,15 @@ def _task(cfg: DictConfig) -> float | None:
             log.error("error: %s", exc)
         elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
             raise SystemExit(code) from None  # a single run that never started leaves nothing
+    except JobPreempted as exc:  # every rank stopped after a step checkpoint (issue 30)
+        if main_process:  # the status first: a requeue may end this process at once
+            write_status(job_dir, "preempted", overrides, time.time() - t_start, exc.line)
+            log_to_job_log_only(logging.WARNING, exc.line)
+            print(exc.line, file=sys.stderr, flush=True)
+            requeued = requeue(cfg, exc.signum)
+            if requeued:
+                print(requeued, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_PREEMPTED) from None
     except RankFailed as exc:  # under torchrun or srun: this process was a failed rank
         if exc.report:
             print(f"error: {exc.line}", file=sys.stderr, flush=True)

@@ -98,6 +98,18 @@ AGENT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP"
 IGNORED_AT_START = frozenset(s for s in AGENT_SIGNALS if signal.getsignal(s) is signal.SIG_IGN)
 # The signals that came while the agent forked its ranks (a forked rank inherits the list).
 _held: list[int] = []
+# The elastic agent of this process whose ranks run now (set at each start of its ranks).
+_running: list[Any] = []
+
+
+def rank_pids() -> list[int]:
+    """PIDs of the rank processes the running elastic agent of this process started (its
+    process context's ``pids()``), empty before the first start; never the ranks' own children
+    (DataLoader workers)."""
+    try:
+        return [int(pid) for pid in _running[-1]._pcontext.pids().values()]
+    except (IndexError, AttributeError):
+        return []
 
 
 def _hold(signum: int, frame: Any) -> None:
@@ -107,7 +119,7 @@ def _hold(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def start_ranks_safely(fork: bool) -> Iterator[None]:
+def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
     """While open, each start of the local ranks by an elastic agent of this process (the
     first, and each restart) holds SIGINT and SIGTERM back while it starts the rank processes,
     and raises the first one that came (torch's handler: ``SignalException``, the agent stops
@@ -123,7 +135,9 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
 
     With ``fork`` (``start_method=fork``), also opens a pipe whose ends the ranks inherit
     (named in :data:`FORK_GATE_ENV`) and closes the agent's ends once every rank is forked:
-    :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe."""
+    :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe.
+    ``after_start``: called with no argument once the ranks of a start are known (:func:`rank_pids`
+    lists them): a preemption signal that came during the forks is passed on then."""
     import threading
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -156,6 +170,9 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
                 os.environ.pop(FORK_GATE_ENV, None)
                 os.close(write_fd)
                 os.close(read_fd)
+        _running[:] = [self]
+        if after_start is not None:
+            after_start()
         if _held:  # the agent knows its ranks now: its handler stops them
             signal.raise_signal(_held[0])
         return started
@@ -167,6 +184,7 @@ def start_ranks_safely(fork: bool) -> Iterator[None]:
     finally:
         LocalElasticAgent._start_workers = start_workers
         MultiprocessContext._start = start_processes
+        _running.clear()
 
 
 def pass_fork_gate() -> None:

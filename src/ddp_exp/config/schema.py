@@ -228,6 +228,9 @@ class TrainerConfig:
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
     resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
     resume_allow_changes: bool = False  # resume even with another seed / data split
+    # the scheduler's warning before it stops the job: a step checkpoint, status preempted and a
+    # requeue (auto: USR1 under launcher.cluster=slurm, submitit's USR2 under submitit, else off)
+    preempt_signal: str | None = "auto"
     perf_metrics: bool = True  # perf/* scalars: per-rank step timing, stragglers, memory
     log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
     gradient_clip_val: float | None = None  # max global L2 norm of the gradients (null: off)

@@ -256,6 +256,43 @@ def _fill_static(la: DictConfig, layout: ClusterLayout) -> None:
     la.rdzv_backend = "static"
 
 
+def requeue(cfg: DictConfig, signum: int | None) -> str | None:
+    """Put this job back in the scheduler's queue after a preemption (issue 30; called once, by
+    the task that owns the job folder, after ``status.json`` says ``preempted``). Returns the
+    line that says what happened, None where no scheduler runs the job.
+
+    * ``launcher.cluster=slurm``: ``scontrol requeue $SLURM_JOB_ID`` (as Lightning's SLURM
+      environment does); the job keeps its id, and so its folder (``slurm-<id>``).
+    * ``launcher.cluster=submitit``: submitit's own protocol, the handler it installed for
+      ``signum`` (put back after the launch): it pickles the submission again, runs
+      ``scontrol requeue`` and ends the process.
+    """
+    import signal
+    import subprocess
+
+    scheduler = cfg.launcher.get("cluster")
+    if scheduler == "submitit" and signum is not None:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, None)
+            return "requeued by submitit"
+        return f"not requeued: no submitit handler for {signal.Signals(signum).name}"
+    if scheduler != "slurm":
+        return None
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return "not requeued: SLURM_JOB_ID is not set"
+    try:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                             timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"not requeued: scontrol requeue {job_id}: {exc}"
+    if out.returncode:
+        why = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[0][:300]
+        return f"not requeued: scontrol requeue {job_id}: {why}"
+    return f"requeued: scontrol requeue {job_id}"
+
+
 def owns_folder(cfg: DictConfig) -> bool:
     """False for the tasks of a ``launcher.cluster`` job other than task 0: they share task
     0's job folder, and only task 0 takes its lock and writes ``status.json``."""

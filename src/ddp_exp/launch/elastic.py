@@ -59,10 +59,12 @@ from ddp_exp.distributed.process_group import (
 )
 from ddp_exp.io.files import atomic_write
 from ddp_exp.job import folder as jobdir
+from ddp_exp.job.earlier_run import run_status
 from ddp_exp.job.sweep import log_config
 from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
 from ddp_exp.launch.user_input import settle
+from ddp_exp.rank import preemption
 from ddp_exp.rank.failures import build_failure_recorded
 from ddp_exp.rank.worker import (
     FAILURES_ENV,
@@ -156,31 +158,43 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         _log_as_task(cfg.launcher.cluster, layout)
     owner = layout is None or layout.node_rank == 0  # other tasks share task 0's folder
     job_dir = HydraConfig.get().runtime.output_dir
-    with build_failure_recorded(job_dir, owner):
-        nproc, inputs = prepare_world(cfg, job_dir,
-                                      layout.tasks_on_host if layout is not None else 1)
-    env = {}
-    if layout is not None and layout.tasks_on_host > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
-        # over every rank on the machine).
-        cores = len(os.sched_getaffinity(0))
-        env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
-    if cfg.launcher.start_method == "fork":
-        _preload_for_ranks()
-    if cfg.print_config:  # once per sweep: later jobs print their overrides
-        log_config(inputs.cfg)
-    if owner:  # an earlier attempt's errors/ would contradict this run's status
-        jobdir.clear_errors(inputs.job_dir)
-    la = cfg.launcher
-    if la.nnodes > 1:
-        log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
-                 "%d s)", la.nnodes, la.rdzv_endpoint, la.rdzv_backend, la.rdzv_timeout_s)
-    with _environ(env):
-        results = _elastic_launch(cfg, nproc, inputs, owner)
-    if 0 not in results:
-        log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
-                 sorted(results))
-    return results.get(0)
+    # The scheduler's warning before it stops the job, held from here (issue 30; the data may
+    # take long to load): noted, passed on to the ranks.
+    signum = preemption.signal_number(cfg.trainer.preempt_signal, cfg.launcher.cluster)
+    with preemption.forwarded(signum, agent.rank_pids) as held:
+        preemption.continue_stopped(cfg, job_dir, run_status(job_dir))
+        with build_failure_recorded(job_dir, owner):
+            nproc, inputs = prepare_world(cfg, job_dir,
+                                          layout.tasks_on_host if layout is not None else 1)
+        env = {}
+        if (layout is not None and layout.tasks_on_host > 1
+                and "OMP_NUM_THREADS" not in os.environ):
+            # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
+            # over every rank on the machine).
+            cores = len(os.sched_getaffinity(0))
+            env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
+        if cfg.launcher.start_method == "fork":
+            _preload_for_ranks()
+        if cfg.print_config:  # once per sweep: later jobs print their overrides
+            log_config(inputs.cfg)
+        if owner:  # an earlier attempt's errors/ would contradict this run's status
+            jobdir.clear_errors(inputs.job_dir)
+        la = cfg.launcher
+        if la.nnodes > 1:
+            log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
+                     "%d s)", la.nnodes, la.rdzv_endpoint, la.rdzv_backend, la.rdzv_timeout_s)
+        if held is not None and held.requested:  # came while the data loaded: no rank ran
+            raise preemption.JobPreempted(preemption.preempted_line(signum, None, None), None,
+                                          signum)
+        with _environ(env):
+            results = _elastic_launch(cfg, nproc, inputs, owner, held)
+        stop = preemption.preempted_in(results)
+        if stop is not None:  # every rank stopped after the same step, rank 0 checkpointed
+            raise stop
+        if 0 not in results:
+            log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
+                     sorted(results))
+        return results.get(0)
 
 
 def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
@@ -254,11 +268,12 @@ class _AgentLogFilter(logging.Filter):
         return False
 
 
-def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True
-                    ) -> dict[int, Any]:
+def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True,
+                    held: preemption.Forwarder | None = None) -> dict[int, Any]:
     """Start this node's ``nproc`` ranks and wait for the world; returns this node's ranks'
     results by global rank. ``owns_folder``: this launcher may clean the job folder afterwards
-    (False for a task sharing another task's folder, which may still be writing there)."""
+    (False for a task sharing another task's folder, which may still be writing there).
+    ``held``: the preemption signal held by this launcher, passed on to each start's ranks."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -301,6 +316,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
         failures = _AgentLogFilter(os.path.join(agent_dir, "failures.json"), first_rank)
         env[FAILURES_ENV] = failures.failures_file
+        env.update(preemption.torch_signals_env(held.signum if held is not None else None))
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
@@ -318,7 +334,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         try:
             with (_environ(env), _own_signal_handlers(),
                   agent.wake_on_rank_events(la.monitor_interval_s),
-                  agent.start_ranks_safely(fork=la.start_method == "fork")):
+                  agent.start_ranks_safely(fork=la.start_method == "fork",
+                                           after_start=held.forward if held else None)):
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             jobdir.keep_error_files(exc, inputs.job_dir)
@@ -403,6 +420,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
                                                                    ("MASTER_PORT", "0")))
     settle(cfg)
     validate(cfg)
+    preemption.install(preemption.signal_number(cfg.trainer.preempt_signal, la.cluster))
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
                                         world.local_world_size)
     check_precision(cfg.trainer.precision, device)
@@ -416,6 +434,10 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         # output folder for the whole world.
         if world.is_main:  # an earlier attempt's error files would contradict this run
             jobdir.clear_errors(hc.runtime.output_dir)
+            # A restarted (elastic) or requeued world continues from the last checkpoint.
+            preemption.continue_stopped(cfg, hc.runtime.output_dir,
+                                        run_status(hc.runtime.output_dir),
+                                        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
                   jobdir.job_log_file()] if world.is_main else [None, None, None]
         dist.broadcast_object_list(shared, src=0)
@@ -427,8 +449,12 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         if world.is_main and cfg.print_config:
             log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
         try:
-            return train_rank(inputs, world, threads)
+            result = train_rank(inputs, world, threads)
         except Exception as exc:  # recorded as the built-in launcher records a failed rank
             raise record_rank_failure(exc, world.rank, job_dir) from None
+        stop = preemption.preempted_in({world.rank: result})
+        if stop is not None:  # every rank stopped after the same step, rank 0 checkpointed
+            raise stop
+        return result
     finally:
         destroy_process_group()

@@ -49,6 +49,7 @@ from ddp_exp.io import checkpoint
 from ddp_exp.io.files import is_disk_full, naming_the_disk
 from ddp_exp.job import folder as jobdir
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
+from ddp_exp.rank import preemption
 from ddp_exp.rank.failures import failure_detail
 from ddp_exp.train import state as train_state
 from ddp_exp.train.loop import Trainer
@@ -231,6 +232,12 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     state = checkpoint.load(source, map_location=device) if source else None
     if attempt > 0 and world.is_main:
         log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
+    worlds, changed = preemption.world_sizes(
+        inputs.job_dir, world.world_size, state, attempt,
+        (global_batch, cfg["data"]["batch_size"], cfg["trainer"]["accumulate_grad_batches"]),
+        world.is_main)
+    if changed:  # a node left or joined (torch elastic), or a requeued job got other nodes
+        log.warning("%s", changed)
     log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
              "(%d per rank x %d accumulated); %d training / %d validation samples",
              world.world_size, threads, inputs.backend, device.type, global_batch,
@@ -264,6 +271,8 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
             "backend": inputs.backend,
             "device": inputs.device,
             "time/total_s": time.time() - inputs.t_start,
+            "restarts": attempt,  # torch elastic's restarts of this world (issue 30)
+            "world_sizes": worlds,  # the world sizes this run trained at, in order
         })
         writer.finish(final, trainer.model)
     finally:
@@ -354,6 +363,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()
+    # The scheduler's warning (trainer.preempt_signal) notes a stop for the loop's next check.
+    preemption.install(preemption.signal_number(inputs.cfg["trainer"].get("preempt_signal"),
+                                                inputs.cfg["launcher"].get("cluster")))
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
     threads = set_threads(world, inputs.cfg["data"]["num_workers"])
