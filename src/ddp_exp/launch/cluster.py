@@ -159,7 +159,7 @@ def slurm_layout(configured_port: int = 0) -> ClusterLayout:
     if not job_id or "SLURM_PROCID" not in env:
         raise ConfigError("launcher.cluster=slurm: this process is not a SLURM task "
                           "(SLURM_JOB_ID / SLURM_PROCID unset): start it with srun inside "
-                          "sbatch or salloc (README, Scaling out)")
+                          "sbatch or salloc (docs/scaling-out.md)")
     ntasks = int(env.get("SLURM_NTASKS", "1"))
     nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
     procid = int(env["SLURM_PROCID"])
