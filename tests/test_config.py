@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from ddp_exp.config.checks import validate
-from ddp_exp.config.compose import MODE_GROUPS, OWN_SOURCES, mode_left_unset, register_configs
+from ddp_exp.config.compose import register_configs
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.launch.build import load_data
 from ddp_exp.train.models import build_model
@@ -715,41 +715,9 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(run_cli, tmp_path, mod
     assert a_file.read_text() == "keep me\n"
 
 
-# ------------------------------------------------------------ Hydra's run-mode question
-@pytest.mark.parametrize("group,option", GROUP_OPTIONS)
-def test_only_the_mode_groups_set_hydra_mode(composed, small_csv, group, option):
-    """``skip_needless_mode_composition`` answers Hydra's run-mode question without composing
-    unless an option of ``MODE_GROUPS`` is chosen: every packaged option is held to that."""
-    cfg = composed(f"{group}={option}", *_file_overrides(group, option, small_csv),
-                   hydra_node=True)
-    assert (cfg.hydra.mode is not None) == (group in MODE_GROUPS), (group, option,
-                                                                     cfg.hydra.mode)
-
-
-OWN = sorted(OWN_SOURCES)
-
-
-@pytest.mark.parametrize("overrides,sources,unset", [
-    (["world_size=2", "trainer.epochs=1", "hydra.run.dir=/tmp/x"], OWN, True),
-    (["data=file", "data.path=a.csv", "+experiment=digits_cnn_recipe", "~scheduler"], OWN, True),
-    (["optim=adamw", "seed=3", "++trainer.epochs=2"], OWN, True),
-    (["hydra.mode=MULTIRUN"], OWN, False),
-    (["~hydra.mode"], OWN, False),
-    (["hydra.searchpath=[file:///tmp/conf]"], OWN, False),
-    (["hydra/launcher=submitit_slurm"], OWN, False),
-    (["+hparams_search=digits_optuna"], OWN, False),
-    (["hparams_search@foo=digits_optuna"], OWN, False),
-    (["+my_group=mine"], OWN, False),  # a group from a plugin's ConfigStore entries
-    (["world_size=2"], [*OWN, ("command-line", "file:///tmp/conf")], False),  # --config-dir
-])
-def test_the_run_mode_is_known_without_composing_only_when_nothing_can_set_it(
-        overrides, sources, unset):
-    assert mode_left_unset(overrides, sources) is unset
-
-
+# ------------------------------------------------------------ Hydra's run mode
 def test_a_sweep_chosen_by_a_config_still_runs_as_a_sweep(run_cli, tmp_path):
-    """``hydra.mode: MULTIRUN`` in a user's ``--config-dir`` config: Hydra's own question runs
-    and the job is a sweep, as without the shortcut."""
+    """``hydra.mode: MULTIRUN`` in a user's ``--config-dir`` config: the job is a sweep."""
     conf = tmp_path / "conf" / "experiment"
     conf.mkdir(parents=True)
     (conf / "as_sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import subprocess
 import sys
 import textwrap
@@ -235,56 +234,6 @@ def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
     finally:
         stuck.kill()
         stuck.wait()
-
-
-AGENT_WAKES = textwrap.dedent("""
-    import json, sys, time
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    from ddp_exp.compat import elastic_agent as agent
-    from ddp_exp.launch import rendezvous
-
-    def finish(fail_rank):
-        import os
-        if int(os.environ["RANK"]) == fail_rank:
-            raise ValueError("rank failed on purpose")
-        return int(os.environ["RANK"])
-
-    def launch(fail_rank):
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="wake",
-                              rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0",
-                              monitor_interval=agent.AGENT_SLEEP_S, start_method="fork")
-        t = time.monotonic()
-        try:
-            with agent.wake_on_rank_events(600.0):
-                result = elastic_launch(config, finish)(fail_rank)
-        except ChildFailedError as exc:
-            result = sorted(exc.failures)
-        return result, time.monotonic() - t
-
-    check = LocalElasticAgent._monitor_workers
-    done, done_s = launch(-1)
-    failed, failed_s = launch(1)
-    print(json.dumps({"done": sorted(done.items()), "done_s": done_s, "failed": failed,
-                      "failed_s": failed_s,
-                      "restored": LocalElasticAgent._monitor_workers is check}))
-""")
-
-
-def test_the_agent_wakes_when_its_ranks_finish_or_fail_not_at_its_interval():
-    """``ddp_exp.compat.elastic_agent``: with a 600 s interval between checks, a world whose ranks
-    return, and
-    one whose rank fails, still end at once (the agent waits on the ranks' pipes and process
-    sentinels, not on a timer); the agent's own method is put back afterwards."""
-    proc = subprocess.run([sys.executable, "-c", AGENT_WAKES], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["done"] == [[0, 0], [1, 1]], out
-    assert out["failed"] == [1], out
-    # (a wait for the 600 s interval runs into the 120 s timeout above)
-    assert out["restored"], out
 
 
 def test_a_hung_cli_run_fails_with_the_stack_of_every_process(tmp_path):

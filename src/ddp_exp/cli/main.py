@@ -54,7 +54,6 @@ from ddp_exp.config.compose import (
     null_group_line,
     primary_config_overrides,
     register_configs,
-    skip_needless_mode_composition,
     task_overrides,
 )
 from ddp_exp.config.errors import ConfigError
@@ -573,7 +572,6 @@ def _main() -> None:
         print(f"error: {empty}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR)
     _stop_on_sigterm()
-    skip_needless_mode_composition()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Let composition errors reach us instead of Hydra's multi-line report, so that a value of
     # the wrong type (world_size=two) gets one line naming the key.

@@ -1,25 +1,15 @@
-"""The elastic agent's start of its ranks (every rank forked before any connects; a signal
-during the forks held until the ranks exist) and its wait for them (woken by a rank's result or
-exit, not by a timer).
+"""The elastic agent's start of its ranks: every rank forked before any connects, and a signal
+that comes during the forks held until the ranks exist. Patches torch 2.13's
+``LocalElasticAgent._start_workers`` and ``MultiprocessContext._start`` (private), only on
+torch 2.13.x (:mod:`ddp_exp.compat.versions`); on any other torch the agent starts its ranks as
+torch's own does, and the log says so once.
 
-torch's ``LocalElasticAgent`` checks its ranks in a loop: ``time.sleep(monitor_interval)``,
-then ``_monitor_workers`` (which polls every rank's process and result pipe). Measured here
-(issue 13, a 2-rank digits job): each check cost ~0.9 ms of the launcher's CPU, so a 0.05 s
-interval kept ~1.8% of a core busy through the whole of training, on a machine whose every
-core runs a rank; and a run's end waited for the next check (25 ms on average, more with a
-longer interval).
-
-:func:`wake_on_rank_events` makes each check first wait, in ``multiprocessing.connection.wait``
-(no CPU while waiting), on what can change its answer: each live rank's process sentinel (it
-exited or failed) and the pipe its return value arrives through (it finished), for at most
-``interval_s``. torch's own sleep between checks is then :data:`AGENT_SLEEP_S`. So a finished
-or failed rank is noticed at once, and an idle agent checks every ``interval_s`` seconds
-(``launcher.monitor_interval_s``: what else a check looks at, such as nodes waiting to join a
-multi-node world, is looked at that often).
-
-Where the agent's process context is not the one this module knows (``MultiprocessContext``
-of torch 2.x: ``_pc.sentinels``, ``_ret_vals``, ``_return_values``), the check sleeps
-``interval_s`` first instead: torch's behaviour with that interval.
+What the patch buys: it prevents a hang (below) and a lost Ctrl-C (a run that trained on to the
+end, :func:`start_ranks_safely`). The agent's wait for its ranks is torch's own loop, a check
+every ``launcher.monitor_interval_s`` (0.1 s): a patch that woke it on a rank's result or exit
+instead bought milliseconds (a 2-rank launch's end: 54 ms after the ranks returned against
+81 ms, and 9 ms less of the launcher's CPU per 4 s of training, measured in session 34) and was
+dropped (issue 27 item 3).
 
 With ``launcher.start_method=fork``, :func:`start_ranks_safely` holds each forked rank
 (:func:`pass_fork_gate`, first thing in :func:`ddp_exp.rank.worker.run_rank`) until the agent has
@@ -37,56 +27,18 @@ Used by :mod:`ddp_exp.launch.elastic` around ``elastic_launch``.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing.connection
 import os
 import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
-AGENT_SLEEP_S = 0.005  # torch's sleep between two checks (LaunchConfig.monitor_interval)
+from ddp_exp.compat.versions import written_for
+
 # "<read fd>,<write fd>" of the pipe that holds forked ranks until all are forked.
 FORK_GATE_ENV = "DDP_EXP_FORK_GATE"
-
-
-def rank_waitables(pcontext: Any) -> list[Any] | None:
-    """What a finished or failed rank makes ready: the sentinels of the rank processes not yet
-    joined and the result pipes of the ranks that have not returned. None when ``pcontext`` is
-    not a started ``MultiprocessContext``."""
-    try:
-        sentinels = list(pcontext._pc.sentinels)
-        pipes = [queue._reader for rank, queue in pcontext._ret_vals.items()
-                 if rank not in pcontext._return_values]
-    except AttributeError:
-        return None
-    return sentinels + pipes
-
-
-@contextlib.contextmanager
-def wake_on_rank_events(interval_s: float) -> Iterator[None]:
-    """While open, the elastic agents of this process wait for a rank event (at most
-    ``interval_s`` seconds) before each check of their ranks; pass ``AGENT_SLEEP_S`` as the
-    launch's ``monitor_interval``. A signal still interrupts the wait (torch's handlers raise).
-    """
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    check = LocalElasticAgent._monitor_workers
-
-    def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        waitables = rank_waitables(self._pcontext)
-        wait_s = max(0.0, interval_s - AGENT_SLEEP_S)
-        if waitables is None:
-            time.sleep(wait_s)
-        elif waitables:
-            multiprocessing.connection.wait(waitables, timeout=wait_s)
-        return check(self, worker_group)
-
-    LocalElasticAgent._monitor_workers = _monitor_workers
-    try:
-        yield
-    finally:
-        LocalElasticAgent._monitor_workers = check
-
+# Where a rank start on another torch is logged (ddp_exp.compat.versions).
+STOCK_START = ("the agent starts its ranks as torch does: a signal during the forks is not "
+               "held back, and forked ranks are not held until all are forked")
 
 # Held back while the agent forks its ranks (start_ranks_safely), until the ranks exist.
 START_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -137,12 +89,21 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
     (named in :data:`FORK_GATE_ENV`) and closes the agent's ends once every rank is forked:
     :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe.
     ``after_start``: called with no argument once the ranks of a start are known (:func:`rank_pids`
-    lists them): a preemption signal that came during the forks is passed on then."""
+    lists them): a preemption signal that came during the forks is passed on then.
+
+    Kept (issue 27 item 3) because it prevents a hang (a forked rank stuck for good in
+    ``getnameinfo``, the module's docstring) and a wrong result (a Ctrl-C during the forks
+    dropped: the run trained on). On a torch other than 2.13.x it patches nothing (torch's own
+    start, ``after_start`` never called) and logs :data:`STOCK_START` once."""
     import threading
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
+    if not written_for("torch", "start_ranks_safely (LocalElasticAgent._start_workers)",
+                       STOCK_START):
+        yield
+        return
     start_workers, start_processes = LocalElasticAgent._start_workers, MultiprocessContext._start
 
     def _start(self: Any) -> Any:  # after torch has set its handlers, around the forks

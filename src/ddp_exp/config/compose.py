@@ -1,6 +1,6 @@
 """Hydra's side of the configuration: :func:`register_configs` hands Hydra the schema and the
-resolvers the YAML uses; the primary config's checks, the mode composition, the task's
-overrides, interpolation checks, the run stamp and the command's folder.
+resolvers the YAML uses; the primary config's checks, the task's overrides, interpolation
+checks, the run stamp and the command's folder.
 """
 
 from __future__ import annotations
@@ -46,48 +46,6 @@ def open_node(dataclass: type) -> DictConfig:
     for key in typed:
         node[key] = typed._get_node(key)
     return node
-
-
-# Packaged config groups whose options set ``hydra.mode`` (a test holds every packaged option
-# to this list), and the config sources a composition may read when ``hydra.mode`` is left
-# unset: Hydra's own, ``conf/`` and the ConfigStore (provider, scheme://path).
-MODE_GROUPS = ("hparams_search",)
-
-
-OWN_SOURCES = frozenset({("hydra", "pkg://hydra.conf"), ("main", "pkg://ddp_exp.conf"),
-                         ("schema", "structured://")})
-
-
-def mode_left_unset(overrides: list[str], sources: list[tuple[str, str]]) -> bool:
-    """True when composing the config with ``overrides`` cannot set ``hydra.mode``: every
-    source is ddp_exp's or Hydra's own (``OWN_SOURCES``: no ``--config-dir``, no search-path
-    plugin), and no override sets ``hydra.mode`` or the search path, selects a ``hydra/``
-    option or an option of ``MODE_GROUPS``, or selects a group ddp_exp does not ship. Then
-    Hydra's run-mode question (``Hydra.get_mode``, a whole composition, ~0.1 s) has the answer
-    None: ``-m`` decides. Conservative: False sends the question to Hydra.
-    """
-    if any(source not in OWN_SOURCES for source in sources):
-        return False
-    groups = _own_groups()
-    known = groups | {f.name for f in dataclasses.fields(schema.Config)}
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-        top = key.split("/", 1)[0].split(".", 1)[0]
-        if key.startswith(("hydra.mode", "hydra.searchpath", "hydra/")) or key == "hydra":
-            return False
-        if top in MODE_GROUPS or ("." not in key and top not in known):
-            return False
-        if "/" in key and top not in groups:
-            return False
-    return True
-
-
-def _own_groups() -> set[str]:
-    """The config groups of ``conf/`` (its top-level folders)."""
-    import importlib.resources
-
-    root = importlib.resources.files("ddp_exp.conf")
-    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
 
 
 def group_options(group: str) -> list[str]:
@@ -168,32 +126,6 @@ class PrimaryConfigCheck(Callback):
 
 # Groups whose option is null in conf/config.yaml's defaults list: presets applied on demand.
 PRESET_GROUPS = ("experiment", "hparams_search", "debug")
-
-
-def skip_needless_mode_composition() -> None:
-    """Answer ``@hydra.main``'s run-mode question without composing when the answer is known.
-
-    Hydra composes the whole config twice per process: once in ``Hydra.get_mode`` only to
-    read ``hydra.mode`` (set by no ddp_exp option but ``hparams_search``), then for the job.
-    Where :func:`mode_left_unset` holds, the first composition would return None, so this
-    returns None without it (~0.1 s of every start-up, issue 13); otherwise Hydra's own
-    ``get_mode`` runs. Installed once per process.
-    """
-    from hydra._internal.hydra import Hydra
-
-    hydra_get_mode = Hydra.get_mode
-    if getattr(hydra_get_mode, "ddp_exp_shortcut", False):
-        return
-
-    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
-        sources = [(s.provider, f"{s.scheme()}://{s.path}")
-                   for s in self.config_loader.get_sources()]
-        if mode_left_unset(list(overrides), sources):
-            return None
-        return hydra_get_mode(self, config_name, overrides)
-
-    get_mode.ddp_exp_shortcut = True  # type: ignore[attr-defined]
-    Hydra.get_mode = get_mode
 
 
 def task_overrides(hydra_cfg: Any) -> list[str]:

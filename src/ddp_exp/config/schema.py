@@ -267,7 +267,7 @@ class LauncherConfig:
     cluster: str | None = None  # null | submitit | slurm: nodes and rendezvous from the job
     rdzv_timeout_s: int = 900
     start_method: str = "fork"
-    monitor_interval_s: float = 1.0  # agent checks: at a rank's end or failure, else this often
+    monitor_interval_s: float = 0.1  # seconds between the agent's checks of its ranks (torch's)
 
 
 @dataclass

@@ -9,7 +9,7 @@ the agent's own rendezvous (:mod:`ddp_exp.launch.rendezvous`: a fresh store on a
 port, so
 parallel jobs cannot collide or merge), across nodes c10d (or static) on
 ``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``;
-the agent checks its ranks when one finishes or fails (:mod:`ddp_exp.compat.elastic_agent`).
+the agent checks its ranks every ``launcher.monitor_interval_s``.
 
 When the entry itself was started by ``torchrun`` (``RANK``/``WORLD_SIZE`` and
 ``TORCHELASTIC_RUN_ID`` in the environment),
@@ -25,8 +25,8 @@ May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.launch.cluster` (a sc
 :mod:`ddp_exp.launch.build`,
 :mod:`ddp_exp.job.folder` (``errors/``, partial files, the job log), :mod:`ddp_exp.rank.failures`
 (a build that fails), :mod:`ddp_exp.io.files`, :mod:`ddp_exp.launch.rendezvous` (one node's),
-:mod:`ddp_exp.compat.elastic_agent` (the agent's wait), :mod:`ddp_exp.rank.worker` (what each rank
-runs).
+:mod:`ddp_exp.compat.elastic_agent` (the start of the ranks), :mod:`ddp_exp.rank.worker` (what
+each rank runs).
 """
 
 from __future__ import annotations
@@ -322,9 +322,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
             rdzv_backend=rdzv_backend, rdzv_endpoint=la.rdzv_endpoint,
             rdzv_configs=rdzv_configs,
-            # The agent checks its ranks when one finishes or fails, else every
-            # launcher.monitor_interval_s (ddp_exp.compat.elastic_agent).
-            max_restarts=la.max_restarts, monitor_interval=agent.AGENT_SLEEP_S,
+            # The agent checks its ranks every launcher.monitor_interval_s.
+            max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
             # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
             local_addr="127.0.0.1" if on_loopback else None,
@@ -333,7 +332,6 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         spawn_log.addFilter(failures)
         try:
             with (_environ(env), _own_signal_handlers(),
-                  agent.wake_on_rank_events(la.monitor_interval_s),
                   agent.start_ranks_safely(fork=la.start_method == "fork",
                                            after_start=held.forward if held else None)):
                 return elastic_launch(config, run_rank)(inputs)
