@@ -162,7 +162,7 @@ def test_a_non_finite_loss_is_raised_by_the_rank_that_had_it(monkeypatch, rank, 
 
     from ddp_exp.distributed.process_group import PeerFailed, World
     from ddp_exp.metrics.train_loss import LossWindow, NonFiniteLossError
-    from ddp_exp.rank.worker import is_peer_failure
+    from ddp_exp.rank.failures import is_peer_failure
 
     def all_reduce(tensor, op=None):
         assert op == dist.ReduceOp.MIN

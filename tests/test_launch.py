@@ -203,7 +203,7 @@ def test_an_empty_output_folder_is_refused_before_hydra_makes_anything(arg):
 def test_a_failed_rank_is_named_by_the_last_line_of_its_error():
     """A DataLoader worker's error starts "Caught ValueError in DataLoader worker process 0."
     and ends with the error itself: both launchers name the rank by that last line."""
-    from ddp_exp.rank.worker import failure_detail
+    from ddp_exp.rank.failures import failure_detail
 
     wrapped = ("ValueError: Caught ValueError in DataLoader worker process 0.\n"
                "Original Traceback (most recent call last):\n  File ...\n"

@@ -13,11 +13,10 @@ its scheduler's warning (``trainer.preempt_signal``) after a step checkpoint say
 (:data:`ddp_exp.rank.preemption.EXIT_PREEMPTED`, sysexits' EX_TEMPFAIL).
 ``HYDRA_FULL_ERROR=1`` shows full tracebacks instead.
 
-May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line),
+May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line, a
+failed rank's record under torchrun),
 :mod:`ddp_exp.cli.usage` (``--help``), :mod:`ddp_exp.launch.cluster` (which task owns the folder),
-:mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.rank.worker` (a failed
-rank's record
-under torchrun), :mod:`ddp_exp.job.sweep`.
+:mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.job.sweep`.
 """
 
 from __future__ import annotations
@@ -87,9 +86,8 @@ from ddp_exp.launch.elastic import (
     under_torchrun,
 )
 from ddp_exp.launch.user_input import TARGET_GROUPS
-from ddp_exp.rank.failures import world_failure
+from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, RankFailed, world_failure
 from ddp_exp.rank.preemption import EXIT_PREEMPTED, JobPreempted
-from ddp_exp.rank.worker import PEER_FAILURE_GRACE_S, RankFailed
 
 log = logging.getLogger("ddp_exp")
 

@@ -32,7 +32,7 @@ class PeerFailed(RuntimeError):
     """This rank stops because another rank failed first; the message names that rank and its
     failure. Raised where every rank learns of one rank's failure together (a collective said
     so): the launchers then report the other rank's own error as the cause
-    (:func:`ddp_exp.rank.worker.is_peer_failure`), not this one."""
+    (:func:`ddp_exp.rank.failures.is_peer_failure`), not this one."""
 
 
 @dataclass(frozen=True)

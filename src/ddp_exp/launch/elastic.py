@@ -65,16 +65,9 @@ from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
 from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import preemption
-from ddp_exp.rank.failures import build_failure_recorded
-from ddp_exp.rank.worker import (
-    FAILURES_ENV,
-    RankInputs,
-    configure_logging,
-    record_rank_failure,
-    run_rank,
-    set_threads,
-    train_rank,
-)
+from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded, record_rank_failure
+from ddp_exp.rank.logs import configure_logging
+from ddp_exp.rank.worker import RankInputs, run_rank, set_threads, train_rank
 
 log = logging.getLogger("ddp_exp")
 
@@ -244,7 +237,7 @@ class _AgentLogFilter(logging.Filter):
     * The agent logs a failed rank's traceback, then raises it again in ChildFailedError, which
       the entry point prints: the error is shown once. The failure (local rank, exit code) is
       appended to ``failures_file`` (JSON list, one entry per failed attempt), where rank 0 of
-      the restarted world reads it (:func:`ddp_exp.rank.worker.restart_line`).
+      the restarted world reads it (:func:`ddp_exp.rank.failures.restart_line`).
     * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart, and
       torch.multiprocessing's "Terminating process <pid> via signal SIGTERM" when a rank fails,
       show only when their logger is set to DEBUG (``hydra.verbose=torch``).
@@ -396,8 +389,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
 
     Raises:
         ConfigError: an explicit ``world_size=`` that is not torchrun's ``WORLD_SIZE``.
-        ddp_exp.rank.worker.RankFailed: training failed on this rank (recorded by
-            :func:`ddp_exp.rank.worker.record_rank_failure`).
+        ddp_exp.rank.failures.RankFailed: training failed on this rank (recorded by
+            :func:`ddp_exp.rank.failures.record_rank_failure`).
     """
     import torch.distributed as dist
 

@@ -9,22 +9,35 @@
   ``rank R failed: <type>: <message>`` (:func:`failure_detail`) and whether the rank raised; an
   exception in a rank (the user's Dataset, model, loss, or ours) is that one line, a rank
   killed without raising gets torch's failure table.
+* A rank of a world that torchrun (or srun) started, which has no launcher of ours to report
+  for it: :func:`record_rank_failure` records it as the launcher would and returns the
+  :class:`RankFailed` the entry point reports; a collective broken by another rank's failure
+  (:func:`is_peer_failure`) is a knock-on effect, not a second failure.
+* A world the elastic agent restarted: rank 0 says which rank failed and where the world
+  continues (:func:`restart_line`, from the launcher's record in :data:`FAILURES_ENV`).
 
 May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.job.folder` (``status.json``, the
-job log).
+job log), :mod:`ddp_exp.io.files` (a full disk named), :mod:`ddp_exp.distributed.process_group`
+(``PeerFailed``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import signal
 import time
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from ddp_exp.config.compose import task_overrides
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.distributed.process_group import PeerFailed
+from ddp_exp.io.files import naming_the_disk
 from ddp_exp.job import folder as jobdir
 
 
@@ -98,3 +111,123 @@ def build_failure_recorded(job_dir: str, owner: bool):
                 jobdir.write_status(job_dir, "failed", task_overrides(HydraConfig.get()),
                                     time.time() - t_start, error)
         raise BuildFailed(error) from exc
+
+
+PEER_FAILURE_GRACE_S = 5.0
+
+
+FAILURES_ENV = "DDP_EXP_FAILURES_FILE"  # the launcher's record of failed ranks, per attempt
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True for errors a collective raises because a peer rank went away (gloo/NCCL connection
+    closed or reset, a store that is gone), and for
+    :class:`ddp_exp.distributed.process_group.PeerFailed`
+    (another rank's failure, learnt through a collective), as opposed to an error of this
+    rank's own."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, (dist.DistError, PeerFailed)) or any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer",
+                            "Broken pipe", "NCCL communicator was aborted"))
+
+
+class RankFailed(Exception):
+    """A rank of a world that torchrun (or srun) started failed while training; see
+    :func:`record_rank_failure`.
+
+    Attributes:
+        line: ``rank R failed: <type>: <first line of the error>``.
+        job_dir: the run's folder (rank 0's).
+        report: this rank reports the failure (one line on stderr, ``status.json``): the first
+            rank of the world to record one (one per node where nodes share no folder).
+        peer: this rank's collective broke because another rank failed first.
+    """
+
+    def __init__(self, line: str, job_dir: str, report: bool, peer: bool):
+        super().__init__(line)
+        self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
+
+
+def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
+    """Call in the ``except`` block of a rank that torchrun (or srun) started, around its
+    training. Does what the built-in launcher's ``@record`` and failure table do: the traceback
+    goes to the job log (a peer's failure, :func:`is_peer_failure`, gets one warning line there
+    and nothing else: it is a knock-on effect); the error is written to
+    ``<job_dir>/errors/rank<R>.json`` and to torchrun's error file (``TORCHELASTIC_ERROR_FILE``:
+    its failure summary then names the cause), both in torch's error-file format
+    (``ErrorHandler.record_exception``). The rank that creates ``errors/`` first reports the
+    failure (``RankFailed.report``): an error that every rank raises together (a diverged
+    loss) is reported once.
+
+    Returns:
+        The :class:`RankFailed` to raise instead of ``exc``.
+    """
+    import traceback
+
+    exc = naming_the_disk(exc, job_dir)
+    peer = is_peer_failure(exc)
+    # The last line, as in the launcher's failure line: a DataLoader worker's error says
+    # "Caught ValueError in DataLoader worker process 0." first and the error itself last.
+    detail = failure_detail(f"{type(exc).__name__}: {exc}")
+    line = f"rank {rank} failed: {detail}"
+    if peer:  # a knock-on effect, not a second failure: no traceback
+        jobdir.log_to_job_log_only(logging.WARNING, f"rank {rank} stopped: another rank failed "
+                                   f"first ({detail})")
+        return RankFailed(line, job_dir, False, True)
+    jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
+    errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
+    try:
+        os.mkdir(errors)  # atomic: exactly one rank creates it
+        report = True
+    except FileExistsError:
+        report = False
+    except OSError:  # no folder to record in: rank 0 still reports
+        report = rank == 0
+    with contextlib.suppress(OSError):
+        _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
+    ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
+    return RankFailed(line, job_dir, report, False)
+
+
+class _ErrorFile(ErrorHandler):
+    """torch's ``ErrorHandler`` writing to ``path`` instead of ``TORCHELASTIC_ERROR_FILE``."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def _get_error_file_path(self) -> str:
+        return self.path
+
+
+def restart_line(attempt: int, max_restarts: int, source: str | None,
+                 state: dict[str, Any] | None) -> str:
+    """The line rank 0 of a world restarted by the elastic agent logs: which restart, which
+    rank failed (as the launcher recorded it in the file named by :data:`FAILURES_ENV`;
+    a failure on another node is not seen here) and the checkpoint the world continues from.
+
+    Args:
+        attempt: ``TORCHELASTIC_RESTART_COUNT`` (1 for the first restart).
+        max_restarts: ``launcher.max_restarts``.
+        source: the checkpoint this world loaded, or None (no epoch had finished).
+        state: its contents (``epoch`` 0-based, ``global_step``).
+    """
+    failures = []
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.environ.get(FAILURES_ENV, "")) as fh:
+            failures = json.load(fh)
+    failed = "a rank on another node failed"
+    if len(failures) >= attempt:
+        f = failures[attempt - 1]
+        who = (f"rank {f['rank']}" if f.get("rank") is not None
+               else f"local rank {f['local_rank']} of this node")
+        code = f.get("exitcode")
+        how = (f"killed by {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
+               and -code in signal.valid_signals() else f"exit code {code}")
+        failed = f"{who} failed ({how})"
+    where = (f"continues from {source} (epoch {state['epoch'] + 1} done, step "
+             f"{state['global_step']})" if source and state is not None
+             else "starts again from the beginning (no epoch had finished)")
+    return f"restart {attempt} of launcher.max_restarts={max_restarts}: {failed}; the world {where}"
