@@ -16,7 +16,8 @@ its scheduler's warning (``trainer.preempt_signal``) after a step checkpoint say
 May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line, a
 failed rank's record under torchrun),
 :mod:`ddp_exp.cli.usage` (``--help``), :mod:`ddp_exp.launch.cluster` (which task owns the folder),
-:mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.job.sweep`.
+:mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.launch.torchrun`,
+:mod:`ddp_exp.job.sweep`.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ from ddp_exp.job.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.launch.cluster import owns_folder, requeue
-from ddp_exp.launch.elastic import (
+from ddp_exp.launch.elastic import run_job
+from ddp_exp.launch.torchrun import (
     MULTIRUN_UNDER_TORCHRUN,
     asks_for_multirun,
     ignore_leftover_torchrun_variables,
     multirun_flag_first,
-    run_job,
     torchrun_overrides,
     under_torchrun,
 )
