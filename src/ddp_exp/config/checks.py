@@ -38,6 +38,37 @@ def global_batch_size(cfg: Mapping[str, Any]) -> int:
             * cfg["trainer"]["accumulate_grad_batches"])
 
 
+def batch_layout(global_batch: int, world_size: int, max_per_rank: int | None
+                 ) -> tuple[int, int]:
+    """``data.global_batch_size`` on ``world_size`` ranks: ``(per-rank micro-batch,
+    accumulated micro-batches)``, the micro-batch the largest divisor of ``global_batch /
+    world_size`` within ``max_per_rank`` (None: no cap), so that their product times the world
+    is the global batch exactly. ``global_batch`` must be a multiple of ``world_size``
+    (:func:`validate` refuses it otherwise)."""
+    share = global_batch // world_size
+    if max_per_rank is None or share <= max_per_rank:
+        return share, 1
+    accumulate = -(-share // max_per_rank)
+    while share % accumulate:
+        accumulate += 1
+    return share // accumulate, accumulate
+
+
+def apply_global_batch(cfg: Any, world_size: int) -> None:
+    """With ``data.global_batch_size`` set, write the per-rank ``data.batch_size`` and
+    ``trainer.accumulate_grad_batches`` that give it on ``world_size`` ranks
+    (:func:`batch_layout`) into ``cfg`` (a DictConfig or plain dicts); without it, nothing.
+    Called where the world's size is known: before any rank starts, and by a rank that finds
+    itself in a world of another size (an elastic restart)."""
+    data = cfg["data"]
+    if data.get("global_batch_size") is None:
+        return
+    per_rank, accumulate = batch_layout(data["global_batch_size"], world_size,
+                                        data.get("max_batch_size_per_rank"))
+    data["batch_size"] = per_rank
+    cfg["trainer"]["accumulate_grad_batches"] = accumulate
+
+
 # ------------------------------------------------------------------------------ validation
 MAX_MONITOR_INTERVAL_S = 3600.0  # the elastic agent's longest wait between two checks
 
@@ -85,6 +116,7 @@ def validate(cfg: DictConfig) -> None:
         _check(isinstance(value, int) and not isinstance(value, bool), f"data.{key}", value,
                "an integer")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
+    _check_global_batch(cfg)
     _check(d.val_size is None or d.val_size >= 0, "data.val_size", d.val_size,
            "0 (no validation) or a positive count")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")
@@ -143,6 +175,10 @@ def validate(cfg: DictConfig) -> None:
            t.accumulate_grad_batches, "a positive integer")
     _check(t.checkpoint_every_n_epochs >= 0, "trainer.checkpoint_every_n_epochs",
            t.checkpoint_every_n_epochs, "0 (never) or a positive number of epochs")
+    for key, unit in (("checkpoint_every_n_steps", "optimizer steps"),
+                      ("checkpoint_every_n_minutes", "minutes")):
+        _check(t.get(key) is None or t[key] > 0, f"trainer.{key}", t.get(key),
+               f"null (off) or a positive number of {unit}")
     _check(t.log_histograms_every_n_epochs >= 0, "trainer.log_histograms_every_n_epochs",
            t.log_histograms_every_n_epochs, "0 (never) or a positive number of epochs")
     _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
@@ -283,3 +319,26 @@ def check_precision(precision: str, device: str) -> None:
     if precision == "16-mixed" and device != "cuda":
         raise ConfigError("trainer.precision=16-mixed needs device=cuda; use bf16-mixed or "
                           "32-true on the CPU")
+
+
+def _check_global_batch(cfg: DictConfig) -> None:
+    """``data.global_batch_size`` (null, or a positive multiple of ``world_size``) and
+    ``data.max_batch_size_per_rank`` (null or positive); with a global batch, the
+    accumulation is derived, so ``trainer.accumulate_grad_batches`` must be left at 1."""
+    d, world = cfg.data, cfg.world_size
+    cap = d.get("max_batch_size_per_rank")
+    _check(cap is None or cap >= 1, "data.max_batch_size_per_rank", cap,
+           "null (no cap) or a positive number of samples per rank")
+    total = d.get("global_batch_size")
+    if total is None:
+        return
+    _check(total >= 1, "data.global_batch_size", total,
+           "null (data.batch_size per rank) or a positive number of samples per optimizer step")
+    lower, upper = total // world * world, -(-total // world) * world
+    _check(total % world == 0, "data.global_batch_size", total,
+           f"a multiple of world_size={world} (every rank takes an equal share), e.g. "
+           f"{lower or upper}" + (f" or {upper}" if lower and upper != lower else ""))
+    _check(cfg.trainer.accumulate_grad_batches == 1, "trainer.accumulate_grad_batches",
+           cfg.trainer.accumulate_grad_batches,
+           "1 with data.global_batch_size set (the accumulation follows from "
+           "data.max_batch_size_per_rank)")

@@ -37,6 +37,10 @@ class DataConfig:
 
     _target_: str = MISSING
     batch_size: int = 32  # per rank; the global batch is batch_size * world_size
+    # samples per optimizer step over the world (null: data.batch_size per rank); set, it gives
+    # data.batch_size and trainer.accumulate_grad_batches for each world size
+    global_batch_size: int | None = None
+    max_batch_size_per_rank: int | None = None  # with global_batch_size: the rest accumulates
     val_size: int = 297  # held-out validation samples, chosen by the top-level seed
     shuffle: bool = True
     num_workers: int = 0  # > 0 serves batches through torch's DataLoader with worker processes
@@ -225,6 +229,8 @@ class TrainerConfig:
     progress: str = "auto"  # auto (bar on a terminal, else log lines) | bar | log | off
     save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
     checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
+    checkpoint_every_n_steps: int | None = None  # checkpoints/last.pt mid-epoch too (null: off)
+    checkpoint_every_n_minutes: float | None = None  # ... every N minutes, rank 0's clock
     keep_checkpoints: int = 3  # newest epoch_NNNN.pt files kept
     resume: str | None = None  # null | auto (this job's last.pt, if any) | a checkpoint path
     resume_allow_changes: bool = False  # resume even with another seed / data split

@@ -55,7 +55,7 @@ __all__ = ["ArrayDataset", "Datasets", "build_datasets", "load", "load_digits", 
 PATH_KEYS = ("batch_size", "val_size", "test_size", "shuffle", "num_workers", "persistent_workers",
              "prefetch_factor", "pin_memory", "augment", "mean", "std", "transform",
              "input_key", "target_key", "standardize", "pad_value", "ignore_index",
-             "shift_labels")
+             "shift_labels", "global_batch_size", "max_batch_size_per_rank")
 # Keys a built-in loader takes as arguments, but that describe a user's Dataset otherwise.
 DESCRIBING_KEYS = ("num_classes", "task")
 

@@ -227,8 +227,12 @@ class ImageBatch:
     In order: scale to [0, 1]; on the training split only, the user's transform
     (``data.transform``, called per sample on ``[C, H, W]``) and the built-in augmentation
     (``data.augment``: :func:`build_augmentation`, a small random rotation, shift and zoom);
-    then per-channel ``(x - mean) / std`` if ``mean``/``std`` are given. Random draws come from
-    the global torch RNG, which the loader seeds per batch (:mod:`ddp_exp.data.loaders`).
+    then per-channel ``(x - mean) / std`` if ``mean``/``std`` are given. Random draws follow
+    each sample's key (``keys``, :func:`ddp_exp.data.seeds.sample_keys`, which the loader
+    gives): the user's transform runs under its sample's seed and the augmentation's
+    parameters are drawn from the keys (:func:`keyed_affine`), so a sample is augmented alike
+    whichever batch, rank or world serves it. Without keys (a probe outside the loader) they
+    come from the global torch RNG.
 
     Args:
         mean, std: per-channel lists of ``channels`` floats, or None.
@@ -236,6 +240,8 @@ class ImageBatch:
         transform: a callable ``[C, H, W] -> [C, H, W]`` (a Kornia or torchvision transform),
             or None.
     """
+
+    keyed = True  # takes each sample's key (ddp_exp.data.lazy.collate_inputs)
 
     def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                  augment: bool = False, transform: Callable[[Any], Any] | None = None):
@@ -245,17 +251,26 @@ class ImageBatch:
         self.transform = transform
         self._augmentation = None  # built in the process that uses it (Kornia imports there)
 
-    def __call__(self, images):
+    def __call__(self, images, keys=None):
         import torch
+
+        from ddp_exp.data.lazy import TRANSFORM_SALT
+        from ddp_exp.data.seeds import reseed
 
         x = images.to(torch.float32).div_(255.0) if images.dtype == torch.uint8 \
             else images.to(torch.float32)
         if self.transform is not None:
-            x = torch.stack([_as_chw(self.transform(sample)) for sample in x])
+            rows = []
+            for i, sample in enumerate(x):
+                if keys is not None:  # the caller puts the global RNGs back
+                    reseed(int(keys[i]) ^ TRANSFORM_SALT)
+                rows.append(_as_chw(self.transform(sample)))
+            x = torch.stack(rows)
         if self.augment:
             if self._augmentation is None:
                 self._augmentation = build_augmentation(tuple(x.shape[-2:]))
-            x = self._augmentation(x)
+            x = (self._augmentation(x) if keys is None
+                 else keyed_affine(self._augmentation, x, keys))
         if self.mean is not None:
             c = x.shape[1]
             mean = torch.tensor(self.mean, dtype=x.dtype).view(1, c, 1, 1)
@@ -294,6 +309,32 @@ def build_augmentation(size: tuple[int, int]):
     return nn.Sequential(K.RandomAffine(degrees=AUGMENT_DEGREES,
                                         translate=(AUGMENT_TRANSLATE, AUGMENT_TRANSLATE),
                                         scale=AUGMENT_SCALE))
+
+
+def keyed_affine(augmentation, x, keys):
+    """:func:`build_augmentation`'s module on ``x`` ``[B, C, H, W]`` with each sample's
+    draws from its key (:func:`ddp_exp.data.seeds.uniforms`), not from the global RNG: the
+    same ranges and probability as Kornia's own draws (whether to apply it, ``p``; an angle in
+    +-:data:`AUGMENT_DEGREES`; a shift in +-:data:`AUGMENT_TRANSLATE` of each side, in pixels;
+    one zoom in :data:`AUGMENT_SCALE` for both axes), given to Kornia as its parameters
+    (``forward_parameters`` gives the rest: centre, zero shear; written for kornia 0.9)."""
+    import torch
+
+    from ddp_exp.data.seeds import uniforms
+
+    affine = augmentation[0]
+    u = torch.from_numpy(uniforms(keys, 5)).to(x.dtype)
+    params = affine.forward_parameters(x.shape)
+    height, width = x.shape[-2:]
+    low, high = AUGMENT_SCALE
+    scale = low + (high - low) * u[:, 4]
+    params.update(
+        batch_prob=(u[:, 0] < affine.p).to(params["batch_prob"].dtype),
+        angle=(2 * u[:, 1] - 1) * AUGMENT_DEGREES,
+        translations=torch.stack([(2 * u[:, 2] - 1) * AUGMENT_TRANSLATE * width,
+                                  (2 * u[:, 3] - 1) * AUGMENT_TRANSLATE * height], 1),
+        scale=torch.stack([scale, scale], 1))
+    return affine(x, params=params)
 
 
 def _as_chw(sample):

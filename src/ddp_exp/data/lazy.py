@@ -118,10 +118,12 @@ def _float_input(x):
     return x.to(torch.float32) if x.is_floating_point() or x.dtype == torch.uint8 else x
 
 
-def collate_inputs(xs: list, padding: Padding, transform) -> Any:
+def collate_inputs(xs: list, padding: Padding, transform, keys=None) -> Any:
     """Inputs of a batch: tensors stacked (a :class:`ddp_exp.train.objective.Call` with an
     ``attention_mask`` when items were padded), tuples element by element, mappings key by
-    key (``attention_mask`` padded with 0)."""
+    key (``attention_mask`` padded with 0). ``keys``: each sample's key of its draws
+    (:func:`ddp_exp.data.seeds.sample_keys`), handed to a ``keyed`` transform, else the
+    transform runs per sample under its key (:func:`_per_sample`)."""
     from ddp_exp.data.batches import Call
 
     first = xs[0]
@@ -143,7 +145,29 @@ def collate_inputs(xs: list, padding: Padding, transform) -> Any:
                           "dataset (data.image_size for image folders)") from None
     if mask is not None and transform is None:
         return Call((_float_input(x),), {"attention_mask": mask.long()})
-    return transform(x) if transform is not None else _float_input(x)
+    if transform is None:
+        return _float_input(x)
+    if keys is None:
+        return transform(x)
+    return transform(x, keys=keys) if getattr(transform, "keyed", False) else \
+        _per_sample(transform, x, keys)
+
+
+TRANSFORM_SALT = 0x5DEECE66D  # a sample's transform draws from its key mixed with this
+
+
+def _per_sample(transform, x, keys) -> Any:
+    """A batch transform run on each sample ``x[i:i+1]`` with the global RNGs seeded from its
+    key, so that its draws follow the sample, not the batch (the caller puts the RNGs back)."""
+    import torch
+
+    from ddp_exp.data.seeds import reseed
+
+    rows = []
+    for i, key in enumerate(keys):
+        reseed(int(key) ^ TRANSFORM_SALT)  # not the stream the item's read drew from
+        rows.append(transform(x[i:i + 1]))
+    return torch.cat(rows)
 
 
 @dataclasses.dataclass
@@ -187,11 +211,14 @@ class TorchSplit:
         return dataclasses.replace(self, indices=self.indices[np.asarray(positions,
                                                                          dtype=np.int64)])
 
-    def batch(self, positions: Sequence[int], items_read: Mapping[int, Any] | None = None):
+    def batch(self, positions: Sequence[int], items_read: Mapping[int, Any] | None = None,
+              keys: Sequence[int] | None = None):
         """Read and collate the samples at ``positions``: inputs ``[B, *input_shape]`` float32,
         targets ``[B]`` int64 (classification) or ``[B, k]`` float32 (regression).
         ``items_read``: items read already, by dataset index, taken instead of reading them
-        again.
+        again. ``keys``: each sample's key (:func:`ddp_exp.data.seeds.sample_keys`): every
+        item is read with the global RNGs seeded from its own (the caller puts them back,
+        :func:`ddp_exp.data.seeds.seeded`), and the transform draws by them.
 
         Raises:
             ConfigError: an item of another shape, or a class label outside ``0..C-1`` (the
@@ -201,12 +228,16 @@ class TorchSplit:
 
         xs, ys = [], []
         items_read = items_read or {}
-        for p in positions:
+        if keys is not None:
+            from ddp_exp.data.seeds import reseed
+        for n, p in enumerate(positions):
+            if keys is not None:
+                reseed(keys[n])
             index = int(self.indices[p])
             x, y = self.reader(items_read[index] if index in items_read else self.dataset[index])
             xs.append(x)
             ys.append(y)
-        x = collate_inputs(xs, self.padding, self.transform)
+        x = collate_inputs(xs, self.padding, self.transform, keys)
         if self.elementwise:
             return x, self._element_targets(ys)
         y = torch.stack(ys)

@@ -11,15 +11,24 @@ shards of one seeded permutation per epoch, ``set_epoch`` before each), cut into
   per batch, ``(seed, positions)``, and whose dataset (:class:`BatchFetch`) reads and collates
   the whole batch in a worker: one message per batch between rank and worker, not one per sample.
 
-Randomness (augmentation, a user's transform, draws in a user's ``__getitem__``) is seeded per
-batch of lazy data: ``seed`` derives from
-(``seed``, rank, epoch, batch number) through NumPy's ``SeedSequence``, and the worker runs the
-batch with torch's, Python's and NumPy's global RNGs set from it (and put back after). So the
-draws differ between ranks, batches (hence workers) and epochs, are the same in every rerun,
-whatever ``num_workers``, ``prefetch_factor`` or worker scheduling, and resume exactly at an
-epoch boundary. torch's own worker seeding (a base seed from the loader's generator, continued
-by persistent workers across epochs, the same on every rank that seeds torch alike) is not used
-for this, and each loader has a generator of its own so that it never draws from the rank's RNG.
+Randomness (augmentation, a user's transform, draws in a user's ``__getitem__``) is keyed per
+sample of lazy data: each sample's key derives from (``seed``, epoch, the sample's index in
+its split, the split's stream) alone (:func:`sample_keys`); the item is read with torch's,
+Python's and NumPy's global RNGs seeded from its key (put back after the batch), and the
+built-in augmentation draws its parameters from the keys (:mod:`ddp_exp.data.images`). So
+the draws differ between samples and epochs, are the same in every rerun, whatever
+``num_workers``, ``prefetch_factor``, worker scheduling, the rank or the world size that serves
+the sample, and resume exactly mid-epoch and in a world of another size (issue 30).
+
+Mid-epoch starts (a step checkpoint's position, issue 30): ``set_start(k)`` before an epoch's
+iteration makes it begin at the rank's ``k``-th sample of the epoch's shard, a slice of the
+epoch's order (:func:`shard_order`'s ``start``): nothing is read and discarded. With a strided
+shard, global position ``P`` of the epoch (``P`` a multiple of the global batch) is every
+rank's sample ``P / world_size``.
+
+torch's own worker seeding (a base seed from the loader's generator, continued by persistent
+workers across epochs, the same on every rank that seeds torch alike) is not used for the
+draws, and each loader has a generator of its own so that it never draws from the rank's RNG.
 
 Validation (:func:`val_loader`): samples ``rank, rank + world_size, ...`` of the validation split,
 unpadded (a rank's shard may be empty), in order, through the same kind of loader.
@@ -37,15 +46,14 @@ May use: torch, NumPy; the splits it serves come from :mod:`ddp_exp.data.splits`
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+from ddp_exp.data.seeds import TEST, TRAIN, VAL, batch_seed, sample_keys, seeded  # noqa: F401
 
 EVAL_BATCH_SIZE = 512  # in-memory validation: larger batches, same per-sample losses
 LOADER_STREAM = 2**32 - 1  # batch_seed's "batch" for the loader's own generator
@@ -72,12 +80,19 @@ class TrainLoader:
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler, batch_size: int):
         self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
+        self.start = 0  # the next iteration's first sample of the shard (set_start)
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+        self.start = 0
+
+    def set_start(self, samples: int) -> None:
+        """Begin the next iteration at the shard's sample ``samples`` (a multiple of the
+        batch size): the rest of an epoch a step checkpoint interrupted."""
+        self.start = samples
 
     def chunk_rows(self) -> int:
         """Samples per gather: the most whole batches within :data:`GATHER_BYTES`, at least
@@ -86,7 +101,8 @@ class TrainLoader:
         return max(1, GATHER_BYTES // max(1, row_bytes * self.batch_size)) * self.batch_size
 
     def __iter__(self) -> Iterator:
-        order = shard_order(self.sampler).to(self.x.device)
+        order = shard_order(self.sampler, self.start).to(self.x.device)
+        self.start = 0
         size, rows = self.batch_size, self.chunk_rows()
         for first in range(0, len(order), rows):
             chunk = order[first:first + rows]
@@ -95,8 +111,9 @@ class TrainLoader:
                 yield xs[start:start + size], ys[start:start + size]
 
 
-def shard_order(sampler) -> torch.Tensor:
-    """The positions a sampler yields this epoch, as an int64 tensor ``[len(sampler)]``.
+def shard_order(sampler, start: int = 0) -> torch.Tensor:
+    """The positions a sampler yields this epoch from its ``start``-th on, as an int64 tensor
+    ``[len(sampler) - start]``.
 
     For a ``DistributedSampler`` they are computed as tensors by the sampler's own rule
     (torch/utils/data/distributed.py, ``__iter__``: ``randperm(n)`` from a generator seeded
@@ -105,14 +122,16 @@ def shard_order(sampler) -> torch.Tensor:
     Python lists it builds: those cost ~36 bytes per sample in every rank (14 MiB per rank at
     400k samples) and outlive the epoch in Python's allocator. A test holds the result equal to
     ``list(sampler)``. A sampler with a ``shard()`` (:mod:`ddp_exp.data.tokens`) gives its own
-    lazily computed shard (``len`` and slices). Any other sampler is listed.
+    lazily computed shard (``len`` and slices). Any other sampler is listed. ``start`` slices
+    the shard (a view for the lazy shard): nothing before it is yielded or read.
     """
     from torch.utils.data import DistributedSampler
 
     if hasattr(sampler, "shard"):  # computes its positions per slice (ddp_exp.data.tokens)
-        return sampler.shard()
+        shard = sampler.shard()
+        return shard if not start else ShardFrom(shard, start)
     if type(sampler) is not DistributedSampler:
-        return torch.tensor(list(sampler), dtype=torch.long)
+        return torch.tensor(list(sampler)[start:], dtype=torch.long)
     n = len(sampler.dataset)
     if sampler.shuffle:
         g = torch.Generator()
@@ -123,40 +142,28 @@ def shard_order(sampler) -> torch.Tensor:
     total = sampler.total_size
     if total > n:  # drop_last=False: pad with the order's start, repeated as often as needed
         order = torch.cat([order, order.repeat(math.ceil((total - n) / n))[:total - n]])
-    return order[sampler.rank:total:sampler.num_replicas].clone()
+    first = sampler.rank + start * sampler.num_replicas
+    return order[first:total:sampler.num_replicas].clone()
 
 
-TRAIN, VAL, TEST = 0, 1, 2  # the streams of batch seeds: no split draws another's numbers
+class ShardFrom:
+    """A lazy shard (``len`` and slices) from its ``start``-th position on."""
 
+    def __init__(self, shard, start: int):
+        self.shard, self.start = shard, min(start, len(shard))
 
-def batch_seed(seed: int, rank: int, epoch: int, batch: int, stream: int = TRAIN) -> int:
-    """The seed of one batch's random draws, from NumPy's ``SeedSequence`` (which mixes its
-    entropy so that neighbouring tuples give unrelated streams). 63 bits. ``stream`` keeps the
-    validation and test batches' draws apart from the training batches' of the same number."""
-    entropy = [seed, rank, epoch, batch] + ([stream] if stream != TRAIN else [])
-    state = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
+    def __len__(self) -> int:
+        return len(self.shard) - self.start
 
-
-@contextlib.contextmanager
-def seeded(seed: int):
-    """Run a block with torch's (CPU), Python's and NumPy's global RNGs seeded from ``seed``;
-    their previous states are restored afterwards."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+    def __getitem__(self, part: slice):
+        first, stop, step = part.indices(len(self))
+        return self.shard[self.start + first:self.start + stop:step]
 
 
 class BatchKeys(Sampler):
-    """Groups a sampler's positions into batches, yielding one key ``(seed, positions)`` per
-    batch; ``seed`` is None unless the split draws random numbers (then :func:`batch_seed`).
+    """Groups a sampler's positions into batches, yielding one key ``(seed, positions, epoch,
+    stream)`` per batch; ``seed`` (the run's) is None unless the split draws random numbers
+    (then each sample's draws are keyed, :func:`sample_keys`).
 
     Args:
         sampler: positions in the split (a ``DistributedSampler`` or a list).
@@ -170,28 +177,33 @@ class BatchKeys(Sampler):
         self.sampler, self.batch_size = sampler, batch_size
         self.seed, self.rank, self.random, self.stream = seed, rank, random, stream
         self.epoch = 0
+        self.start = 0  # the next iteration's first sample of the shard (set_start)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self.start = 0
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[int | None, list[int], int]]:
+    def __iter__(self) -> Iterator[tuple[int | None, list[int], int, int]]:
         # A tensor, not DistributedSampler's Python lists (~36 bytes a sample in every rank).
-        positions = shard_order(self.sampler)
-        for n, start in enumerate(range(0, len(positions), self.batch_size)):
-            seed = (batch_seed(self.seed, self.rank, self.epoch, n, self.stream) if self.random
-                    else None)
-            yield seed, positions[start:start + self.batch_size].tolist(), self.epoch
+        positions = shard_order(self.sampler, self.start)
+        self.start = 0
+        seed = self.seed if self.random else None
+        for start in range(0, len(positions), self.batch_size):
+            yield (seed, positions[start:start + self.batch_size].tolist(), self.epoch,
+                   self.stream)
 
 
 class BatchFetch(torch.utils.data.Dataset):
-    """What the DataLoader indexes: key ``(seed, positions[, epoch])`` -> the collated batch
-    ``split.batch(positions)``, under :func:`seeded` when ``seed`` is not None; a split whose
-    windows move per epoch (``epoch_batches``, :mod:`ddp_exp.data.tokens`) gets the epoch."""
+    """What the DataLoader indexes: key ``(seed, positions[, epoch[, stream]])`` -> the
+    collated batch ``split.batch(positions)``; when ``seed`` is not None, with each sample's
+    key (:func:`sample_keys`, ``keys=``) under :func:`seeded` (the process's RNGs put back
+    after); a split whose windows move per epoch (``epoch_batches``,
+    :mod:`ddp_exp.data.tokens`) gets the epoch."""
 
     def __init__(self, split):
         self.split = split
@@ -201,12 +213,13 @@ class BatchFetch(torch.utils.data.Dataset):
 
     def __getitem__(self, key: tuple):
         seed, positions = key[0], key[1]
-        extra = ({"epoch": key[2] if len(key) > 2 else 0}
-                 if getattr(self.split, "epoch_batches", False) else {})
+        epoch = key[2] if len(key) > 2 else 0
+        extra = {"epoch": epoch} if getattr(self.split, "epoch_batches", False) else {}
         if seed is None:
             return self.split.batch(positions, **extra)
-        with seeded(seed):
-            return self.split.batch(positions, **extra)
+        keys = sample_keys(seed, epoch, positions, key[3] if len(key) > 3 else TRAIN)
+        with seeded(int(keys[0]) if len(keys) else seed):
+            return self.split.batch(positions, keys=keys, **extra)
 
 
 class KeyedLoader:
@@ -231,6 +244,11 @@ class KeyedLoader:
         self.keys.set_epoch(epoch)
         # The loader draws its workers' base seed from this generator, never the rank's RNG.
         self.generator.manual_seed(batch_seed(*self.base, epoch, LOADER_STREAM))
+
+    def set_start(self, samples: int) -> None:
+        """Begin the next iteration at the shard's sample ``samples`` (see
+        :meth:`TrainLoader.set_start`)."""
+        self.keys.start = samples
 
     def __iter__(self) -> Iterator:
         if self.loader is not None:

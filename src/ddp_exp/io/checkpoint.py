@@ -5,7 +5,8 @@ Layout, in ``<job_dir>/checkpoints/``:
 * ``epoch_0000.pt``, ``epoch_0001.pt``, ...: every ``trainer.checkpoint_every_n_epochs`` epochs,
   the newest ``trainer.keep_checkpoints`` kept;
 * ``last.pt``: the newest completed epoch, always (what ``trainer.resume=auto`` and elastic
-  restarts continue from);
+  restarts continue from), or a newer step checkpoint inside an epoch
+  (``trainer.checkpoint_every_n_steps`` / ``_minutes``, a preemption: issue 30);
 * ``best.pt``: the checkpoint of the best epoch of ``trainer.monitor`` so far (as Lightning's
   ``ModelCheckpoint`` keeps by default: the whole state, so a run can also continue from it;
   written in an epoch that stopped early at ``trainer.max_steps``, it is marked not resumable).
@@ -14,8 +15,10 @@ Layout, in ``<job_dir>/checkpoints/``:
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
 (0-based), ``global_step``, the run's ``steps_per_epoch`` and ``run_steps``, every rank's RNG
-states and the resolved config: all that is needed to continue exactly (the sampler's order is a
-function of seed and epoch; a resumed run rebuilds its schedule from its own config and length,
+states and the resolved config; a step checkpoint also the ``position`` in the next epoch
+(global samples consumed), that epoch's ``epoch_sums`` so far and the ``global_batch_size``:
+all that is needed to continue exactly (the sampler's order is a function of seed and epoch,
+and starts at the position; a resumed run rebuilds its schedule from its own config and length,
 :func:`ddp_exp.train.state.resume_optimizer`, and reads the scheduler's state only for
 ``ReduceLROnPlateau``'s progress). Files are written to a
 temp file, fsynced and renamed (:func:`ddp_exp.io.files.atomic_write`), so a reader, or a run killed
@@ -145,8 +148,8 @@ def repair_best(source: str, state: dict[str, Any]) -> bool:
     Returns:
         True when ``best.pt`` was replaced by a link to ``source``.
     """
-    if os.path.basename(source) != LAST:
-        return False
+    if os.path.basename(source) != LAST or state.get("position"):
+        return False  # a step checkpoint (inside an epoch) is never the best epoch's
     best_epoch = (state.get("monitor") or {}).get("best_epoch")
     if best_epoch is None or best_epoch != state.get("epoch"):
         return False

@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import data as data_module
-from ddp_exp.config.checks import effective_lr, global_batch_size
+from ddp_exp.config.checks import apply_global_batch, effective_lr, global_batch_size
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import seeded
@@ -95,6 +95,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint that does not fit), before any rank starts.
     """
     t_start = time.time()
+    apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
     killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
@@ -171,8 +172,17 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
                  "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
                  cfg.trainer.resume, source)
     if state.get("world_size") not in (None, world_size):
-        log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
-                    "batch differ from the interrupted run", state["world_size"], world_size)
+        saved = state.get("global_batch_size") or (
+            global_batch_size(state["config"]) if state.get("config") else None)
+        if saved == global_batch_size(cfg):  # the same global batches: exact (issue 30)
+            log.info("resuming a world of %s rank(s) with %d, the same global batch of %d: the "
+                     "data order, schedule and weights continue as if never stopped (dropout "
+                     "draws per rank, unsynchronised BatchNorm per rank: those differ)",
+                     state["world_size"], world_size, saved)
+        else:
+            log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
+                        "batch differ from the interrupted run (keep data.global_batch_size="
+                        "%s for an exact continuation)", state["world_size"], world_size, saved)
     return state
 
 

@@ -59,6 +59,7 @@ class LossWindow:
         # so that a resumed run logs the interval it was in like an uninterrupted one).
         self.interval_sum, self.interval_count, self.interval_s = 0.0, 0, 0.0
         self.pending: tuple | None = None  # a check started and not finished (see start)
+        self.flags: list[float] = []  # the last finished check's flags, summed over the world
 
     def add(self, loss: torch.Tensor, size: int, step: int, summed: bool = False) -> None:
         """One micro-batch's mean loss (a device scalar), its sample count and global step;
@@ -73,14 +74,17 @@ class LossWindow:
         return len(self.losses)
 
     def start(self, world: World, extra: list[float] | None = None,
-              context: Any = None) -> None:
+              context: Any = None, flags: tuple[float, ...] = ()) -> None:
         """Every rank calls it at the same step: start one all-reduce of the pending steps'
         (loss sum, sample count) without waiting for it (``async_op``), and empty the pending
         list; :meth:`finish` waits for it. A check started before must be finished first.
 
         ``extra`` (floats) is summed over the world in the same collective (the perf timer's
         table at logging steps); ``context`` is handed back by :meth:`finish` as it was (what
-        the logging step wrote down).
+        the logging step wrote down). ``flags`` (floats) ride in the same collective too, and
+        :meth:`finish` leaves their world sums in :attr:`flags`: decisions every rank must take
+        at the same step (a checkpoint rank 0's clock says is due, a preemption any rank was
+        told of) cost no collective of their own (issue 30).
 
         On the CPU the sum is taken in Python floats, each loss (a float32) times its batch size
         in float64, and the collective's one tensor is built from a list (a world of one needs
@@ -101,7 +105,7 @@ class LossWindow:
             total = 0.0
             for loss, weight in zip(losses, self.weights, strict=True):
                 total += loss * weight
-            totals = [total, float(sum(self.sizes)), *(extra or ())]
+            totals = [total, float(sum(self.sizes)), *flags, *(extra or ())]
             if collective:
                 totals = torch.tensor(totals, dtype=torch.float64)
         else:
@@ -110,11 +114,13 @@ class LossWindow:
             sizes = torch.tensor(self.sizes, dtype=torch.float64, device=self.device)
             weights = torch.tensor(self.weights, dtype=torch.float64, device=self.device)
             totals = torch.stack([(losses * weights).sum(), sizes.sum()])
-            if extra is not None:
-                totals = torch.cat([totals, torch.tensor(extra, dtype=torch.float64,
+            if extra is not None or flags:
+                totals = torch.cat([totals, torch.tensor([*flags, *(extra or ())],
+                                                         dtype=torch.float64,
                                                          device=self.device)])
         work = dist.all_reduce(totals, async_op=True) if collective else None
-        self.pending = (work, totals, losses, self.steps, extra is not None, context)
+        self.pending = (work, totals, losses, self.steps, extra is not None, context,
+                        len(flags))
         self.losses, self.sizes, self.weights, self.steps = [], [], [], []
 
     def finish(self, world: World) -> tuple[float, int, list[float] | None, Any] | None:
@@ -128,7 +134,7 @@ class LossWindow:
         """
         if self.pending is None:
             return None
-        work, totals, losses, steps, has_extra, context = self.pending
+        work, totals, losses, steps, has_extra, context, n_flags = self.pending
         self.pending = None
         if work is not None:
             work.wait()
@@ -138,7 +144,8 @@ class LossWindow:
             self._raise_nonfinite(losses, steps, world)
         self.interval_sum += loss_sum
         self.interval_count += count
-        return loss_sum, count, values[2:] if has_extra else None, context
+        self.flags = values[2:2 + n_flags]
+        return loss_sum, count, values[2 + n_flags:] if has_extra else None, context
 
     def check(self, world: World) -> tuple[float, int]:
         """:meth:`start` and :meth:`finish` at once: the world's (loss sum, sample count)."""

@@ -51,13 +51,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_exp.config.checks import global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.data.batches import call_model, to_device
 from ddp_exp.data.loaders import RankData
@@ -83,6 +84,7 @@ from ddp_exp.train.optimizer import (
     build_optimizer,
     grad_scaler,
 )
+from ddp_exp.train.step_checkpoint import Cadence, Preempted, decided
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -110,10 +112,15 @@ class Trainer:
         objective: the loss and validation metrics.
         device: this rank's device.
         writer: rank 0's TensorBoard/metrics writer (a no-op elsewhere).
+        preempt_requested: called at every logging check: True once this rank was told of a
+            preemption (``ddp_exp.rank.preemption.requested``, handed down by the rank); then
+            every rank writes a step checkpoint at the same step and :meth:`fit` raises
+            :class:`ddp_exp.train.step_checkpoint.Preempted`. None: never.
     """
 
     def __init__(self, cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
-                 objective: Objective, device: torch.device, writer: MetricsWriter):
+                 objective: Objective, device: torch.device, writer: MetricsWriter,
+                 preempt_requested: Callable[[], bool] | None = None):
         self.cfg, self.world, self.datasets, self.device, self.writer = (
             cfg, world, datasets, device, writer)
         trainer, data_cfg, ddp_cfg = cfg["trainer"], cfg["data"], cfg["ddp"]
@@ -178,6 +185,12 @@ class Trainer:
         # does not wait for the disk.
         self.checkpoint_files = BackgroundWriter()
         self.epoch = 0  # the next epoch to run
+        # Step checkpoints (ddp_exp.train.step_checkpoint): the cadence, and the position in
+        # the epoch in progress (global samples consumed) with its sums, set while a step
+        # checkpoint is taken and by a resume from one.
+        self.cadence = Cadence(trainer, world.is_main, preempt_requested)
+        self.position, self.epoch_sums = 0, None
+        self.preempted = self.checkpoint_due = False  # decided at the epoch's last check
         self.global_step = 0
         self.window = LossWindow(device)  # train/loss intervals, across epochs
         self.last_train: tuple[float | None, int] = (None, 0)  # last epoch's train loss, samples
@@ -305,24 +318,34 @@ class Trainer:
         ``train/loss``, ``train/lr`` and ``train/samples_per_sec`` are written at every global
         step that is a multiple of ``trainer.log_every_n_steps`` and nowhere else: the interval
         that is open when an epoch ends continues into the next one (validation and checkpoint
-        time excluded from its samples/s)."""
+        time excluded from its samples/s).
+
+        An epoch a step checkpoint interrupted (``self.position`` samples consumed, loaded by
+        :func:`ddp_exp.train.state.load_state_dict`) continues at that position: the sampler
+        starts there (nothing replayed) and the epoch's sums start from the checkpoint's.
+        Step checkpoints and preemption: :mod:`ddp_exp.train.step_checkpoint`.
+
+        Raises:
+            Preempted: a rank was told of a preemption; the step checkpoint is written.
+        """
         trainer = self.cfg["trainer"]
         max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
         self.loader.set_epoch(self.epoch)
+        first, (loss_sum, samples, seconds_before) = self._enter_position()
         self.ddp.train()
         window = self.window
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
                             trainer["epochs"], self.steps_per_epoch)
-        loss_sum, samples = 0.0, 0
+        progress.done = first
         t_epoch = t_mark = time.perf_counter()
         try:
             batches = self.loader if self.perf is None else self.perf.timed(self.loader)
             if self.data.duplicate_last:
-                batches = self._duplicate_ignored(batches)
+                batches = self._duplicate_ignored(batches, first * self.accumulate)
             # A training set the world does not divide: the epoch's last step holds
             # DistributedSampler's duplicates, which count zero (:meth:`_padded_step`).
             padded_step = self.steps_per_epoch - 1 if self.data.padded else -1
-            for k, group in enumerate(groups(batches, self.accumulate)):
+            for k, group in enumerate(groups(batches, self.accumulate), start=first):
                 if k == padded_step:
                     self._padded_step(group, window)
                 else:
@@ -332,20 +355,35 @@ class Trainer:
                 log_now = self.global_step % log_every == 0
                 # A logging step or the epoch's last: one all-reduce of (loss sum, count).
                 last = stop or progress.done == progress.steps
+                clock = preempt = False
                 if log_now or last:
                     # The logging step before: its all-reduce has run during the steps since.
                     s, n = self._settle(window, progress)
                     loss_sum, samples = loss_sum + s, samples + n
+                    clock, preempt = decided(window.flags)
                     now = time.perf_counter()
                     window.interval_s += now - t_mark
                     t_mark = now
-                    # The perf timer's table rides in the same all-reduce.
+                    # The perf timer's table rides in the same all-reduce, and the flags.
                     timing = self.perf.row() if log_now and self.perf is not None else None
                     window.start(self.world, timing, (self.global_step, self.grad_norm,
-                                                      self._lr_used()) if log_now else None)
+                                                      self._lr_used()) if log_now else None,
+                                 self.cadence.flags())
                     if last:  # the epoch's sums are needed now
                         s, n = self._settle(window, progress)
                         loss_sum, samples = loss_sum + s, samples + n
+                        end_clock, end_preempt = decided(window.flags)
+                        self.preempted = preempt or end_preempt
+                        self.checkpoint_due = (clock or end_clock
+                                               or self.cadence.step_due(self.global_step))
+                if not last and (clock or preempt or self.cadence.step_due(self.global_step)):
+                    sums = self._step_checkpoint(window, progress, k + 1, loss_sum, samples,
+                                                 seconds_before + time.perf_counter() - t_epoch)
+                    (loss_sum, samples), preempt = sums[:2], preempt or sums[2]
+                    t_mark = time.perf_counter()  # checkpoint time is not training time
+                    if preempt:
+                        raise Preempted(f"preempted at step {self.global_step} (epoch "
+                                        f"{self.epoch + 1}): checkpoints/last.pt holds it")
                 if stop:
                     break
             if len(window):  # steps_per_epoch was off (a user loader): count the rest
@@ -361,13 +399,52 @@ class Trainer:
         window.interval_s += now - t_mark
         self.writer.write_queued()
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
-        return loss_sum, samples, now - t_epoch
+        return loss_sum, samples, seconds_before + now - t_epoch
 
-    def _duplicate_ignored(self, batches: Iterable) -> Iterator:
-        """The epoch's batches, the last one's last sample (DistributedSampler's duplicate)
-        made to count nowhere for per-element targets: its labels become ``ignore_index``."""
+    def _enter_position(self) -> tuple[int, tuple[float, int, float]]:
+        """Where this epoch starts: ``(steps done in it, (its world loss sum, samples and
+        seconds so far))``, all 0 unless a step checkpoint interrupted it (``self.position``
+        global samples consumed, ``self.epoch_sums``); then this rank's loader starts at its
+        share, ``position / world_size`` (a strided shard: global position ``P`` is every
+        rank's sample ``P / W``)."""
+        if not self.position:
+            return 0, (0.0, 0, 0.0)
+        first = self.position // global_batch_size(self.cfg)
+        self.loader.set_start(self.position // self.world.world_size)
+        sums = self.epoch_sums or (0.0, 0, 0.0)
+        self.position, self.epoch_sums = 0, None  # a step checkpoint sets them again
+        return first, (float(sums[0]), int(sums[1]), float(sums[2]))
+
+    def _step_checkpoint(self, window: LossWindow, progress: Progress, steps: int,
+                         loss_sum: float, samples: int, seconds: float
+                         ) -> tuple[float, int, bool]:
+        """Write a step checkpoint after the epoch's ``steps``-th step (every rank, at the same
+        step): first every loss so far is counted (the pending check finished, the steps since
+        checked), so the checkpoint holds the epoch's sums and the open ``train/loss``
+        interval whole, and TensorBoard's events up to this step are on disk before it is.
+        Returns the epoch's world (loss sum, samples) and whether a check finished here carried
+        a preemption."""
+        s, n = self._settle(window, progress)
+        preempt = decided(window.flags)[1]
+        if len(window):
+            window.start(self.world)
+            s2, n2 = self._settle(window, progress)
+            s, n = s + s2, n + n2
+        loss_sum, samples = loss_sum + s, samples + n
+        self.writer.flush()
+        self.position = steps * global_batch_size(self.cfg)
+        self.epoch_sums = (loss_sum, samples, seconds)
+        train_state.save_step_checkpoint(self)
+        self.position, self.epoch_sums = 0, None
+        self.cadence.written()
+        return loss_sum, samples, preempt
+
+    def _duplicate_ignored(self, batches: Iterable, first: int = 0) -> Iterator:
+        """The epoch's batches (from its ``first``-th), the last one's last sample
+        (DistributedSampler's duplicate) made to count nowhere for per-element targets: its
+        labels become ``ignore_index``."""
         last = len(self.loader) - 1
-        for i, (xb, yb) in enumerate(batches):
+        for i, (xb, yb) in enumerate(batches, start=first):
             if i == last and self.objective.elementwise(yb):
                 yb = yb.clone()
                 yb[-1] = self.objective.ignore_index
@@ -379,6 +456,7 @@ class Trainer:
         none."""
         done = window.finish(self.world)
         if done is None:
+            window.flags = []  # no check finished here: no decision either
             return 0.0, 0
         loss_sum, samples, timing, context = done
         if context is not None:
@@ -474,7 +552,12 @@ class Trainer:
             # A partial epoch (trainer.max_steps): resuming it could not be exact, so no
             # last.pt; a new best is still kept.
             partial = max_steps is not None and self.global_step >= max_steps
-            train_state.save_checkpoint(self, best=improved, complete=not partial)
+            train_state.save_checkpoint(self, best=improved, complete=not partial,
+                                        force_last=self.preempted or self.checkpoint_due)
+            self.cadence.written()
+            if self.preempted:
+                raise Preempted(f"preempted at the end of epoch {self.epoch} (step "
+                                f"{self.global_step}): checkpoints/last.pt holds it")
             if partial:
                 break
             self.writer.flush()  # the epoch's events on disk before the next epoch's loop

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddp_exp.config.checks import effective_lr
+from ddp_exp.config.checks import effective_lr, global_batch_size
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
@@ -34,8 +34,11 @@ def state_dict(loop: Any) -> dict[str, Any]:
     """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG).
 
     Reads the loop's ``model``, ``optimizer``, ``scheduler``, ``monitor``, ``scaler``,
-    ``epoch`` (the next one to run), ``global_step``, ``window`` (the open ``train/loss``
-    interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch`` and ``run_steps``.
+    ``epoch`` (the next one to run, or the one in progress), ``global_step``, ``window`` (the
+    open ``train/loss`` interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch``,
+    ``run_steps``, and for a step checkpoint ``position`` (global samples the epoch in
+    progress has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss
+    sum, samples and seconds so far).
     """
     import torch.distributed as dist
 
@@ -56,6 +59,12 @@ def state_dict(loop: Any) -> dict[str, Any]:
         "epoch": loop.epoch - 1,  # the last completed epoch, 0-based
         "global_step": loop.global_step,
         "world_size": loop.world.world_size,
+        # Inside epoch ``epoch + 1`` (a step checkpoint): the samples it has consumed, the same
+        # number for any world size with this global batch (issue 30), and its sums so far.
+        "position": getattr(loop, "position", 0),
+        "epoch_sums": (list(loop.epoch_sums) if getattr(loop, "epoch_sums", None) is not None
+                       else None),
+        "global_batch_size": global_batch_size(loop.cfg),
         # The run's length as its schedule saw it (a resume names what changed).
         "steps_per_epoch": loop.steps_per_epoch,
         "run_steps": loop.run_steps,
@@ -131,6 +140,13 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
     epochs_done = state["epoch"] + 1
     start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
                                              trainer["epochs"], trainer["max_steps"], per_epoch)
+    inside = steps_into_epoch(cfg, state, resume)
+    if inside:  # a step checkpoint: this run's steps of the epoch in progress are done too
+        start += inside
+        if trainer["max_steps"] is not None:
+            run_steps = schedule.total_steps(
+                trainer["epochs"], start + trainer["max_steps"] - state["global_step"],
+                per_epoch)
     schedule.check(cfg, run_steps)
     scheduler, interval = schedule.build_scheduler(cfg.get("scheduler"), optimizer, run_steps,
                                                    per_epoch)
@@ -149,6 +165,28 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
         for group, lr in zip(optimizer.param_groups, reached, strict=True):
             group["lr"] = lr * (base / before) if before else lr
     return scheduler, interval, run_steps
+
+
+def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str) -> int:
+    """The optimizer steps a step checkpoint's epoch has taken, in this run's global batch:
+    ``position / global batch`` (0 for a checkpoint at an epoch's end). The position is
+    global samples consumed, the same in a world of any size with the same global batch
+    (issue 30): with another global batch the rest of the epoch could not be cut into the
+    same batches, so it is refused.
+
+    Raises:
+        ConfigError: this run's global batch differs from the step checkpoint's.
+    """
+    position = state.get("position") or 0
+    if not position:
+        return 0
+    saved, now = state.get("global_batch_size"), global_batch_size(cfg)
+    if saved != now:
+        raise ConfigError(f"trainer.resume={resume!r}: a step checkpoint inside epoch "
+                          f"{state['epoch'] + 2} (global batch {saved}); this run's global "
+                          f"batch is {now}: resume with data.global_batch_size={saved}, or from "
+                          f"a checkpoint at an epoch's end (checkpoints/epoch_NNNN.pt)")
+    return position // now
 
 
 def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
@@ -176,6 +214,9 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     loop.monitor.load_state_dict(state.get("monitor"))
     loop.epoch = state["epoch"] + 1
     loop.global_step = state["global_step"]
+    # Inside that epoch (a step checkpoint): the loop starts it at the position.
+    loop.position = state.get("position") or 0
+    loop.epoch_sums = tuple(state["epoch_sums"]) if state.get("epoch_sums") else None
     if state.get("train_interval"):
         total, count, seconds = state["train_interval"]
         loop.window.interval_sum, loop.window.interval_count = float(total), int(count)
@@ -190,11 +231,16 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
         torch.set_rng_state(mine["torch"].cpu())
         if mine.get("cuda") is not None and loop.device.type == "cuda":
             torch.cuda.set_rng_state(mine["cuda"].cpu(), loop.device)
-    log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
-             loop.global_step)
+    if loop.position:
+        log.info("resumed from %s: step %d, inside epoch %d (%d samples of it consumed)",
+                 source, loop.global_step, loop.epoch + 1, loop.position)
+    else:
+        log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
+                 loop.global_step)
 
 
-def save_checkpoint(loop: Any, best: bool = False, complete: bool = True) -> None:
+def save_checkpoint(loop: Any, best: bool = False, complete: bool = True,
+                    force_last: bool = False) -> None:
     """Every rank calls it after an epoch (``loop.epoch`` already counts it); rank 0 writes
     the epoch's checkpoint once, under each name it is due (see
     :func:`ddp_exp.io.checkpoint.save`): ``last.pt`` (``trainer.save_last``), every
@@ -204,11 +250,13 @@ def save_checkpoint(loop: Any, best: bool = False, complete: bool = True) -> Non
 
     ``complete=False``: the epoch stopped at ``trainer.max_steps``; continuing from it could not
     be exact, so only ``best.pt`` is written (if due), marked ``resumable: False``.
+    ``force_last``: ``last.pt`` whatever ``trainer.save_last`` (a step checkpoint was due at
+    the epoch's last step, or a preemption).
     """
     trainer = loop.cfg["trainer"]
     every = trainer["checkpoint_every_n_epochs"]
     keep_epoch_file = complete and every > 0 and loop.epoch % every == 0
-    last = complete and trainer["save_last"]
+    last = complete and (trainer["save_last"] or force_last)
     if not (last or keep_epoch_file or best):
         return
     state = state_dict(loop)  # a collective: every rank
@@ -217,3 +265,14 @@ def save_checkpoint(loop: Any, best: bool = False, complete: bool = True) -> Non
     if loop.world.is_main:
         checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer["keep_checkpoints"],
                         loop.checkpoint_files, last=last, best=best)
+
+
+def save_step_checkpoint(loop: Any) -> None:
+    """Every rank calls it at the same step inside an epoch (``loop.position`` > 0, the
+    epoch's sums settled: :mod:`ddp_exp.train.step_checkpoint`); rank 0 writes ``last.pt``
+    (never an epoch file or ``best.pt``: the epoch is not done) on the loop's writer thread.
+    """
+    state = state_dict(loop)  # a collective: every rank
+    if loop.world.is_main:
+        checkpoint.save(loop.writer.job_dir, state, False, loop.cfg["trainer"]["keep_checkpoints"],
+                        loop.checkpoint_files, last=True, best=False)

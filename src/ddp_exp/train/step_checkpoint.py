@@ -1,0 +1,85 @@
+"""When the loop writes a step checkpoint (``checkpoints/last.pt`` inside an epoch) and when it
+stops for a preemption: the decision every rank must take at the same optimizer step (issue 30).
+
+* ``trainer.checkpoint_every_n_steps``: due at every global step that is a multiple of it; every
+  rank counts the same steps, so no communication is needed.
+* ``trainer.checkpoint_every_n_minutes``: rank 0's clock alone decides (a clock per rank would
+  disagree, and gathering the state is a collective that every rank must enter); its "due" flag
+  rides in the logging interval's all-reduce (:meth:`ddp_exp.metrics.train_loss.LossWindow.start`,
+  ``flags``), which already runs at every logging step and at the end of each epoch, so every
+  rank learns it at the same check, within ``trainer.log_every_n_steps`` to twice that many
+  steps of the clock's moment (the check is finished one logging interval after it starts).
+* Preemption: each rank's ``preempt_requested()`` (the loop's argument of that name: the rank's
+  signal handler's flag, ``ddp_exp.rank.preemption.requested``, which the rank hands down: the
+  train layer imports nothing of the rank layer) rides in the same all-reduce; when any rank
+  was told, every rank writes a step checkpoint at that check's step and raises
+  :class:`Preempted` (at an epoch's last step: after the epoch's own checkpoint, which is then
+  ``last.pt`` whatever ``trainer.save_last``).
+
+The checkpoint itself (what it holds, the position as global samples consumed) is
+:mod:`ddp_exp.train.state`'s; the loop (:mod:`ddp_exp.train.loop`) asks this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+CLOCK, PREEMPT = 0, 1  # the flags' places in the all-reduce (LossWindow.flags)
+
+
+class Preempted(Exception):
+    """Raised by :meth:`ddp_exp.train.loop.Trainer.fit` on every rank, at the same step, once a
+    rank was told of a preemption: the step checkpoint (``checkpoints/last.pt``, the position
+    in the epoch included) is on disk when it propagates (rank 0 has waited for its writer).
+    The rank's caller reports the job as preempted (and requeues it where the cluster can)."""
+
+
+def never() -> bool:
+    """No preemption was requested (the probe of a loop given none)."""
+    return False
+
+
+class Cadence:
+    """The step checkpoints' cadence on one rank.
+
+    Args:
+        trainer: ``cfg["trainer"]`` (``checkpoint_every_n_steps``, ``checkpoint_every_n_minutes``;
+            null: off).
+        is_main: this rank is rank 0 (its clock decides the minutes).
+        preempt_requested: True once this rank was told of a preemption (called at each
+            check); None: never.
+    """
+
+    def __init__(self, trainer: Mapping[str, Any], is_main: bool,
+                 preempt_requested: Callable[[], bool] | None = None):
+        self.every_steps = trainer.get("checkpoint_every_n_steps")
+        minutes = trainer.get("checkpoint_every_n_minutes")
+        self.every_s = None if minutes is None else 60.0 * float(minutes)
+        self.is_main = is_main
+        self.last = time.monotonic()
+        self.preempt_requested = preempt_requested or never
+
+    def flags(self) -> tuple[float, float]:
+        """This rank's part of the next check: (rank 0's clock says a checkpoint is due, this
+        rank was told of a preemption), as 0.0 / 1.0; summed over the world by the check."""
+        due = (self.is_main and self.every_s is not None
+               and time.monotonic() - self.last >= self.every_s)
+        return float(due), float(bool(self.preempt_requested()))
+
+    def step_due(self, global_step: int) -> bool:
+        """``trainer.checkpoint_every_n_steps`` divides ``global_step``."""
+        return self.every_steps is not None and global_step % self.every_steps == 0
+
+    def written(self) -> None:
+        """A checkpoint was written now: the clock starts again."""
+        self.last = time.monotonic()
+
+
+def decided(flags: list[float]) -> tuple[bool, bool]:
+    """A finished check's world flags (``LossWindow.flags``) -> (a checkpoint is due by the
+    clock, a preemption was requested); (False, False) when the check carried none."""
+    if len(flags) <= PREEMPT:
+        return False, False
+    return flags[CLOCK] > 0, flags[PREEMPT] > 0

@@ -1,0 +1,141 @@
+"""Issue 30 items 2 and 3: ``data.global_batch_size`` (the per-rank batch and the accumulation
+follow from the world), and a run saved mid-epoch at one world size resumed at another with the
+same global batch: the same global order of samples, the same weights and validation values as
+the run never interrupted (1e-5: sums over another number of ranks round differently)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUIET, refused_before_ranks, run_tagged
+from helpers import tests_on_path as on_path
+from resume_support import global_order, served, write_holding_yaml
+from test_step_checkpoints import kill_when_held
+
+NUM_TRAIN = 256  # divisible by 1, 2 and 4 ranks: no padding duplicate in any world
+GLOBAL_BATCH = 32
+
+
+# ------------------------------------------------------------- item 2: the global batch
+@pytest.mark.parametrize(("world", "cap", "per_rank", "accumulate"), [
+    (1, None, 32, 1), (2, None, 16, 1), (4, None, 8, 1), (1, 8, 8, 4), (2, 10, 8, 2),
+    (4, 8, 8, 1), (2, 5, 4, 4)])
+def test_global_batch_gives_the_per_rank_batch_and_accumulation(world, cap, per_rank,
+                                                                accumulate):
+    """The per-rank batch is the largest divisor of ``global / world`` within the cap; the
+    rest is accumulated; their product times the world is the global batch."""
+    from ddp_exp.config.checks import batch_layout
+
+    assert batch_layout(GLOBAL_BATCH, world, cap) == (per_rank, accumulate)
+    assert per_rank * accumulate * world == GLOBAL_BATCH
+
+
+def test_a_global_batch_the_world_does_not_divide_is_one_line(compose, tmp_path):
+    for overrides, words in (
+            (["world_size=3", "data.global_batch_size=32"], "data.global_batch_size=32"),
+            (["world_size=2", "data.global_batch_size=32", "data.max_batch_size_per_rank=0"],
+             "data.max_batch_size_per_rank=0"),
+            (["world_size=2", "data.global_batch_size=0"], "data.global_batch_size=0")):
+        message = refused_before_ranks(compose(*overrides), tmp_path / str(len(words)))
+        assert message.startswith(words), message
+
+
+def test_the_resolved_config_holds_the_derived_batch(compose):
+    """What the ranks get: data.batch_size and trainer.accumulate_grad_batches derived from
+    data.global_batch_size and the world."""
+    from omegaconf import OmegaConf
+
+    from ddp_exp.config.checks import apply_global_batch, global_batch_size
+
+    plain = OmegaConf.to_container(compose("world_size=2", "data.global_batch_size=48",
+                                           "data.max_batch_size_per_rank=8"), resolve=True)
+    apply_global_batch(plain, 2)
+    assert (plain["data"]["batch_size"], plain["trainer"]["accumulate_grad_batches"]) == (8, 3)
+    assert global_batch_size(plain) == 48
+
+
+# ------------------------------------------------------------ item 3: another world size
+def keyed_rows(positions, seed=0, epoch=1):
+    """The augmented images of ``positions`` of an 8x8 batch, each keyed by the sample."""
+    from ddp_exp.data.images import ImageBatch
+    from ddp_exp.data.loaders import sample_keys
+
+    images = torch.arange(64 * 40, dtype=torch.uint8).reshape(40, 1, 8, 8)
+    batch = ImageBatch(augment=True)
+    return batch(images[list(positions)], keys=sample_keys(seed, epoch, positions))
+
+
+def test_augmentation_draws_are_keyed_by_the_sample_not_the_batch():
+    """A sample's augmentation is the same whichever batch (rank, micro-batch) serves it; it
+    changes with the epoch and the seed."""
+    whole = keyed_rows(range(8))
+    halves = torch.cat([keyed_rows(range(0, 8, 2)), keyed_rows(range(1, 8, 2))])
+    torch.testing.assert_close(halves, whole[[0, 2, 4, 6, 1, 3, 5, 7]], rtol=0, atol=1e-6)
+    assert not torch.allclose(keyed_rows(range(8), epoch=2), whole)
+    assert not torch.allclose(keyed_rows(range(8), seed=1), whole)
+
+
+def recording_args(record: Path, world: int) -> list[str]:
+    return [f"world_size={world}", "trainer.epochs=2", QUIET, "data=dataset",
+            "data._target_=resume_support.recording_pair", f"+data.record_dir={record}",
+            f"data.global_batch_size={GLOBAL_BATCH}"]
+
+
+def run(job: Path, cwd: Path, *args: str) -> None:
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"], cwd,
+                         uuid.uuid4().hex, 240, on_path())
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_saved_at_two_ranks_mid_epoch_resumes_at_one_and_four(tmp_path, compose):
+    """A lazy dataset that records the samples it serves, data.global_batch_size=32, 8 steps
+    per epoch: the world_size=2 run is SIGKILLed once a step checkpoint inside epoch 2 is on
+    disk, then resumed at world_size=1 and (a copy) at world_size=4. The global order of the
+    samples served, the final weights and val/* equal the uninterrupted run's."""
+    conf = tmp_path / "conf"
+    model = write_holding_yaml(conf)
+    reference = tmp_path / "reference"
+    run(reference, tmp_path, *model, *recording_args(tmp_path / "rec_ref", 2))
+    want = global_order(served(tmp_path / "rec_ref", 2))
+    assert len(want) == 2 * NUM_TRAIN and sorted(want[:NUM_TRAIN]) == list(range(NUM_TRAIN))
+
+    job, marker = tmp_path / "ws2", tmp_path / "held"
+    last = job / "checkpoints" / "last.pt"
+    held = write_holding_yaml(conf, 14, str(last), 0, str(marker))
+    kill_when_held(job, tmp_path, [*held, *recording_args(tmp_path / "rec_2", 2),
+                                   "trainer.checkpoint_every_n_steps=3"], marker)
+    state = torch.load(last, weights_only=True)
+    assert state["epoch"] == 0 and state["global_step"] in (9, 12), state["global_step"]
+    position = state["position"]
+    assert position == (state["global_step"] - 8) * GLOBAL_BATCH
+    before = global_order(served(tmp_path / "rec_2", 2), NUM_TRAIN + position)
+    write_holding_yaml(conf)
+
+    # Another global batch cannot continue inside the epoch: one line, before any rank.
+    message = refused_before_ranks(compose(
+        "world_size=1", "data=dataset", "data._target_=resume_support.recording_pair",
+        f"+data.record_dir={tmp_path / 'rec_x'}", "data.global_batch_size=64",
+        "trainer.resume=auto", "trainer.epochs=2"), job)
+    assert "data.global_batch_size" in message and "32" in message, message
+
+    shutil.copytree(job, tmp_path / "ws4", symlinks=True)
+    for world, folder in ((1, job), (4, tmp_path / "ws4")):
+        record = tmp_path / f"rec_{world}_resumed"
+        run(folder, tmp_path, *model, *recording_args(record, world), "trainer.resume=auto")
+        assert before + global_order(served(record, world)) == want, world
+        got = json.loads((folder / "metrics.json").read_text())
+        ref = json.loads((reference / "metrics.json").read_text())
+        for key in ("val/loss", "val/accuracy", "train/loss"):
+            assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), (world, key)
+        assert got["global_step"] == ref["global_step"] == 16
+        weights = [torch.load(d / "model.pt", weights_only=True) for d in (folder, reference)]
+        for name in weights[1]:
+            torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=1e-5,
+                                       msg=f"world {world}: {name}")

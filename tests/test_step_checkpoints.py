@@ -1,0 +1,183 @@
+"""Issue 30 item 1: step checkpoints. ``trainer.checkpoint_every_n_steps`` (and ``_minutes``)
+write ``checkpoints/last.pt`` inside an epoch, with the position as global samples consumed;
+a world SIGKILLed (launcher and ranks) once such a checkpoint is on disk resumes with
+``trainer.resume=auto`` to the uninterrupted run's weights and metrics, and TensorBoard shows
+each step once. The kill lands where ``resume_support.HoldingMLP`` holds rank 0 after the
+checkpoint file exists (checkpoints are written on a background thread: the test waits for the
+file, never for a time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUIET, assert_no_orphans, cli_env, run_tagged, tagged_processes
+from helpers import tests_on_path as on_path
+from resume_support import mid_epoch, write_holding_yaml
+
+# Final values that must not depend on where the run was interrupted.
+COMPARED = ("val/loss", "val/accuracy", "train/loss", "train/num_samples", "epoch",
+            "global_step")
+
+
+def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subprocess.Popen:
+    """Run ``python -m ddp_exp <args>`` in ``job`` in its own session and SIGKILL the whole
+    process group (launcher and ranks) once ``marker`` exists (HoldingMLP touched it after a
+    mid-epoch checkpoint was on disk)."""
+    tag = uuid.uuid4().hex
+    log = cwd / f"killed-{tag}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"],
+                                cwd=cwd, env=cli_env(tag, **on_path()), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in tagged_processes(tag):
+            os.kill(pid, signal.SIGKILL)
+    assert_no_orphans(tag)
+    return proc
+
+
+def run(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"], cwd,
+                         uuid.uuid4().hex, 240, on_path())
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of ``tag`` as TensorBoard shows the job folder: every event file in
+    order, with what a resumed writer's ``purge_step`` hides removed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def assert_same_run(job: Path, reference: Path, tol: float = 1e-6) -> None:
+    """metrics.json's training values, model.pt and the TensorBoard curves of the resumed job
+    equal the uninterrupted run's; no step appears twice."""
+    got = json.loads((job / "metrics.json").read_text())
+    want = json.loads((reference / "metrics.json").read_text())
+    for key in COMPARED:
+        assert got[key] == pytest.approx(want[key], rel=tol, abs=tol), (key, got[key], want[key])
+    weights = [torch.load(d / "model.pt", weights_only=True) for d in (job, reference)]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[1]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=tol,
+                                   msg=name)
+    for tag in ("train/loss", "val/loss", "train/epoch_loss"):
+        series, ref = tensorboard_series(job, tag), tensorboard_series(reference, tag)
+        steps = [s for s, _ in series]
+        assert len(steps) == len(set(steps)), (tag, steps)  # no duplicated step
+        assert steps == [s for s, _ in ref], (tag, steps)
+        assert [v for _, v in series] == pytest.approx([v for _, v in ref], rel=1e-5), tag
+
+
+def kill_mid_epoch_2_and_resume(tmp_path: Path, common: list[str], every: int, hold_call: int
+                                ) -> tuple[Path, dict]:
+    """The run of ``common`` with ``trainer.checkpoint_every_n_steps=every`` killed once a
+    checkpoint inside epoch 2 is on disk (rank 0 held at its ``hold_call``-th step), then
+    resumed with ``trainer.resume=auto``; returns the job folder and the checkpoint it resumed
+    from."""
+    job, marker = tmp_path / "run", tmp_path / "held"
+    last = job / "checkpoints" / "last.pt"
+    held = write_holding_yaml(tmp_path / "conf", hold_call, str(last), 0, str(marker))
+    kill_when_held(job, tmp_path, [*held, *common, f"trainer.checkpoint_every_n_steps={every}"],
+                   marker)
+    state = mid_epoch(last)
+    assert state is not None and state["epoch"] == 0, "no step checkpoint inside epoch 2"
+    assert not (job / "metrics.json").exists()
+    write_holding_yaml(tmp_path / "conf")  # no hold: a plain MLP
+    proc = run(job, tmp_path, *held, *common, f"trainer.checkpoint_every_n_steps={every}",
+               "trainer.resume=auto")
+    assert "resumed from" in proc.stdout + proc.stderr
+    return job, state
+
+
+@pytest.mark.slow
+def test_digits_killed_inside_epoch_2_resumes_exactly(default_run_2_epochs, tmp_path):
+    """digits, world_size=2, a step checkpoint every 5 steps (24 steps per epoch): SIGKILL of
+    the whole world at step 33, after a checkpoint of epoch 2 (step 25 or 30) is on disk;
+    resume=auto ends with the uninterrupted run's weights and metrics (1e-6), and TensorBoard
+    shows every step once."""
+    common = ["world_size=2", "trainer.epochs=2", QUIET]
+    job, state = kill_mid_epoch_2_and_resume(tmp_path, common, every=5, hold_call=33)
+    assert state["global_step"] in (25, 30)
+    assert state["position"] == (state["global_step"] - 24) * 64  # global samples consumed
+    assert_same_run(job, default_run_2_epochs.job_dir)
+
+
+@pytest.fixture(scope="module")
+def digits_png(tmp_path_factory) -> Path:
+    from lazy_data import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("digits") / "png", limit=400)
+
+
+@pytest.mark.slow
+def test_image_folder_with_workers_and_augmentation_killed_inside_an_epoch_resumes_exactly(
+        digits_png, tmp_path):
+    """The same with data=image_folder, two DataLoader workers per rank and data.augment=true
+    (each sample's draws keyed by seed, epoch and the sample: a resumed epoch draws what the
+    uninterrupted one drew): 320 training images, 5 steps per epoch, a checkpoint every 2."""
+    common = ["world_size=2", "trainer.epochs=2", QUIET, "data=image_folder",
+              f"data.path={digits_png}", "data.channels=1", "data.val_size=80",
+              "data.num_workers=2", "data.augment=true"]
+    reference = tmp_path / "reference"
+    ref_conf = write_holding_yaml(tmp_path / "ref_conf")
+    run(reference, tmp_path, *ref_conf, *common)
+    job, state = kill_mid_epoch_2_and_resume(tmp_path, common, every=2, hold_call=9)
+    assert state["global_step"] in (6, 8)
+    assert_same_run(job, reference)
+
+
+def test_step_checkpoint_keys_are_checked_before_any_rank(compose, tmp_path):
+    """A cadence of 0 or less is one line naming the key and what is valid."""
+    from helpers import refused_before_ranks
+
+    for override, key in (("trainer.checkpoint_every_n_steps=0",
+    "trainer.checkpoint_every_n_steps"),
+                          ("trainer.checkpoint_every_n_minutes=-1",
+                           "trainer.checkpoint_every_n_minutes")):
+        message = refused_before_ranks(compose(override), tmp_path / key)
+        assert message.startswith(key) and "null" in message, message
+
+
+def test_a_sampler_starts_at_the_position_without_replaying_the_epoch():
+    """The rank's shard from a position is the slice of the epoch's shard (O(1) in the
+    position): for DistributedSampler (padded and not) and the token windows' lazy shard."""
+    from torch.utils.data import DistributedSampler
+
+    from ddp_exp.data.loaders import shard_order
+    from ddp_exp.data.tokens import window_sampler
+
+    for n, world in ((100, 4), (101, 4), (7, 3)):
+        for rank in range(world):
+            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=3)
+            sampler.set_epoch(2)
+            whole = list(sampler)
+            for start in (0, 1, len(whole) - 1, len(whole)):
+                assert shard_order(sampler, start).tolist() == whole[start:]
+    tokens = window_sampler(50, 2, 1, True, 0)
+    tokens.set_epoch(1)
+    assert shard_order(tokens, 5)[0:len(shard_order(tokens, 5))].tolist() == list(tokens)[5:]
