@@ -88,6 +88,7 @@ class ImageFolderDataConfig(DataConfig):
     std: list[float] | None = None
     transform: Any = None  # a _target_ node: the user's transform of each training sample
     val_size: int = 0
+    num_workers: int = 2  # decoding processes per rank
 
 
 @dataclass
@@ -116,6 +117,7 @@ class TokensDataConfig(DataConfig):
     vocab_size: int | None = None  # required for a file; the built-in corpus is bytes (256)
     block_size: int = 128  # tokens per window (the model's context)
     val_size: int | None = None  # held-out windows at the stream's tail (null: about 10%)
+    batch_size: int = 16  # windows per rank
 
 
 # ---------------------------------------------------------------------------------- model
