@@ -4,7 +4,8 @@ What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training,
 
 * :func:`job_folder_lock`: the entry holds ``.hydra/.ddp_exp.lock`` while a world uses the
   folder, and keeps in it a copy of the ``.hydra/`` record of the run that last held it, put
-  back when a run is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`);
+  back when a run is refused there (:class:`JobFolderBusy`, :class:`AlreadyComplete`): the
+  lock and the refusals are :mod:`ddp_exp.job.lock`'s, their names re-exported here;
 * what an earlier run left, and whether a new run may start over it
   (:class:`FolderHoldsRun`), is :mod:`ddp_exp.job.earlier_run`'s; :func:`previous_record` gives
   it the record of the run that last held the folder;
@@ -16,10 +17,8 @@ What happens to ``hydra.run.dir`` (or a sweep job's folder) around the training,
 * :func:`remove_refused_folder`: a single run refused before any rank started leaves no folder
   it created (:class:`NewFoldersCallback` notes which, before Hydra makes them).
 
-May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes, temp-file
-clean-up), :mod:`ddp_exp.io.checkpoint` (the checkpoints folder's name),
-:mod:`ddp_exp.job.earlier_run` (what a refused run's folder holds; imported where used: it imports
-this module).
+May use: :mod:`ddp_exp.io.files` (atomic writes, temp-file clean-up), :mod:`ddp_exp.io.checkpoint`
+(the checkpoints folder's name), :mod:`ddp_exp.job.lock`.
 """
 
 from __future__ import annotations
@@ -35,45 +34,24 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.config.errors import ConfigError
 from ddp_exp.io import checkpoint
-from ddp_exp.io.files import atomic_write, best_effort, read_text, remove_partial
+from ddp_exp.io.files import atomic_write, best_effort, remove_partial
+from ddp_exp.job.lock import (  # noqa: F401  (re-exported: the job folder's names, one place)
+    HYDRA_RECORD,
+    LOCK_FILE,
+    AlreadyComplete,
+    FolderHoldsRun,
+    JobFolderBusy,
+    LeaveFolderAlone,
+    job_folder_lock,
+    lock_file,
+    previous_record,
+)
 
 log = logging.getLogger("ddp_exp")
 
-LOCK_FILE = ".ddp_exp.lock"
-HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
 STATUS_FILE = "status.json"
 ERRORS_DIR = "errors"
-
-
-class LeaveFolderAlone(ConfigError):
-    """An error after which this job must not write into its folder (another run's)."""
-
-
-class AlreadyComplete(LeaveFolderAlone):
-    """``trainer.resume`` points at a run that has already trained all its epochs (or stopped
-    early): the single run says so and exits 0, a sweep skips the job."""
-
-
-class JobFolderBusy(LeaveFolderAlone):
-    """Another running job holds the job folder."""
-
-
-class FolderHoldsRun(LeaveFolderAlone):
-    """The job folder holds an earlier run's outputs and ``trainer.resume`` is not set."""
-
-
-# The .hydra/ record of the run that last held each job folder before this process took its
-# lock (job_folder_lock): job folder (absolute) -> record.
-_previous_records: dict[str, dict[str, str]] = {}
-
-
-def previous_record(job_dir: str) -> dict[str, str] | None:
-    """The ``.hydra/`` record (file name -> text) of the run that held ``job_dir`` before this
-    process took its lock (:func:`job_folder_lock`); None when this process holds no lock
-    there (under torchrun, a rank other than 0)."""
-    return _previous_records.get(os.path.abspath(job_dir))
 
 
 # The folders a single run's start creates, noted by NewFoldersCallback before Hydra makes them:
@@ -166,92 +144,6 @@ def _remove_empty_new_folders(path: str, top: str) -> None:
         except OSError:
             break
         path = os.path.dirname(path)
-
-
-@contextlib.contextmanager
-def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
-    """Hold an exclusive lock on the job folder while a world uses it.
-
-    Hydra rewrites ``hydra_dir`` (``.hydra/``: config, overrides) before any job code runs, so
-    the lock file also keeps a copy of the record of the run that last held it: a run refused
-    here (folder busy, or nothing left to train) puts that record back, and the folder keeps
-    describing what was trained in it. The lock file is ``<hydra_dir>/.ddp_exp.lock`` (in the
-    job folder itself only with ``hydra.output_subdir=null``): a finished run's folder shows no
-    lock file that would make it look in use (an ``flock`` ends with its process; the file
-    stays, holding the record).
-
-    Raises:
-        JobFolderBusy: another run holds it (two runs given the same ``hydra.run.dir`` would
-            mix their event streams, checkpoints and metrics).
-    """
-    import fcntl
-
-    os.makedirs(job_dir, exist_ok=True)
-    with open(lock_file(job_dir, hydra_dir), "a+") as fh:  # a+: keep the record
-        fh.seek(0)
-        previous = _parse_record(fh.read()) or _parse_record(read_text(
-            os.path.join(job_dir, LOCK_FILE)))  # a folder of an earlier version's run
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            _restore_record(hydra_dir, previous)
-            raise JobFolderBusy(f"hydra.run.dir={job_dir!r} is in use by another running job; "
-                                "give this run its own folder") from None
-        _previous_records[os.path.abspath(job_dir)] = previous  # for killed_first_epoch
-        try:
-            _write_record(fh, _read_record(hydra_dir))
-            yield
-        except ConfigError as exc:  # refused before training: the folder's record stays
-            from ddp_exp.job.earlier_run import earlier_outputs  # it imports this module
-
-            if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
-                _restore_record(hydra_dir, previous)
-                _write_record(fh, previous)
-                exc.folder_kept = True  # __main__ then writes no status.json either
-            raise
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def lock_file(job_dir: str, hydra_dir: str | None) -> str:
-    """The job folder's lock file: under ``hydra_dir`` (``.hydra/``) when Hydra made one."""
-    folder = hydra_dir if hydra_dir and os.path.isdir(hydra_dir) else job_dir
-    return os.path.join(folder, LOCK_FILE)
-
-
-def _read_record(hydra_dir: str | None) -> dict[str, str]:
-    if not hydra_dir or not os.path.isdir(hydra_dir):
-        return {}
-    record = {}
-    for name in sorted(os.listdir(hydra_dir)):
-        if name.endswith(".yaml"):
-            with open(os.path.join(hydra_dir, name)) as f:
-                record[name] = f.read()
-    return record
-
-
-def _parse_record(text: str) -> dict[str, str]:
-    try:
-        record = json.loads(text) if text.strip() else {}
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _write_record(fh, record: dict[str, str]) -> None:
-    fh.seek(0)
-    fh.truncate()
-    fh.write(json.dumps(record))
-    fh.flush()
-
-
-def _restore_record(hydra_dir: str | None, record: dict[str, str]) -> None:
-    """Put the previous run's ``.hydra/`` files back (atomically, each)."""
-    if not hydra_dir or not record:
-        return
-    for name, text in record.items():
-        atomic_write(os.path.join(hydra_dir, os.path.basename(name)),
-                     lambda f, text=text: f.write(text.encode()))
 
 
 def job_log_file() -> str | None:
