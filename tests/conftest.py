@@ -1,72 +1,16 @@
-"""Shared helpers: run the real CLI in a subprocess, read its outputs, check for orphans; compose
-and refuse a config in-process as the CLI does before any rank starts."""
+"""The suite's fixtures and hooks. The helpers tests share live in ``helpers.py`` (tests import
+them from there: ``from helpers import QUIET, run_tagged``)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
+import warnings
 
+import helpers
 import pytest
-
-CASE_TAG = "DDP_EXP_CASE_TAG"
-TESTS = Path(__file__).resolve().parent
-
-
-@dataclass
-class Run:
-    """A finished ``python -m ddp_exp`` invocation."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    job_dir: Path
-    seconds: float
-
-    @property
-    def metrics(self) -> dict:
-        return json.loads((self.job_dir / "metrics.json").read_text())
-
-    def ok(self) -> Run:
-        assert self.returncode == 0, f"exit {self.returncode}\n{self.stdout}\n{self.stderr}"
-        return self
-
-
-# The override that keeps a CLI run's output short: no printout of the resolved config.
-QUIET = "print_config=false"
-# torchrun on one node with two ranks, starting ddp_exp (run_cli's ``launcher=``).
-TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc_per_node=2", "-m", "ddp_exp"]
-
-
-
-def rel_close(a: float, b: float, rel: float) -> bool:
-    """``a`` and ``b`` agree to ``rel``, relative to the larger of the two."""
-    return abs(a - b) <= rel * max(abs(a), abs(b))
-
-
-def tests_on_path() -> dict[str, str]:
-    """A CLI run's PYTHONPATH with this folder first (so that ``faulty``, ``lazy_data`` and the
-    other test modules import as a user's code would), the rest of it kept."""
-    parts = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join(parts)}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import Run, run_tagged, shared_run
 
 
 def pytest_configure(config) -> None:
@@ -79,149 +23,6 @@ def pytest_configure(config) -> None:
     behaves as from a terminal wherever it is started. Runs in each xdist worker too."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-# Holds the sitecustomize.py that marks phases inside ddp_exp's own code (its imports, the forks).
-PHASE_SITE = TESTS / "phase_site"
-
-
-def start_at_phase(cmd: list[str], cwd: Path, tag: str, marker: Path, phase: str | None = None,
-                   **popen) -> subprocess.Popen:
-    """Start ``cmd`` tagged ``tag`` (stdin closed, stdout and stderr piped unless ``popen`` says
-    otherwise, SIGINT as a terminal gives it) with tests/ and :data:`PHASE_SITE` on PYTHONPATH,
-    and return it once it has touched ``marker``: at ``phase`` of ddp_exp's own code
-    (``phase_site/sitecustomize.py``: ``import``, ``fork``), or where test code plugged into the
-    run touches it (``phases.slow_digits``, ``hydra_hooks.SlowJobStart``); the child waits
-    there. Fails the test with the child's output if it ends first or takes 120 s."""
-    path = os.pathsep.join([str(PHASE_SITE), str(TESTS), os.environ.get("PYTHONPATH", "")])
-    env = cli_env(tag, PYTHONPATH=path, DDP_EXP_TEST_MARKER=str(marker),
-                  **({"DDP_EXP_TEST_PHASE": phase} if phase else {}))
-    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
-               "stdin": subprocess.DEVNULL, **popen}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, **options)
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            for pid in [proc.pid, *tagged_processes(tag)]:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            pytest.fail(f"no {marker.name} from {' '.join(cmd)}:\n{out[-3000:]}\n"
-                        f"{(err or '')[-3000:]}")
-        time.sleep(0.02)
-    return proc
-
-
-@dataclass
-class Watched:
-    """A ``python -m ddp_exp`` started in its own session (so a test can signal its whole
-    process group) whose stdout a thread collects line by line."""
-
-    proc: subprocess.Popen
-    lines: list[str]
-    seen: threading.Event  # set once a line contains the awaited text
-    reader: threading.Thread
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-
-def start_watched(cmd: list[str], cwd: Path, tag: str, awaited: str,
-                  stderr: int = subprocess.STDOUT) -> Watched:
-    """Start ``cmd`` tagged with ``tag`` (see :func:`cli_env`), stdin closed, and read its
-    stdout in a thread that sets ``seen`` at the first line containing ``awaited``."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag), stdout=subprocess.PIPE,
-                            stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    lines: list[str] = []
-    seen = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if awaited in line:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return Watched(proc, lines, seen, reader)
-
-def tagged_processes(tag: str) -> list[int]:
-    """PIDs whose environment carries ``DDP_EXP_CASE_TAG=tag``."""
-    needle = f"{CASE_TAG}={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
-def assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert tagged_processes(tag) == [], f"processes left behind: {tagged_processes(tag)}"
-
-
-def cli_env(tag: str, **extra: str) -> dict[str, str]:
-    """This process's environment for a CLI run tagged ``tag``, without a rank's variables;
-    Python's fault handler on, so that :func:`run_tagged` can have a hung run's processes
-    print their stacks."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.pop("HYDRA_FULL_ERROR", None)
-    env[CASE_TAG] = tag
-    env["PYTHONFAULTHANDLER"] = "1"
-    env.update(extra)
-    return env
-
-
-def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
-               env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """Run ``cmd`` (stdin closed, output captured) tagged ``tag`` and return it with its wall
-    seconds, after checking that no process outlives it. A run still going after ``timeout``
-    seconds fails the test with the Python stacks of every process it started (SIGABRT, which
-    the fault handler turns into a dump of every thread): a rare hang then says where."""
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag, **(env or {})), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for pid in tagged_processes(tag):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGABRT)
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        for pid in tagged_processes(tag):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"{' '.join(map(str, cmd))} still ran after {timeout:.0f} s; the stacks of "
-                    f"its processes:\n{stderr[-12000:]}\nstdout:\n{stdout[-3000:]}")
-    seconds = time.monotonic() - start
-    assert_no_orphans(tag)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seconds
-
-
-def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m ddp_exp <overrides>`` in ``cwd`` (a sweep, or any run whose folder the test
-    names itself); checks that no process outlives it."""
-    tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
-                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
-    return proc
 
 
 # Fixtures that start the CLI: run_cli, and the session's shared runs (below).
@@ -256,23 +57,14 @@ def run_cli(tmp_path):
     return run
 
 
-def run_once(root: Path, *overrides: str) -> Run:
-    """``python -m ddp_exp <overrides>`` in ``root`` with job folder ``<root>/run``: finished,
-    no process left behind."""
-    job_dir = root / "run"
-    proc, seconds = run_tagged([sys.executable, "-m", "ddp_exp", *overrides,
-                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, 180)
-    return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds).ok()
-
-
 @pytest.fixture(scope="session")
 def default_run_1_epoch(tmp_path_factory) -> Run:
     """The default job (world_size=2) for one epoch, ``trainer.epochs=1 print_config=false``,
-    run once for the whole session in a folder of its own (its cwd holds only its job folder
-    ``run/``): the reference that tests compare with, or copy (:func:`copy_job`) to start in a
-    finished run's folder. Tests only read it."""
-    return run_once(tmp_path_factory.mktemp("default_1"), "world_size=2", "trainer.epochs=1",
-                     "print_config=false")
+    run once for the whole session, all xdist workers together (:func:`helpers.shared_run`),
+    in a folder of its own (its cwd holds only its job folder ``run/``): the reference that
+    tests compare with, or copy (:func:`helpers.copy_job`) to start in a finished run's folder.
+    Tests only read it."""
+    return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=1", "print_config=false")
 
 
 @pytest.fixture(scope="session")
@@ -280,16 +72,7 @@ def default_run_2_epochs(tmp_path_factory) -> Run:
     """The default job (world_size=2) for two epochs, ``trainer.epochs=2 print_config=false``,
     run once for the whole session (as :func:`default_run_1_epoch`): the single-node world
     that other launches must reproduce. Tests only read it."""
-    return run_once(tmp_path_factory.mktemp("default_2"), "world_size=2", "trainer.epochs=2",
-                     "print_config=false")
-
-
-def copy_job(run: Run, tmp_path: Path) -> Path:
-    """A copy of ``run``'s job folder at ``<tmp_path>/run`` (the folder ``run_cli`` runs in),
-    for a test that writes into a finished run's folder."""
-    job = tmp_path / "run"
-    shutil.copytree(run.job_dir, job, symlinks=True)
-    return job
+    return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=2", "print_config=false")
 
 
 @pytest.fixture
@@ -304,81 +87,12 @@ def compose():
         yield lambda *overrides: hydra.compose("config", overrides=list(overrides))
 
 
-def folder_files(folder: Path) -> dict[Path, bytes]:
-    """Every file under ``folder`` (relative path -> bytes), the job folder's lock file aside
-    (each run takes it)."""
-    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
-            if p.is_file() and p.name != ".ddp_exp.lock"}
-
-
-def refused_before_ranks(cfg, job_dir: Path) -> str:
-    """Run, in this process, what ``python -m ddp_exp`` runs on ``cfg`` before any rank starts
-    (``ddp_exp.launch.elastic.run_job`` up to the launch: the cluster layout, then
-    ``launch.prepare_world`` in ``job_dir``), assert that it refuses it with a one-line
-    ``ConfigError`` and that nothing of a run was written (in a folder that holds an earlier
-    run: every file as it was, none added); returns the message (the CLI prints it as
-    ``error: <message>``, exit 2)."""
-    from ddp_exp.config.errors import ConfigError
-    from ddp_exp.launch import cluster
-    from ddp_exp.launch import elastic as launch
-
-    job_dir.mkdir(parents=True, exist_ok=True)  # Hydra makes the job folder before the task
-    before = folder_files(job_dir)
-    with pytest.raises(ConfigError) as info:
-        layout = cluster.apply_layout(cfg)
-        assert layout is None or layout.ranks is None, "one task per rank: the torchrun path"
-        launch.prepare_world(cfg, str(job_dir), layout.tasks_on_host if layout else 1)
-    message = str(info.value)
-    assert message and "\n" not in message, message
-    if before:
-        assert folder_files(job_dir) == before, "the earlier run's folder changed"
-    else:
-        for leftover in ("tensorboard", "metrics.json", "model.pt", "checkpoints"):
-            assert not (job_dir / leftover).exists(), leftover
-    return message
-
-
-def scalars(job_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """``(step, value)`` pairs of one TensorBoard scalar tag in the job's single event stream."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    files = list((job_dir / "tensorboard").glob("events.out.tfevents*"))
-    assert len(files) == 1, files
-    acc = EventAccumulator(str(files[0]), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
-
-
-def hparams_table(logdir: Path) -> dict[str, dict[str, float]]:
-    """What TensorBoard's HParams tab shows for every run under ``logdir``: run name ->
-    {metric column (its display name, else its tag): value}, computed by the HParams plugin's
-    own session-group listing over TensorBoard's own data ingester (as ``tensorboard --logdir``
-    serves it)."""
-    import argparse
-
-    from tensorboard import context
-    from tensorboard.backend.event_processing import data_ingester
-    from tensorboard.plugins import base_plugin
-    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
-
-    flags = argparse.Namespace(
-        logdir=str(logdir), logdir_spec="", reload_interval=0, reload_task="blocking",
-        reload_multifile=None, reload_multifile_inactive_secs=86400, samples_per_plugin={},
-        max_reload_threads=1, purge_orphaned_data=True, generic_data="auto",
-        detect_file_replacement=False, event_file_filter=None)
-    ingester = data_ingester.LocalDataIngester(flags)
-    ingester.start()
-    plugin_context = backend_context.Context(base_plugin.TBContext(
-        data_provider=ingester.data_provider, flags=flags, logdir=str(logdir)))
-    request_context = context.RequestContext()
-    metric_infos = plugin_context.experiment_from_metadata(
-        request_context, "", True, plugin_context.hparams_metadata(request_context, ""),
-        None).metric_infos
-    names = {info.name.tag: info.display_name or info.name.tag for info in metric_infos}
-    request = api_pb2.ListSessionGroupsRequest(
-        start_index=0, slice_size=1000,
-        allowed_statuses=[api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS,
-                          api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING])
-    response = list_session_groups.Handler(request_context, plugin_context, "", request).run()
-    return {session.name: {names[m.name.tag]: m.value for m in session.metric_values}
-            for group in response.session_groups for session in group.sessions}
+def __getattr__(name: str):
+    """A helper asked of conftest (``from conftest import QUIET``, the old place) still imports,
+    from :mod:`helpers`, with a warning naming the new place. For test files written before
+    helpers.py; remove once none is left."""
+    if name.startswith("__") or name.startswith("pytest_") or not hasattr(helpers, name):
+        raise AttributeError(name)
+    warnings.warn(f"import {name} from helpers, not from conftest", DeprecationWarning,
+                  stacklevel=2)
+    return getattr(helpers, name)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import scalars
+from helpers import scalars
 
 from ddp_exp.data import build_datasets, load_digits
 from ddp_exp.train.models import CNN

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     QUIET,
     TESTS,
     assert_no_orphans,

@@ -19,7 +19,7 @@ import hydra
 import numpy as np
 import pytest
 import torch
-from conftest import TORCHRUN_2, copy_job, refused_before_ranks
+from helpers import TORCHRUN_2, copy_job, refused_before_ranks
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 

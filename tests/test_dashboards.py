@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUIET, tests_on_path
+from helpers import QUIET, tests_on_path
 
 from ddp_exp.config.checks import validate
 from ddp_exp.config.compose import register_configs

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import QUIET, refused_before_ranks, tests_on_path
+from helpers import QUIET, refused_before_ranks, tests_on_path
 from torch.utils.data import DistributedSampler
 
 from ddp_exp.config.errors import ConfigError
@@ -392,7 +392,7 @@ def test_killed_augmented_run_with_workers_resumes_exactly(run_cli, tmp_path, di
     """Must-hold 4: ``data.num_workers=2 data.augment=true``, rank 1 SIGKILLed in epoch 2 after
     epoch 1's checkpoint, then resumed with ``trainer.resume=auto``: the weights of a run never
     interrupted (1e-6)."""
-    from test_faults import UNREACHABLE, faulty_args, load_ckpt
+    from helpers import UNREACHABLE, faulty_args, load_ckpt
 
     env = tests_on_path()
     common = ("data=image_folder", f"data.path={digits_folder}", "data.channels=1",

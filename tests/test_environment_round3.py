@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import QUIET
+from helpers import QUIET
 from omegaconf import OmegaConf
 
 from ddp_exp.config.compose import group_options, null_group_line
@@ -41,7 +41,7 @@ def test_null_group_names_the_option_that_means_none():
 
 def test_deleted_group_is_one_line_with_its_options(compose, tmp_path):
     """``~data`` was a 63-line MissingMandatoryValue traceback that left a folder."""
-    from conftest import refused_before_ranks
+    from helpers import refused_before_ranks
 
     message = refused_before_ranks(compose("~data"), tmp_path / "run")
     assert message.startswith("data is required but was not set: add data=... (one of ")
@@ -92,7 +92,7 @@ def test_leftover_torchrun_variables_launch_its_own_world(run_cli):
     """A shell left with an earlier torchrun's rank variables (no ``TORCHELASTIC_RUN_ID``, which
     every torchrun rank has): the run waited ``distributed.timeout_s`` for a rank 1 that never
     came; now it launches its own world at once and says in one line what it ignored."""
-    from conftest import free_port
+    from helpers import free_port
 
     env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
@@ -149,7 +149,7 @@ def test_a_signal_ignored_at_start_stays_ignored_in_the_launcher_and_every_rank(
     import sys
     import uuid
 
-    from conftest import assert_no_orphans, cli_env
+    from helpers import assert_no_orphans, cli_env
 
     def nohup() -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import QUIET, refused_before_ranks, tests_on_path
 from faulty import write_model_yaml
+from helpers import QUIET, refused_before_ranks, tests_on_path
 from omegaconf import open_dict
 
 TESTS = Path(__file__).parent

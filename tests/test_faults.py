@@ -24,38 +24,34 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     QUIET,
     TORCHRUN_2,
+    UNREACHABLE,
     Run,
     assert_no_orphans,
     cli_env,
     copy_job,
+    faulty_args,
     folder_files,
+    load_ckpt,
     refused_before_ranks,
     start_at_phase,
     start_watched,
     tagged_processes,
+    tensorboard_series,
     tests_on_path,
 )
-from faulty import write_model_yaml
 
 TRAIN_N = 1797 - 297  # digits minus the default val_size
 STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
 STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
-UNREACHABLE = 10**9
 # Final metrics that depend on the training alone (not on timing).
 COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/loss", "train/num_samples",
             "epoch", "global_step", "steps_per_epoch")
 
 
 # ------------------------------------------------------------------------------------ helpers
-def faulty_args(config_dir: Path, **model) -> list[str]:
-    """Write ``<config_dir>/model/faulty.yaml`` and return the overrides selecting it."""
-    write_model_yaml(config_dir, **model)
-    return ["--config-dir", str(config_dir), "model=faulty"]
-
-
 def output(run: Run) -> str:
     return run.stdout + run.stderr
 
@@ -65,10 +61,6 @@ def root_cause(text: str) -> str:
     assert "Root Cause (first observed failure):" in text, text
     section = text.split("Root Cause (first observed failure):", 1)[1]
     return section.split("=" * 20, 1)[0]
-
-
-def load_ckpt(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def temp_files(folder: Path) -> list[str]:
@@ -184,16 +176,6 @@ def test_two_epochs_then_resume_auto_to_four_is_exact(run_cli, reference):
     resumed = run_cli(*common, "trainer.epochs=4", "trainer.resume=auto", job="job").ok()
     assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
     assert_same_result(resumed.job_dir, reference, tol=1e-7)
-
-
-def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``tag`` as TensorBoard shows the job's folder: every event file,
-    read in order, with what a resumed writer's ``purge_step`` hides removed."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import (
+from helpers import (
     QUIET,
     assert_no_orphans,
     start_at_phase,

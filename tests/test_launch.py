@@ -241,7 +241,7 @@ def test_a_hung_cli_run_fails_with_the_stack_of_every_process(tmp_path):
     with the Python stack of each of its processes, a forked child's too, and leaves none."""
     import uuid
 
-    from conftest import run_tagged, tagged_processes
+    from helpers import run_tagged, tagged_processes
 
     tag = uuid.uuid4().hex
     code = ("import os, time\n"

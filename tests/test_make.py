@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUIET, run_sweep, start_watched
+from helpers import QUIET, run_sweep, start_watched
 
 optuna = pytest.importorskip("optuna")
 

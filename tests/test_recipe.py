@@ -17,21 +17,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import QUIET, refused_before_ranks, rel_close, scalars, tests_on_path
 from faulty import write_model_yaml
-from test_faults import load_ckpt, tensorboard_series
-from test_world import _initial_model, _split
+from helpers import (
+    QUIET,
+    UNREACHABLE,
+    cosine_lr,
+    digits_split,
+    initial_mlp,
+    load_ckpt,
+    refused_before_ranks,
+    rel_close,
+    scalars,
+    tensorboard_series,
+    tests_on_path,
+)
 
 SMALL_CNN = ("model=cnn", "model.channels=[4,8]", "model.hidden_size=16")
-UNREACHABLE = 10**9
-
-
-def cosine_lr(k: int, lr: float, warmup: int, total: int, min_lr: float) -> float:
-    """The documented schedule, written out: the lr of optimizer step k = 1..total."""
-    if k <= warmup:
-        return lr * k / warmup
-    progress = (k - warmup) / (total - warmup)
-    return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def best_by_curve(curve: list[tuple[int, float]], mode: str) -> int:
@@ -251,8 +252,8 @@ def test_best_checkpoint_holds_the_best_epoch(run_cli):
     assert m["best/epoch"] == best_by_curve(scalars(run.job_dir, "val/loss"), "min")
     best = load_ckpt(run.job_dir / "checkpoints" / "best.pt")
     assert best["epoch"] + 1 == m["best/epoch"]
-    ds = _split(297, 0, 2)
-    model = _initial_model(0, ds)
+    ds = digits_split(297, 0, 2)
+    model = initial_mlp(0, ds)
     model.load_state_dict(best["model"])
     with torch.no_grad():
         out = model(torch.from_numpy(ds.val.features))
@@ -274,7 +275,7 @@ def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli, compose, tmp
     from ddp_exp.data import build_datasets, load_digits
 
     ds = build_datasets(load_digits(), 297, 0, 1, test_size=101)
-    model = _initial_model(0, ds)
+    model = initial_mlp(0, ds)
     with torch.no_grad():
         out = model(torch.from_numpy(ds.test.features))
     targets = torch.from_numpy(ds.test.targets)

@@ -15,10 +15,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import QUIET, copy_job, folder_files, refused_before_ranks, run_once
+from helpers import (
+    QUIET,
+    copy_job,
+    cosine_lr,
+    folder_files,
+    load_ckpt,
+    refused_before_ranks,
+    shared_run,
+    tensorboard_series,
+)
 from omegaconf import OmegaConf
-from test_faults import load_ckpt, tensorboard_series
-from test_recipe import cosine_lr
 
 LR = 0.05  # optim.lr of conf/optim/sgd.yaml, unscaled (lr_scaling: none)
 PER_EPOCH = {1: 47, 2: 24}  # digits: 1500 training samples, data.batch_size=32, by world size
@@ -289,16 +296,16 @@ def test_step_schedule_resumed_follows_the_new_world_and_keys(run_cli, tmp_path)
 @pytest.fixture(scope="module")
 def one_cycle_4_epochs(tmp_path_factory):
     """OneCycleLR at world_size=2 for 4 epochs in one go, every epoch's checkpoint kept."""
-    return run_once(tmp_path_factory.mktemp("one_cycle_4"), "world_size=2", "trainer.epochs=4",
-                    *ONE_CYCLE, QUIET, "trainer.log_every_n_steps=1",
-                    "trainer.checkpoint_every_n_epochs=1", "trainer.keep_checkpoints=4")
+    return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=4",
+                      *ONE_CYCLE, QUIET, "trainer.log_every_n_steps=1",
+                      "trainer.checkpoint_every_n_epochs=1", "trainer.keep_checkpoints=4")
 
 
 @pytest.fixture(scope="module")
 def one_cycle_2_epochs(tmp_path_factory):
     """The same for 2 epochs."""
-    return run_once(tmp_path_factory.mktemp("one_cycle_2"), "world_size=2", "trainer.epochs=2",
-                    *ONE_CYCLE, QUIET, "trainer.log_every_n_steps=1")
+    return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=2",
+                      *ONE_CYCLE, QUIET, "trainer.log_every_n_steps=1")
 
 
 @pytest.mark.slow

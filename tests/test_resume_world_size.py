@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUIET, refused_before_ranks, run_tagged
+from helpers import QUIET, kill_when_held, refused_before_ranks, run_tagged
 from helpers import tests_on_path as on_path
 from resume_support import global_order, served, write_holding_yaml
-from test_step_checkpoints import kill_when_held
 
 NUM_TRAIN = 256  # divisible by 1, 2 and 4 ranks: no padding duplicate in any world
 GLOBAL_BATCH = 32

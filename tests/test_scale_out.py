@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from conftest import QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
+from helpers import QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
 
 from ddp_exp.config.errors import ConfigError
 

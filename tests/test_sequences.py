@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from conftest import QUIET, refused_before_ranks, rel_close, scalars, tests_on_path
+from helpers import QUIET, refused_before_ranks, rel_close, scalars, tests_on_path
 from omegaconf import open_dict
 from torch import nn
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from conftest import free_port
+from helpers import free_port
 
 from ddp_exp.config.compose import register_configs
 

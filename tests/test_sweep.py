@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import (
+from helpers import (
     QUIET,
     assert_no_orphans,
     cli_env,

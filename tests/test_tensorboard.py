@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import QUIET, hparams_table, scalars
+from helpers import QUIET, hparams_table, scalars
 
 from ddp_exp.data import build_datasets, load_digits
 from ddp_exp.train.models import MLP

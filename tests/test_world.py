@@ -19,7 +19,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import QUIET, TORCHRUN_2, Run, rel_close, run_once, scalars
+from helpers import (
+    QUIET,
+    TORCHRUN_2,
+    Run,
+    digits_split,
+    initial_mlp,
+    rel_close,
+    scalars,
+    shared_run,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 DIGITS_N = 1797  # scikit-learn's digits
@@ -27,23 +36,6 @@ DEFAULT_VAL = 297  # conf/data/digits.yaml
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _split(val_size: int, seed: int, world_size: int):
-    from ddp_exp.data import build_datasets, load_digits
-
-    return build_datasets(load_digits(), val_size, seed, world_size)
-
-
-def _initial_model(seed: int, datasets) -> torch.nn.Module:
-    """The seeded initial MLP, built as ``ddp_exp.launch.build.prepare`` does (seed, then build)."""
-    from ddp_exp.train.models import MLP
-
-    mlp = yaml.safe_load((CONF / "model" / "mlp.yaml").read_text())  # the default model
-    torch.manual_seed(seed)
-    model = MLP(datasets.train.input_shape, datasets.train.num_outputs,
-                hidden_sizes=mlp["hidden_sizes"], dropout=mlp["dropout"])
-    return model.eval()
-
-
 @torch.no_grad()
 def _per_sample_losses(model, features, targets) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample cross-entropy (float64) and per-sample correctness of ``model``."""
@@ -54,9 +46,9 @@ def _per_sample_losses(model, features, targets) -> tuple[torch.Tensor, torch.Te
 
 def expected_val(seed: int, val_size: int, world_size: int) -> tuple[float, int]:
     """(mean val loss, correct count) of the seeded initial model on the whole val split."""
-    ds = _split(val_size, seed, world_size)
+    ds = digits_split(val_size, seed, world_size)
     assert len(ds.val) == val_size
-    losses, correct = _per_sample_losses(_initial_model(seed, ds), ds.val.features,
+    losses, correct = _per_sample_losses(initial_mlp(seed, ds), ds.val.features,
                                          ds.val.targets)
     return losses.sum().item() / val_size, int(correct.sum())
 
@@ -106,7 +98,7 @@ def test_ddp_two_ranks_batch_8_equals_one_rank_batch_16(run_cli):
     for name in p1:
         torch.testing.assert_close(p2[name], p1[name], rtol=1e-5, atol=1e-5, msg=name)
     # The weights moved: equal final parameters are not the untouched initial ones.
-    init = _initial_model(0, _split(DEFAULT_VAL, 0, 1)).state_dict()
+    init = initial_mlp(0, digits_split(DEFAULT_VAL, 0, 1)).state_dict()
     assert any(not torch.allclose(init[k], p1[k], atol=1e-3) for k in p1)
 
 
@@ -138,8 +130,8 @@ def _expected_step_losses(seed: int, order_seed: int, epochs: int = 2) -> list[f
     come from ``DistributedSampler(seed=order_seed)`` with ``set_epoch`` every epoch."""
     from torch.utils.data import DistributedSampler
 
-    ds = _split(DEFAULT_VAL, seed, 2)
-    losses, _ = _per_sample_losses(_initial_model(seed, ds), ds.train.features, ds.train.targets)
+    ds = digits_split(DEFAULT_VAL, seed, 2)
+    losses, _ = _per_sample_losses(initial_mlp(seed, ds), ds.train.features, ds.train.targets)
     steps = []
     for epoch in range(epochs):
         shards = []
@@ -176,8 +168,8 @@ def test_each_epoch_shuffles_differently_and_seed_reproduces(run_cli):
     assert all(abs(a - b) <= 1e-7 for a, b in zip(first, again, strict=True))
 
     # The epoch mean is the frozen model's loss over all 1500 training samples.
-    ds = _split(DEFAULT_VAL, 0, 2)
-    losses, _ = _per_sample_losses(_initial_model(0, ds), ds.train.features, ds.train.targets)
+    ds = digits_split(DEFAULT_VAL, 0, 2)
+    losses, _ = _per_sample_losses(initial_mlp(0, ds), ds.train.features, ds.train.targets)
     assert sum(e0) / 15 == pytest.approx(losses.mean().item(), abs=1e-6)
 
     # Every step holds the loss of the batches DistributedSampler(seed, set_epoch) serves.
@@ -194,7 +186,7 @@ def three_ranks_two_epochs(tmp_path_factory) -> Run:
     """``world_size=3 trainer.epochs=2`` (the config printed, as by default), run once for the
     module in a folder of its own (``<root>/run``): C10 reads its event stream and
     metrics.json, C02 its job log and output."""
-    return run_once(tmp_path_factory.mktemp("ws3"), "world_size=3", "trainer.epochs=2")
+    return shared_run(tmp_path_factory, "world_size=3", "trainer.epochs=2")
 
 
 # ------------------------------------------------------------- 4. one writer (C10, HParams)
