@@ -9,17 +9,14 @@ file, never for a time)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUIET, assert_no_orphans, cli_env, run_tagged, tagged_processes
+from helpers import QUIET, kill_when_held, run_tagged, tensorboard_series
 from helpers import tests_on_path as on_path
 from resume_support import mid_epoch, write_holding_yaml
 
@@ -28,49 +25,11 @@ COMPARED = ("val/loss", "val/accuracy", "train/loss", "train/num_samples", "epoc
             "global_step")
 
 
-def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subprocess.Popen:
-    """Run ``python -m ddp_exp <args>`` in ``job`` in its own session and SIGKILL the whole
-    process group (launcher and ranks) once ``marker`` exists (HoldingMLP touched it after a
-    mid-epoch checkpoint was on disk)."""
-    tag = uuid.uuid4().hex
-    log = cwd / f"killed-{tag}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"],
-                                cwd=cwd, env=cli_env(tag, **on_path()), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 150
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in tagged_processes(tag):
-            os.kill(pid, signal.SIGKILL)
-    assert_no_orphans(tag)
-    return proc
-
-
 def run(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"], cwd,
                          uuid.uuid4().hex, 240, on_path())
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``tag`` as TensorBoard shows the job folder: every event file in
-    order, with what a resumed writer's ``purge_step`` hides removed."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 def assert_same_run(job: Path, reference: Path, tol: float = 1e-6) -> None:

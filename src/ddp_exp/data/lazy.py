@@ -228,10 +228,13 @@ class TorchSplit:
 
         xs, ys = [], []
         items_read = items_read or {}
-        if keys is not None:
+        # Items that may draw are read under their own key; a dataset that says it draws
+        # nothing (``draws = False``: an image folder) needs none.
+        keyed = keys is not None and getattr(self.dataset, "draws", True)
+        if keyed:
             from ddp_exp.data.seeds import reseed
         for n, p in enumerate(positions):
-            if keys is not None:
+            if keyed:
                 reseed(keys[n])
             index = int(self.indices[p])
             x, y = self.reader(items_read[index] if index in items_read else self.dataset[index])

@@ -218,7 +218,7 @@ class BatchFetch(torch.utils.data.Dataset):
         if seed is None:
             return self.split.batch(positions, **extra)
         keys = sample_keys(seed, epoch, positions, key[3] if len(key) > 3 else TRAIN)
-        with seeded(int(keys[0]) if len(keys) else seed):
+        with seeded(None):  # each sample seeds its own draws; the process's RNGs come back
             return self.split.batch(positions, keys=keys, **extra)
 
 
