@@ -28,7 +28,6 @@ import gc
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -50,6 +49,9 @@ import hydra
 from omegaconf import DictConfig
 
 from ddp_exp.cli.usage import register_resolvers
+from ddp_exp.compat import messages
+from ddp_exp.compat.interpreter import exit_handlers
+from ddp_exp.compat.submitit import local_job_processes
 from ddp_exp.config.compose import (
     null_group_line,
     primary_config_overrides,
@@ -240,9 +242,14 @@ def _one_line(exc: BaseException) -> str | None:
     """A one-line message for a config value of the wrong type, or None for other errors."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+    from ddp_exp.config.choices import refused_choice
+
     cause = exc.__cause__
     if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
         return None
+    choice = refused_choice(cause)  # a name that no member of the key's Enum has
+    if choice is not None:
+        return choice
     msg = str(getattr(cause, "msg", cause)).splitlines()[0]
     schema = getattr(cause, "object_type", None)
     unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
@@ -253,7 +260,7 @@ def _one_line(exc: BaseException) -> str | None:
             msg += f"; an argument of your own _target_ is added with +{cause.full_key}=..."
     elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
         msg += f"; to add it, write +{cause.full_key}=..."
-    elif "does not support deletion" in msg and str(cause.full_key).split(".", 1)[0] in (
+    elif messages.omegaconf_no_deletion(msg) and str(cause.full_key).split(".", 1)[0] in (
             TARGET_GROUPS):  # ~model.hidden_sizes, to give model._target_=my.Net
         msg += ("; no need to delete it for your own _target_: one given in its place drops "
                 "the keys its signature does not take")
@@ -307,21 +314,14 @@ def _unknown_option_line(exc: BaseException, argv: list[str]) -> str | None:
     group, _, choice = missing.missing_cfg_file.rpartition("/")
     if not group:
         return None
-    asked = re.match(r"In '([^']+)':", str(missing).strip())
+    asked = messages.hydra_asking_config(str(missing))
     typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
     # Hydra names its own primary config for an override that a preset's defaults list makes
     # (hparams_search=digits_optuna: /hydra/sweeper: optuna): no clue to a user.
-    where = (f" (asked for by {asked.group(1)})" if asked and not typed
-             and asked.group(1) not in ("config", "hydra/config") else "")
+    where = (f" (asked for by {asked})" if asked and not typed
+             and asked not in ("config", "hydra/config") else "")
     return (f"{group}={choice}{where}: no such option in config group {group}; valid "
             f"options: {', '.join(missing.options)}")
-
-
-# Hydra's words when an override adds (``+group=option``) a group that the defaults list has
-# already: "Multiple values for data. To override ...", "hydra/launcher appears more than once
-# in the final defaults list".
-_GROUP_TWICE = re.compile(r"^Multiple values for (\S+)\.|^(\S+) appears more than once in the "
-                          r"final defaults list")
 
 
 def _plus_on_a_default(exc: BaseException, argv: list[str]) -> str | None:
@@ -330,10 +330,9 @@ def _plus_on_a_default(exc: BaseException, argv: list[str]) -> str | None:
     Hydra's error says "Multiple values" and suggests a defaults-list edit; the fix on the
     command line is to drop the ``+``. None for any other error, or when the group was not
     added with one ``+`` on the command line (two options from the user's own config files)."""
-    match = _GROUP_TWICE.match(str(exc).strip())
-    if match is None:
+    group = messages.hydra_group_given_twice(str(exc))
+    if group is None:
         return None
-    group = match.group(1) or match.group(2)
     added = [arg for arg in argv if arg.startswith("+") and not arg.startswith("++")
              and arg[1:].partition("=")[0] == group]
     if len(added) != 1:
@@ -345,7 +344,7 @@ def _plus_on_a_default(exc: BaseException, argv: list[str]) -> str | None:
 
 def _no_slurm_here(exc: BaseException) -> str | None:
     """One line for submitit's "no srun" error: ``launcher=slurm`` run off a SLURM cluster."""
-    if isinstance(exc, RuntimeError) and "srun" in str(exc):
+    if messages.submitit_no_srun(exc):
         return ("launcher=slurm submits to SLURM and this machine has none (no srun on PATH): "
                 "run it on the cluster's login node, or try the layout here with "
                 "launcher=slurm_local")
@@ -500,19 +499,20 @@ def exit_now(code: int | str | None) -> None:
     flush and close, multiprocessing's, torch's), then stdout and stderr are flushed.
 
     Returns (and lets Python exit as usual) while a child process or a non-daemon thread is
-    alive (a sweep launcher's worker pool): those are Python's to wait for.
+    alive (a sweep launcher's worker pool): those are Python's to wait for; and on an
+    interpreter whose ``atexit`` it was not written for (:mod:`ddp_exp.compat.interpreter`).
     """
-    import atexit
     import multiprocessing
 
-    if multiprocessing.active_children() or any(
+    run_exit_handlers = exit_handlers()  # None on a Python it was not written for
+    if run_exit_handlers is None or multiprocessing.active_children() or any(
             t.is_alive() and not t.daemon for t in threading.enumerate()
             if t is not threading.main_thread()):
         return
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
-    atexit._run_exitfuncs()
+    run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -527,10 +527,9 @@ def _wait_for_local_jobs(timeout_s: float = LOCAL_JOBS_GRACE_S) -> None:
     (this process's children, which got the signal too and stop their ranks) have ended, so
     that none outlives this process and the summary reads their final ``status.json``. Reads
     submitit's table of the jobs it started; does nothing without submitit's local executor."""
-    local = sys.modules.get("submitit.local.local")
     deadline = time.monotonic() + timeout_s
     try:
-        for proc in list(getattr(local, "_PROCESSES", {}).values()):
+        for proc in local_job_processes():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting

@@ -49,12 +49,12 @@ def help_keys(_root_: DictConfig) -> str:
     for key in _root_:
         if key == "hydra":
             continue
-        node: Any = _root_._get_node(key)
-        if isinstance(node, DictConfig) and len(node) > 0:
+        value: Any = (None if OmegaConf.is_interpolation(_root_, key)
+                      or OmegaConf.is_missing(_root_, key) else _root_[key])
+        if isinstance(value, DictConfig) and len(value) > 0:
             sections.append(str(key))
-        else:
-            value = OmegaConf.to_yaml({key: node}).strip()
-            lines.append(value)
+        else:  # as written: an interpolation unresolved, ??? for a missing value
+            lines.append(OmegaConf.to_yaml(OmegaConf.masked_copy(_root_, str(key))).strip())
     lines.append(f"sections: {', '.join(sections)}")
     return "\n".join(lines)
 

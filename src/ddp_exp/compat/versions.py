@@ -64,7 +64,6 @@ def written_for(dist: str, what: str, fallback: str) -> bool:
         return True
     if what not in _told:
         _told.add(what)
-        log.info("ddp_exp.compat: %s was written for %s %s, not %s: %s", what, dist,
-                 " / ".join(f"{s}.x" for s in WRITTEN_FOR[dist]), version or "its absence",
-                 fallback)
+        log.info("ddp_exp.compat: %s was written for %s %s, found %s: %s", what, dist,
+                 " / ".join(f"{s}.x" for s in WRITTEN_FOR[dist]), version or "none", fallback)
     return False

@@ -15,6 +15,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from ddp_exp.compat import messages
+from ddp_exp.compat.omegaconf import open_node
 from ddp_exp.config import schema
 from ddp_exp.config.errors import ConfigError
 from hydra_plugins import ddp_optuna_sweeper
@@ -36,18 +38,6 @@ def register_configs() -> None:
                                     replace=True)
 
 
-def open_node(dataclass: type) -> DictConfig:
-    """The schema ``dataclass`` as a node that takes keys of its own: each field keeps its
-    type (``batch_size=x`` is refused at composition), and a config that extends it may add
-    keys, the arguments of a user's ``_target_`` (a data YAML with ``size: 100``); on the
-    command line a new key is ``+data.size=100``, which Hydra's error then suggests."""
-    typed = OmegaConf.structured(dataclass)
-    node = OmegaConf.create({})
-    for key in typed:
-        node[key] = typed._get_node(key)
-    return node
-
-
 def group_options(group: str) -> list[str]:
     """The options ddp_exp ships in config group ``group`` (``conf/<group>/*.yaml``, sorted);
     empty for a name that is no group of ``conf/``."""
@@ -66,7 +56,7 @@ def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
     one of its options; the line names the one that means "none" (``scheduler=none``), or says
     that a preset group is empty unless chosen, or lists the options. None for any other
     error, or when no argument of ``argv`` sets a group (a key without a dot) to null."""
-    if not (isinstance(exc, ValueError) and "Config group override must be" in str(exc)):
+    if not messages.hydra_null_group(exc):
         return None
     for arg in argv:
         key, sep, value = arg.partition("=")

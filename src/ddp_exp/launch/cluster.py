@@ -122,12 +122,11 @@ def slurm_hostnames(nodelist: str) -> list[str]:
                              text=True, timeout=30, check=False)
         if out.returncode == 0 and out.stdout.split():
             return out.stdout.split()
-    try:
-        from submitit.slurm.slurm import _parse_node_list
+    from ddp_exp.compat.submitit import parse_node_list
 
-        return _parse_node_list(nodelist)
-    except ImportError:
-        pass
+    parsed = parse_node_list(nodelist)
+    if parsed is not None:
+        return parsed
     if "[" not in nodelist:
         return [h for h in nodelist.split(",") if h]
     raise ConfigError(f"launcher.cluster=slurm: cannot expand SLURM_JOB_NODELIST={nodelist!r} "

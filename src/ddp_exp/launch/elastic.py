@@ -45,6 +45,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ddp_exp.compat import elastic_agent as agent
+from ddp_exp.compat import messages
 from ddp_exp.config.checks import check_precision, validate
 from ddp_exp.distributed.process_group import oversubscription_warning, resolve_placement
 from ddp_exp.io.files import atomic_write
@@ -180,12 +181,12 @@ class _AgentLogFilter(logging.Filter):
         self.failures_file, self.first_rank, self.failures = failures_file, first_rank, []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        if message.startswith(("Closing process", "Terminating process")):
+        if messages.agent_closing_process(str(record.msg)):
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        if not message.startswith("failed (exitcode"):
+        failure = messages.agent_rank_failure(record)
+        if failure is None:
             return True
-        exitcode, local_rank = (record.args or (None, None))[:2]
+        exitcode, local_rank = failure
         rank = None if self.first_rank is None else self.first_rank + int(local_rank)
         self.failures.append({"local_rank": local_rank, "rank": rank, "exitcode": exitcode})
         text = json.dumps(self.failures)

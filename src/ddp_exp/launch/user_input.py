@@ -100,7 +100,7 @@ def _user_paths(node: DictConfig, prefix: str, base: str, done: set[str]) -> lis
         full = f"{prefix}.{key}"
         if full in done or OmegaConf.is_missing(node, key):
             continue
-        if isinstance(node._get_node(key), DictConfig):
+        if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             changed += _user_paths(node[key], full, base, done)
             continue
         if not PATH_NAME.search(str(key)) or OmegaConf.is_interpolation(node, key):

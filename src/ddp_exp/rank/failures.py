@@ -34,6 +34,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+from ddp_exp.compat import messages
 from ddp_exp.config.compose import task_overrides
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.distributed.process_group import PeerFailed
@@ -127,10 +128,7 @@ def is_peer_failure(exc: BaseException) -> bool:
     rank's own."""
     import torch.distributed as dist
 
-    text = str(exc)
-    return isinstance(exc, (dist.DistError, PeerFailed)) or any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer",
-                            "Broken pipe", "NCCL communicator was aborted"))
+    return isinstance(exc, (dist.DistError, PeerFailed)) or messages.peer_went_away(str(exc))
 
 
 class RankFailed(Exception):

@@ -1,0 +1,125 @@
+"""Other libraries' message wording that ddp_exp reads: each reader matches only on the version
+its wording was read from (:mod:`ddp_exp.compat.versions`), and on any other gives "no match",
+so the caller takes its stock path (Hydra's or torch's own report) and the log says so once.
+
+What each buys (issue 27 item 3), by the reader:
+
+* Hydra 1.3 (:func:`hydra_group_given_twice`, :func:`hydra_asking_config`,
+  :func:`hydra_null_group`) and OmegaConf 2.3 (:func:`omegaconf_no_deletion`): a mistake on the
+  command line is one line naming the fix instead of Hydra's multi-line report or a traceback.
+* submitit 1.5 (:func:`submitit_no_srun`): ``launcher=slurm`` off a cluster is one line instead
+  of a traceback.
+* torch 2.13 (:func:`peer_went_away`): a rank that failed because a peer went away is reported as
+  the knock-on effect, not as the failure (a wrong result: the launcher named the wrong rank).
+* torch 2.13's agent log (:func:`agent_rank_failure`, :func:`agent_closing_process`): a failed
+  rank's traceback is shown once, not twice, the restarted world names the rank that failed, and
+  a Ctrl-C ends with one line rather than one "Closing process" line per rank.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ddp_exp.compat.versions import written_for
+
+STOCK_REPORT = "the library's own report is shown"
+
+# Hydra 1.3, an override that adds (+group=option) a group the defaults list has already:
+# "Multiple values for data. To override a value use 'override data: synthetic'",
+# "hydra/launcher appears more than once in the final defaults list".
+GROUP_TWICE = re.compile(r"^Multiple values for (\S+)\.|^(\S+) appears more than once in the "
+                         r"final defaults list")
+# Hydra 1.3, a missing option named by a config's defaults list: "In 'config': Could not find
+# 'data/digitz'" (the config that asked for it).
+ASKING_CONFIG = re.compile(r"In '([^']+)':")
+# Hydra 1.3, ``group=null``: "Config group override must be a string or a list. Got NoneType".
+NULL_GROUP = "Config group override must be"
+# OmegaConf 2.3, ``~model.hidden_sizes`` on a typed node: "MLPConfig (DictConfig) does not
+# support deletion".
+NO_DELETION = "does not support deletion"
+# submitit 1.5's SlurmExecutor: 'Could not detect "srun", are you indeed on a slurm cluster?'.
+NO_SRUN = 'Could not detect "srun"'
+# torch 2.13: what a collective raises when a peer rank's process went away (gloo's own words,
+# then the C library's for ECONNRESET and EPIPE; NCCL's on CUDA).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "NCCL communicator was aborted")
+# torch 2.13's elastic agent (torch.distributed.elastic.multiprocessing.api): the log record of
+# a failed rank ("failed (exitcode: %s) local_rank: %s ...", its first two arguments the exit
+# code and the local rank) and of each rank it stops ("Closing process %s via signal %s"; and
+# torch.multiprocessing's "Terminating process %s via signal SIGTERM").
+RANK_FAILED = "failed (exitcode"
+CLOSING = ("Closing process", "Terminating process")
+
+
+def hydra_group_given_twice(text: str) -> str | None:
+    """The config group Hydra's composition error ``text`` says was given twice (``data`` for
+    ``+data=synthetic``), None for any other error or on a Hydra other than 1.3."""
+    match = GROUP_TWICE.match(text.strip())
+    if match is None or not written_for("hydra-core", "Hydra's 'Multiple values for' wording",
+                                        STOCK_REPORT):
+        return None
+    return match.group(1) or match.group(2)
+
+
+def hydra_asking_config(text: str) -> str | None:
+    """The config whose defaults list asked for a missing option, from Hydra's
+    ``MissingConfigException`` text ("In 'launcher/slurm': Could not find ..."); None when the
+    text names none, or on a Hydra other than 1.3."""
+    match = ASKING_CONFIG.match(text.strip())
+    if match is None or not written_for("hydra-core", "Hydra's \"In '<config>':\" wording",
+                                        STOCK_REPORT):
+        return None
+    return match.group(1)
+
+
+def hydra_null_group(exc: BaseException) -> bool:
+    """True for Hydra's error on ``group=null`` (a ``ValueError``); False for any other, or on
+    a Hydra other than 1.3."""
+    return (isinstance(exc, ValueError) and NULL_GROUP in str(exc)
+            and written_for("hydra-core", "Hydra's 'Config group override must be' wording",
+                            STOCK_REPORT))
+
+
+def omegaconf_no_deletion(message: str) -> bool:
+    """True for OmegaConf's refusal to delete a key of a typed node (``~model.hidden_sizes``);
+    False for any other message, or on an OmegaConf other than 2.3."""
+    return NO_DELETION in message and written_for(
+        "omegaconf", "OmegaConf's 'does not support deletion' wording", STOCK_REPORT)
+
+
+def submitit_no_srun(exc: BaseException) -> bool:
+    """True for submitit's error when its SLURM executor finds no ``srun`` on PATH; False for
+    any other error, or on a submitit other than 1.5."""
+    return (isinstance(exc, RuntimeError) and NO_SRUN in str(exc)
+            and written_for("submitit", "submitit's 'Could not detect \"srun\"' wording",
+                            STOCK_REPORT))
+
+
+def peer_went_away(text: str) -> bool:
+    """True when a collective's error ``text`` says a peer rank's connection went away (closed,
+    reset, a broken pipe, an aborted NCCL communicator); False otherwise, or on a torch other
+    than 2.13 (every such error is then this rank's own)."""
+    return any(s in text for s in PEER_GONE) and written_for(
+        "torch", "gloo's 'Connection closed by peer' wording",
+        "a rank whose peer went away is reported as failed itself")
+
+
+def agent_rank_failure(record: Any) -> tuple[Any, Any] | None:
+    """``(exit code, local rank)`` from the elastic agent's log record of a failed rank; None
+    for any other record, or on a torch other than 2.13 (the agent's record is then shown)."""
+    if not str(record.msg).startswith(RANK_FAILED) or not written_for(
+            "torch", "the elastic agent's 'failed (exitcode' record",
+            "a failed rank's traceback is shown twice, and a restart does not name the rank"):
+        return None
+    exitcode, local_rank = (tuple(record.args or ()) + (None, None))[:2]
+    return exitcode, local_rank
+
+
+def agent_closing_process(message: str) -> bool:
+    """True for the elastic agent's "Closing process <pid> via signal SIGTERM" line (and
+    torch.multiprocessing's "Terminating process ..."), logged once per rank it stops; False
+    for any other, or on a torch other than 2.13."""
+    return str(message).startswith(CLOSING) and written_for(
+        "torch", "the elastic agent's 'Closing process' record",
+        "each rank stopped is logged (Closing process <pid> via signal SIGTERM)")

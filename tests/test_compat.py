@@ -1,0 +1,375 @@
+"""ddp_exp.compat: every borrowed internal (a private attribute, an upstream message's wording)
+held to what it relies on, so that a test fails when upstream changes it (the contract tests),
+and each one's fallback on a version it was not written for, faked by patching
+``ddp_exp.compat.versions.installed`` (the fallback tests)."""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from ddp_exp.compat import versions
+
+
+@pytest.fixture
+def other_version(monkeypatch, caplog):
+    """``other_version(dist)``: from now on ``dist`` reads as version 0.0.1 (and is "not
+    installed" for ``python``), the compat log's "told once" memory is fresh, and ``caplog``
+    records ddp_exp's INFO lines."""
+    monkeypatch.setattr(versions, "_told", set())
+    caplog.set_level(logging.INFO, logger="ddp_exp")
+    real = versions.installed
+
+    def fake(dists: set[str]) -> None:
+        monkeypatch.setattr(versions, "installed",
+                            lambda d: ("0.0.1" if d != "python" else None) if d in dists
+                            else real(d))
+
+    return lambda *dists: fake(set(dists))
+
+
+def compat_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("ddp_exp.compat")]
+
+
+# ------------------------------------------------------------------ the versions written for
+def test_the_installed_versions_are_those_written_for():
+    """The environment the suite runs in is the one every internal was read from: a failure
+    here means an upgrade, and each module of ddp_exp.compat must be read again."""
+    for dist in versions.WRITTEN_FOR:
+        assert versions.installed(dist) is not None, dist
+        assert versions.written_for(dist, f"test {dist}", "stock"), (dist,
+                                                                     versions.installed(dist))
+
+
+def test_pyproject_pins_the_torch_that_is_tested():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"torch>=2.13,<2.14"' in text
+    assert versions.WRITTEN_FOR["torch"] == ("2.13",)
+
+
+def test_another_version_is_logged_once_per_internal(other_version, caplog):
+    other_version("torch")
+    assert versions.series("2.13.0+cpu") == "2.13"
+    assert not versions.written_for("torch", "thing", "the stock way")
+    assert not versions.written_for("torch", "thing", "the stock way")
+    assert compat_lines(caplog) == [
+        "ddp_exp.compat: thing was written for torch 2.13.x, found 0.0.1: the stock way"]
+
+
+# ------------------------------------------------------------------ torch's elastic agent
+def test_contract_the_agent_starts_its_ranks_through_the_patched_methods():
+    """start_ranks_safely wraps LocalElasticAgent._start_workers(self, worker_group), which
+    sets self._pcontext from start_processes, whose start() forks in MultiprocessContext._start
+    (self); rank_pids reads the context's pids()."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, PContext
+
+    assert list(inspect.signature(LocalElasticAgent._start_workers).parameters) == [
+        "self", "worker_group"]
+    assert list(inspect.signature(MultiprocessContext._start).parameters) == ["self"]
+    start_workers = inspect.getsource(LocalElasticAgent._start_workers)
+    assert "self._pcontext = start_processes(" in start_workers
+    assert "self._start()" in inspect.getsource(PContext.start)
+    assert list(inspect.signature(PContext.pids).parameters) == ["self"]
+
+
+def test_on_another_torch_the_ranks_start_as_torch_starts_them(other_version, caplog):
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    from ddp_exp.compat import elastic_agent
+
+    stock = (LocalElasticAgent._start_workers, MultiprocessContext._start)
+    with elastic_agent.start_ranks_safely(fork=True):  # written for: patched
+        assert LocalElasticAgent._start_workers is not stock[0]
+    other_version("torch")
+    with elastic_agent.start_ranks_safely(fork=True):
+        assert (LocalElasticAgent._start_workers, MultiprocessContext._start) == stock
+        assert elastic_agent.FORK_GATE_ENV not in os.environ
+    assert (LocalElasticAgent._start_workers, MultiprocessContext._start) == stock
+    assert len(compat_lines(caplog)) == 1 and "start_ranks_safely" in compat_lines(caplog)[0]
+
+
+AGENT_RECORDS = textwrap.dedent("""
+    import json, logging, os
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from ddp_exp.compat import messages
+    from ddp_exp.launch import rendezvous
+
+    def work():
+        import time
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank failed on purpose")
+        time.sleep(60)
+
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+    for name in ("torch.distributed.elastic.multiprocessing.api",
+                 "torch.multiprocessing.spawn"):
+        logging.getLogger(name).addHandler(Keep())
+        logging.getLogger(name).setLevel(logging.INFO)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="records",
+                          rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0",
+                          monitor_interval=0.05, start_method="fork")
+    try:
+        elastic_launch(config, work)()
+    except ChildFailedError:
+        pass
+    print(json.dumps({
+        "failures": [messages.agent_rank_failure(r) for r in records
+                     if messages.agent_rank_failure(r) is not None],
+        "closing": sum(messages.agent_closing_process(str(r.msg)) for r in records)}))
+""")
+
+
+def test_contract_the_agents_records_of_a_failed_rank_and_of_the_ranks_it_stops():
+    """The elastic agent's log records that ddp_exp.launch.elastic's filter reads: a failed
+    rank's ("failed (exitcode: %s) local_rank: %s ...", exit code and local rank first) and
+    one per rank it stops ("Closing process %s via signal %s")."""
+    proc = subprocess.run([sys.executable, "-c", AGENT_RECORDS], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [1, 1] in out["failures"], out  # exit code 1 (it raised), local rank 1
+    assert out["closing"] >= 1, out
+
+
+def test_on_another_torch_the_agents_records_are_left_as_torch_logs_them(other_version):
+    from ddp_exp.compat import messages
+
+    record = logging.LogRecord("x", logging.ERROR, "f", 1, "failed (exitcode: %s) local_rank: %s",
+                               (1, 0), None)
+    assert messages.agent_rank_failure(record) == (1, 0)
+    assert messages.agent_closing_process("Closing process 12 via signal SIGTERM")
+    other_version("torch")
+    assert messages.agent_rank_failure(record) is None
+    assert not messages.agent_closing_process("Closing process 12 via signal SIGTERM")
+
+
+def test_contract_a_peer_that_went_away_reads_so():
+    """gloo's "Connection closed by peer" is in torch's library as written; the C library's
+    words for ECONNRESET and EPIPE are the other two."""
+    import mmap
+
+    import torch
+
+    from ddp_exp.compat import messages
+
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    with open(lib, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        assert data.find(messages.PEER_GONE[0].encode()) >= 0
+    assert os.strerror(errno.ECONNRESET) == messages.PEER_GONE[1]
+    assert os.strerror(errno.EPIPE) == messages.PEER_GONE[2]
+
+
+def test_on_another_torch_a_peers_failure_is_not_read_from_the_words(other_version):
+    from ddp_exp.compat import messages
+    from ddp_exp.rank.failures import is_peer_failure
+
+    error = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]")
+    assert is_peer_failure(error)
+    other_version("torch")
+    assert not messages.peer_went_away(str(error))
+    assert not is_peer_failure(error)
+
+
+# ------------------------------------------------------------------ Hydra's and OmegaConf's words
+@pytest.mark.parametrize("override,group", [("+data=synthetic", "data"),
+                                            ("+hydra/launcher=basic", "hydra/launcher")])
+def test_contract_hydra_says_a_group_was_given_twice(compose, override, group):
+    from hydra.errors import HydraException
+
+    from ddp_exp.compat import messages
+
+    with pytest.raises(HydraException) as info:
+        compose(override)
+    assert messages.hydra_group_given_twice(str(info.value)) == group, str(info.value)
+
+
+def test_contract_hydra_names_the_config_that_asked_for_a_missing_option(compose):
+    from hydra.errors import MissingConfigException
+
+    from ddp_exp.compat import messages
+
+    with pytest.raises(MissingConfigException) as info:
+        compose("data=digitz")
+    assert messages.hydra_asking_config(str(info.value)) == "config", str(info.value)
+
+
+def test_contract_hydra_refuses_a_null_group(compose):
+    from ddp_exp.compat import messages
+
+    with pytest.raises(ValueError) as info:
+        compose("scheduler=null")
+    assert messages.hydra_null_group(info.value), str(info.value)
+
+
+def test_contract_omegaconf_refuses_to_delete_a_typed_key(compose):
+    from hydra.errors import HydraException
+
+    from ddp_exp.compat import messages
+
+    with pytest.raises(HydraException) as info:
+        compose("~model.hidden_sizes")
+    assert messages.omegaconf_no_deletion(str(info.value.__cause__)), str(info.value.__cause__)
+
+
+def test_on_another_hydra_or_omegaconf_their_own_report_stays(compose, other_version):
+    """The entry point's one-line readers give None: its caller prints Hydra's report."""
+    from hydra.errors import HydraException, MissingConfigException
+
+    from ddp_exp.cli.main import _one_line, _plus_on_a_default, _unknown_option_line
+    from ddp_exp.compat import messages
+    from ddp_exp.config.compose import null_group_line
+
+    with pytest.raises(HydraException) as twice:
+        compose("+data=synthetic")
+    with pytest.raises(MissingConfigException) as missing:
+        compose("data=digitz")
+    with pytest.raises(ValueError) as null:
+        compose("scheduler=null")
+    with pytest.raises(HydraException) as deleted:
+        compose("~model.hidden_sizes")
+    assert _plus_on_a_default(twice.value, ["+data=synthetic"]) is not None
+    assert null_group_line(null.value, ["scheduler=null"]) is not None
+    assert "no need to delete it" in _one_line(deleted.value)
+    other_version("hydra-core", "omegaconf")
+    assert _plus_on_a_default(twice.value, ["+data=synthetic"]) is None
+    assert messages.hydra_asking_config(str(missing.value)) is None
+    assert _unknown_option_line(missing.value, []).startswith("data=digitz: no such option")
+    assert null_group_line(null.value, ["scheduler=null"]) is None
+    assert "no need to delete it" not in _one_line(deleted.value)
+
+
+# ------------------------------------------------------------------ OmegaConf's _get_node
+def test_contract_an_open_node_keeps_its_types_and_takes_new_keys():
+    """open_node copies each field's typed node (DictConfig._get_node): a value of the wrong
+    type is refused, a key of the user's own is taken."""
+    from omegaconf import DictConfig, OmegaConf, ValidationError
+
+    from ddp_exp.compat.omegaconf import open_node
+    from ddp_exp.config.schema import DataConfig
+
+    assert list(inspect.signature(DictConfig._get_node).parameters)[:2] == ["self", "key"]
+    node = open_node(DataConfig)
+    assert isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict
+    with pytest.raises(ValidationError):
+        node.batch_size = "two"
+    node.size = 100
+    assert node.size == 100 and node.batch_size == DataConfig.batch_size
+
+
+def test_on_another_omegaconf_the_schema_node_is_omegaconfs_own(other_version, caplog):
+    from ddp_exp.compat.omegaconf import open_node
+    from ddp_exp.config.schema import DataConfig
+
+    other_version("omegaconf")
+    assert open_node(DataConfig) is DataConfig
+    assert "open_node" in compat_lines(caplog)[0]
+
+
+# ------------------------------------------------------------------ submitit
+def test_contract_submitits_local_job_table_and_node_list_parser():
+    import submitit.local.local as local
+    from submitit.slurm.slurm import _parse_node_list
+
+    from ddp_exp.compat.submitit import local_job_processes, parse_node_list
+
+    assert isinstance(local._PROCESSES, dict)
+    source = inspect.getsource(local.LocalJob)
+    assert "_PROCESSES[self.job_id] = self._process" in source  # the job's Popen, by job id
+    assert local_job_processes() == list(local._PROCESSES.values())
+    assert list(inspect.signature(_parse_node_list).parameters) == ["node_list"]
+    assert parse_node_list("gpu[07-08,10],cpu3") == ["gpu07", "gpu08", "gpu10", "cpu3"]
+    assert parse_node_list("rack1-[1-2]") == ["rack1-1", "rack1-2"]
+
+
+def test_contract_submitit_says_so_when_there_is_no_srun(tmp_path, monkeypatch):
+    import submitit
+
+    from ddp_exp.cli.main import _no_slurm_here
+    from ddp_exp.compat import messages
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
+    with pytest.raises(RuntimeError) as info:
+        submitit.SlurmExecutor(folder=tmp_path / "jobs")
+    assert messages.submitit_no_srun(info.value), str(info.value)
+    assert _no_slurm_here(info.value).startswith("launcher=slurm submits to SLURM")
+
+
+def test_on_another_submitit_its_internals_are_left_alone(other_version, monkeypatch, caplog):
+    from ddp_exp.compat import messages
+    from ddp_exp.compat.submitit import local_job_processes, parse_node_list
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.launch.cluster import slurm_hostnames
+
+    job = types.SimpleNamespace(wait=lambda timeout: None)
+    monkeypatch.setitem(sys.modules, "submitit.local.local",
+                        types.SimpleNamespace(_PROCESSES={"1": job}))
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol
+    assert local_job_processes() == [job]
+    other_version("submitit")
+    assert local_job_processes() == []
+    assert parse_node_list("gpu[07-08]") is None
+    assert slurm_hostnames("a1,b2") == ["a1", "b2"]
+    with pytest.raises(ConfigError, match="cannot expand SLURM_JOB_NODELIST"):
+        slurm_hostnames("gpu[07-08]")
+    assert not messages.submitit_no_srun(
+        RuntimeError('Could not detect "srun", are you indeed on a slurm cluster?'))
+    assert len(compat_lines(caplog)) == 3
+
+
+# ------------------------------------------------------------------ CPython's atexit
+EXIT_HANDLERS = textwrap.dedent("""
+    import atexit, sys
+    from ddp_exp.compat.interpreter import exit_handlers
+    atexit.register(lambda: print("first", flush=True))
+    atexit.register(lambda: print("second", flush=True))
+    run = exit_handlers()
+    run()
+    print("after", flush=True)
+""")
+
+
+def test_contract_atexit_runs_every_handler_once_last_registered_first():
+    """exit_now relies on atexit._run_exitfuncs running every handler, newest first, and
+    clearing them (the process's own exit then runs none again)."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_HANDLERS], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["second", "first", "after"]
+
+
+ANOTHER_PYTHON = textwrap.dedent("""
+    import logging, sys
+    from ddp_exp.compat import versions
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+    versions.installed = lambda dist: None if dist == "python" else "9.9.9"
+    from ddp_exp.cli.main import exit_now
+    exit_now(3)  # returns: Python's own exit follows
+    print("returned", flush=True)
+""")
+
+
+def test_on_another_python_the_process_exits_as_python_does():
+    proc = subprocess.run([sys.executable, "-c", ANOTHER_PYTHON], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == [
+        "ddp_exp.compat: atexit._run_exitfuncs was written for python 3.10.x / 3.11.x / 3.12.x "
+        "/ 3.13.x, found none: the process ends through the interpreter's own exit and "
+        "teardown", "returned"]
