@@ -242,14 +242,9 @@ def _one_line(exc: BaseException) -> str | None:
     """A one-line message for a config value of the wrong type, or None for other errors."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    from ddp_exp.config.choices import refused_choice
-
     cause = exc.__cause__
     if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
         return None
-    choice = refused_choice(cause)  # a name that no member of the key's Enum has
-    if choice is not None:
-        return choice
     msg = str(getattr(cause, "msg", cause)).splitlines()[0]
     schema = getattr(cause, "object_type", None)
     unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
