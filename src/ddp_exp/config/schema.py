@@ -130,8 +130,8 @@ class MLPConfig:
 
 @dataclass
 class GPTConfig:
-    """``model=gpt``: :class:`ddp_exp.train.gpt.GPT`; block_size and vocabulary come from the
-    data."""
+    """``model=gpt``: :class:`ddp_exp.train.gpt.GPT`; the vocabulary comes from the data, and
+    the context too unless block_size is set."""
 
     _target_: str = "ddp_exp.train.gpt.GPT"
     n_layer: int = 2
@@ -139,6 +139,7 @@ class GPTConfig:
     n_embd: int = 128  # divisible by n_head
     dropout: float = 0.0
     bias: bool = True
+    block_size: int | None = None  # longest sequence (positions); null: the data's item length
 
 
 @dataclass

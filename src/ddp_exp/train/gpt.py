@@ -2,8 +2,10 @@
 
 Pre-norm blocks (``x + attn(ln(x))``, ``x + mlp(ln(x))``), causal
 ``scaled_dot_product_attention``, learned positions, a final LayerNorm and a head tied to the
-token embedding. The context length (``block_size``) and the vocabulary come from the data
-(``input_shape = (block_size,)``, ``num_outputs = vocab_size``), like every built-in model.
+token embedding. The vocabulary comes from the data (``num_outputs = vocab_size``), like every
+built-in model, and so does the context length unless ``model.block_size`` sets it
+(``input_shape = (block_size,)``: ``data.block_size`` for ``data=tokens``, the first item's
+length for a ``data=dataset`` of rows, which may be shorter than later rows).
 
 May use: torch, :mod:`ddp_exp.config` (``ConfigError``).
 """
@@ -54,15 +56,19 @@ class GPT(nn.Module):
         n_layer, n_head, n_embd: depth, attention heads, width (``n_head`` divides ``n_embd``).
         dropout: on embeddings, attention and residual branches (training only).
         bias: biases in the linear layers and LayerNorms.
+        block_size: the longest sequence the model takes (its position embeddings); None: the
+            data's item length ``input_shape[0]``.
 
     Raises:
         ConfigError: ``n_embd`` not divisible by ``n_head``, or a non-positive size; items that
             are not windows of token ids (an input shape of more than one dimension here, or
-            floating inputs in ``forward``: the launcher's probe refuses them before any rank).
+            floating inputs in ``forward``: the launcher's probe refuses them before any rank);
+            a batch longer than ``block_size`` in ``forward``.
     """
 
     def __init__(self, input_shape: Sequence[int], num_outputs: int, n_layer: int = 2,
-                 n_head: int = 4, n_embd: int = 128, dropout: float = 0.0, bias: bool = True):
+                 n_head: int = 4, n_embd: int = 128, dropout: float = 0.0, bias: bool = True,
+                 block_size: int | None = None):
         super().__init__()
         if min(n_layer, n_head, n_embd) < 1 or n_embd % n_head:
             raise ConfigError(f"model.n_embd={n_embd} is invalid with model.n_head={n_head}: "
@@ -72,7 +78,12 @@ class GPT(nn.Module):
             raise ConfigError(f"model=gpt takes windows of token ids [batch, T]; the data's "
                               f"items have shape {list(input_shape)} (data=tokens, or a Dataset "
                               "of token ids)")
-        self.block_size, self.vocab_size = int(input_shape[-1]), int(num_outputs)
+        if block_size is not None and block_size < 1:
+            raise ConfigError(f"model.block_size={block_size} is invalid: a positive number of "
+                              "tokens, or null (the data's item length)")
+        self.context_from = "model.block_size" if block_size else "the data's item length"
+        self.block_size = int(block_size or input_shape[-1])
+        self.vocab_size = int(num_outputs)
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
         self.wte = nn.Embedding(self.vocab_size, n_embd)
         self.wpe = nn.Embedding(self.block_size, n_embd)
@@ -99,6 +110,10 @@ class GPT(nn.Module):
                               f"{str(idx.dtype).removeprefix('torch.')} inputs (data=tokens, or "
                               "a Dataset of token ids)")
         t = idx.shape[1]
+        if t > self.block_size:  # shapes only: no device sync
+            raise ConfigError(f"model=gpt: a batch of {t} tokens per sequence, longer than the "
+                              f"model's context block_size={self.block_size} ({self.context_from});"
+                              f" set model.block_size to the longest sequence of the data")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
