@@ -381,3 +381,55 @@ def test_nothing_refers_to_files_outside_the_repository():
              for pattern in TEXT_FILES for path in sorted(ROOT.glob(pattern))
              for n, line in enumerate(path.read_text().splitlines(), 1) if OUTSIDE.search(line)]
     assert found == []
+
+
+# The docs name the code (`rank.worker.run_rank`, `ddp_exp.metrics.perf`,
+# `src/ddp_exp/train/loop.py`): a name that a move or a split left behind sends the reader to
+# nothing. Logger names in quoted output (`[ddp_exp.perf]`) and file names (`ddp_exp.log`) are not
+# code; docs/benchmarks.md is history, naming the code as it was.
+FILE_SUFFIXES = {"log", "md", "json", "csv", "pt", "yaml", "png", "lock", "py", "txt"}
+CODE_REF = re.compile(r"(?<![\w./\[-])(ddp_exp(?:\.\w+)+|[a-z_]+\.[a-z_]+(?:\.\w+)*)")
+SOURCE_PATH = re.compile(r"(?<![\w/])src/ddp_exp/[\w/]+\.py\b")
+
+
+def stale_code_refs(text: str) -> list[str]:
+    """The names of ddp_exp's code in ``text`` that do not exist: a dotted name starting with
+    ``ddp_exp.``, or ``package.module.attr...`` whose first two parts name a module of ddp_exp
+    (other dotted names, such as config keys, are not code), and ``src/ddp_exp/...py`` paths."""
+    import importlib
+
+    stale = [path for path in SOURCE_PATH.findall(text) if not (ROOT / path).exists()]
+    for ref in dict.fromkeys(CODE_REF.findall(text)):
+        parts = ref.removeprefix("ddp_exp.").split(".")
+        if parts[-1] in FILE_SUFFIXES:
+            continue
+        if not ref.startswith("ddp_exp.") and not (
+                ROOT / "src" / "ddp_exp" / parts[0] / f"{parts[1]}.py").exists():
+            continue
+        obj, rest = None, parts
+        for i in range(len(parts), 0, -1):
+            try:
+                obj, rest = importlib.import_module("ddp_exp." + ".".join(parts[:i])), parts[i:]
+                break
+            except ImportError:
+                continue
+        for name in rest:
+            obj = getattr(obj, name, None)
+        if obj is None:
+            stale.append(ref)
+    return stale
+
+
+def test_stale_code_refs():
+    assert stale_code_refs("`rank.worker.run_rank` `ddp_exp.train.models.MLP` data.batch_size "
+                           "`src/ddp_exp/train/loop.py` [ddp_exp.perf] ddp_exp.log") == []
+    assert stale_code_refs("`launch.elastic.no_such` `ddp_exp.nothing` "
+                           "`src/ddp_exp/train.py`") == ["src/ddp_exp/train.py",
+                                                         "launch.elastic.no_such",
+                                                         "ddp_exp.nothing"]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "benchmarks.md"],
+                         ids=lambda p: p.name)
+def test_the_code_the_pages_name_exists(page):
+    assert stale_code_refs(page.read_text()) == []
