@@ -52,6 +52,7 @@ _REFUSED = ("SIGKILL", "SIGSTOP", "SIGINT", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIG
             "SIGABRT", "SIGPIPE")
 
 _requested = False  # this process was asked to stop (a forked rank inherits it)
+_installed: int | None = None  # the signal :func:`install` set up in this rank
 
 
 def signal_number(value: Any, cluster: str | None) -> signal.Signals | None:
@@ -121,8 +122,10 @@ def install(signum: int | None) -> None:
     """In a rank, first thing: ``signum`` (``trainer.preempt_signal``) only notes a request
     (:func:`requested`) instead of its default action (``USR1`` would kill the rank). A
     request noted before (inherited from the agent) stays. None: nothing."""
+    global _installed
     if signum is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signum, _note)
+        _installed = signum
 
 
 def requested() -> bool:
@@ -137,13 +140,12 @@ def _note(signum: int, frame: Any) -> None:
     _requested = True
 
 
-def stopped(global_step: int | None, checkpoint: str | None, signum: int | None
-            ) -> dict[str, Any]:
-    """What a rank returns to its agent when the loop stopped for a preemption: a clean
-    return (the agent neither restarts nor reports a failure), told apart from final metrics
-    by :data:`PREEMPTED`."""
+def stopped(global_step: int | None, checkpoint: str | None) -> dict[str, Any]:
+    """What a rank returns to its agent when the loop stopped for a preemption (after
+    ``global_step``, ``checkpoint`` written): a clean return (the agent neither restarts nor
+    reports a failure), told apart from final metrics by :data:`PREEMPTED`."""
     return {PREEMPTED: True, "global_step": global_step, "checkpoint": checkpoint,
-            "signal": signum}
+            "signal": _installed}
 
 
 def preempted_in(results: dict[int, Any]) -> JobPreempted | None:
@@ -245,44 +247,35 @@ def continue_stopped(cfg: Any, job_dir: str, status: str | None, restart: int = 
 WORLDS_FILE = "world_sizes.json"
 
 
-def world_sizes(job_dir: str, world_size: int, state: dict[str, Any] | None, restart: int,
-                batch: tuple[int, int, int], write: bool) -> tuple[list[int], str | None]:
-    """The world sizes this run has trained at, in order (for ``metrics.json``), and the one
-    line that says the world changed (issue 30: a node left or joined and torch elastic
-    restarted the workers, or a requeued job got other nodes), None when it did not.
+def world_sizes(job_dir: str, world_size: int, state: dict[str, Any] | None, write: bool
+                ) -> list[int]:
+    """The world sizes this run has trained at, in order, for ``metrics.json`` (issue 30: a
+    node left or joined and torch elastic restarted the workers with another ``WORLD_SIZE``, or
+    a requeued job got other nodes).
 
     Args:
         job_dir: the job folder; the history is ``checkpoints/world_sizes.json``, written (on
             ``write``: rank 0) only once the size has changed, so a run that never changed
             size leaves no such file.
         world_size: this world's.
-        state: the checkpoint this world continues from (its ``world_size``, ``global_step``),
-            None for a fresh start.
-        restart: ``TORCHELASTIC_RESTART_COUNT``.
-        batch: (global batch, per rank, accumulated micro-batches) of this world.
+        state: the checkpoint this world continues from (its ``world_size``), None for a fresh
+            start.
     """
     from ddp_exp.io.checkpoint import checkpoint_dir
     from ddp_exp.io.files import atomic_write, read_json
 
     if state is None:
-        return [world_size], None
-    saved = int(state.get("world_size") or world_size)
+        return [world_size]
     path = os.path.join(checkpoint_dir(job_dir), WORLDS_FILE)
     history = read_json(path)
     if not (isinstance(history, list) and history and all(isinstance(n, int) for n in history)):
-        history = [saved]
+        history = [int(state.get("world_size") or world_size)]
     if history[-1] != world_size:
         history = [*history, world_size]
         if write:
             text = json.dumps(history).encode()
             atomic_write(path, lambda fh: fh.write(text))
-    if saved == world_size:
-        return history, None
-    how = f" (restart {restart})" if restart else ""
-    line = (f"world size changed from {saved} to {world_size} rank(s){how}: continuing after "
-            f"step {state.get('global_step')} with the global batch held: {batch[0]} ("
-            f"{batch[1]} per rank x {batch[2]} accumulated)")
-    return history, line
+    return history
 
 
 def reset() -> None:

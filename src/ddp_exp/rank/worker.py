@@ -48,6 +48,7 @@ from ddp_exp.rank.logs import configure_logging
 from ddp_exp.train import state as train_state
 from ddp_exp.train.loop import Trainer
 from ddp_exp.train.objective import Objective
+from ddp_exp.train.step_checkpoint import Preempted
 
 log = logging.getLogger("ddp_exp")
 
@@ -94,7 +95,9 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     """Run the loop on this rank (process group already up); rank 0 writes the outputs.
 
     Returns:
-        The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks.
+        The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks;
+        on every rank :func:`ddp_exp.rank.preemption.stopped` when the loop stopped for a
+        preemption (``trainer.preempt_signal``).
     """
     cfg = inputs.cfg
     device = device_for(inputs.device, world.local_rank)
@@ -106,13 +109,12 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
     state = checkpoint.load(source, map_location=device) if source else None
     if attempt > 0 and world.is_main:
-        log.warning("%s", restart_line(attempt, cfg["launcher"]["max_restarts"], source, state))
-    worlds, changed = preemption.world_sizes(
-        inputs.job_dir, world.world_size, state, attempt,
-        (global_batch, cfg["data"]["batch_size"], cfg["trainer"]["accumulate_grad_batches"]),
-        world.is_main)
-    if changed:  # a node left or joined (torch elastic), or a requeued job got other nodes
-        log.warning("%s", changed)
+        # torchrun's --max-restarts where torchrun started the world
+        limit = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg["launcher"]["max_restarts"]))
+        log.warning("%s", restart_line(attempt, limit, source, state))
+    # A world of another size than the checkpoint's (a node left or joined, a requeued job on
+    # other nodes) is said in one line where the run is prepared (launch.build).
+    worlds = preemption.world_sizes(inputs.job_dir, world.world_size, state, world.is_main)
     log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
              "(%d per rank x %d accumulated); %d training / %d validation samples",
              world.world_size, threads, inputs.backend, device.type, global_batch,
@@ -131,10 +133,15 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)
-        trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer)
+        trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer,
+                          preempt_requested=preemption.requested)
         if state is not None:
             train_state.load_state_dict(trainer, state, source)
-        final = trainer.fit()
+        try:
+            final = trainer.fit()
+        except Preempted:  # every rank, after the same step; rank 0 wrote the checkpoint
+            return preemption.stopped(trainer.global_step, os.path.join(
+                checkpoint.checkpoint_dir(inputs.job_dir), checkpoint.LAST))
         peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
                                            device=device))
         final.update({
