@@ -187,6 +187,80 @@ def test_on_another_torch_a_peers_failure_is_not_read_from_the_words(other_versi
     assert not is_peer_failure(error)
 
 
+class Unsafe:
+    """An object ``torch.load(weights_only=True)`` refuses."""
+
+
+def test_contract_torch_load_says_what_it_refused_and_that_a_file_is_cut(tmp_path):
+    import torch
+
+    from ddp_exp.compat import messages
+    from ddp_exp.io.files import load_failure
+
+    path = tmp_path / "a.pt"
+    torch.save({"x": Unsafe()}, path)
+    with pytest.raises(Exception) as refused:
+        torch.load(path, weights_only=True)
+    assert messages.torch_load_refused(str(refused.value)) == f"{__name__}.Unsafe"
+    assert messages.torch_load_reason(str(refused.value)).startswith("Unsupported global")
+    torch.save({"x": torch.ones(3)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(Exception) as cut:
+        torch.load(path, weights_only=True)
+    assert messages.torch_load_broken(cut.value, str(cut.value)), str(cut.value)
+    assert load_failure(cut.value) == "not a complete torch.save file: truncated or corrupt"
+
+
+def test_on_another_torch_a_file_that_does_not_load_is_named_by_its_first_sentence(
+        tmp_path, other_version):
+    import torch
+
+    from ddp_exp.io.files import load_failure
+
+    path = tmp_path / "a.pt"
+    torch.save({"x": Unsafe()}, path)
+    with pytest.raises(Exception) as refused:
+        torch.load(path, weights_only=True)
+    assert load_failure(refused.value).startswith("it holds a Python object (")
+    other_version("torch")
+    assert load_failure(refused.value) == "UnpicklingError: Weights only load failed"
+
+
+DDP_IMPORTS = textwrap.dedent("""
+    import sys
+    import torch, torch.distributed as dist
+    from ddp_exp.compat.preload import MODULES
+    before = [m for m in MODULES if m in sys.modules]
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    print(before, [m for m in MODULES if m in sys.modules])
+    dist.destroy_process_group()
+""")
+
+
+def test_contract_ddp_imports_what_the_launcher_preloads(tmp_path):
+    """The launcher's preload (ddp_exp.compat.preload) is what a rank's first DDP(model)
+    imports anyway: torch._dynamo."""
+    proc = subprocess.run([sys.executable, "-c", DDP_IMPORTS, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "[] ['torch._dynamo']", proc.stdout
+
+
+def test_on_another_torch_nothing_is_preloaded(other_version, monkeypatch):
+    import importlib
+
+    from ddp_exp.compat import preload
+
+    imported = []
+    monkeypatch.setattr(importlib, "import_module", imported.append)
+    preload.preload_for_forked_ranks()
+    assert imported == ["torch._dynamo"]
+    other_version("torch")
+    preload.preload_for_forked_ranks()
+    assert imported == ["torch._dynamo"]
+
+
 # ------------------------------------------------------------------ Hydra's and OmegaConf's words
 @pytest.mark.parametrize("override,group", [("+data=synthetic", "data"),
                                             ("+hydra/launcher=basic", "hydra/launcher")])

@@ -11,6 +11,9 @@ What each buys (issue 27 item 3), by the reader:
   of a traceback.
 * torch 2.13 (:func:`peer_went_away`): a rank that failed because a peer went away is reported as
   the knock-on effect, not as the failure (a wrong result: the launcher named the wrong rank).
+* torch 2.13's ``torch.load`` (:func:`torch_load_refused`, :func:`torch_load_reason`,
+  :func:`torch_load_broken`): a checkpoint or data file that does not load is one line naming
+  what it holds, instead of torch's eight.
 * torch 2.13's agent log (:func:`agent_rank_failure`, :func:`agent_closing_process`): a failed
   rank's traceback is shown once, not twice, the restarted world names the rank that failed, and
   a Ctrl-C ends with one line rather than one "Closing process" line per rank.
@@ -49,6 +52,14 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 # code and the local rank) and of each rank it stops ("Closing process %s via signal %s"; and
 # torch.multiprocessing's "Terminating process %s via signal SIGTERM").
 RANK_FAILED = "failed (exitcode"
+# torch 2.13's torch.load(weights_only=True): an object it refuses ("... WeightsUnpickler error:
+# Unsupported global: GLOBAL mod.Class was not an allowed global ..."), and a file that is not a
+# whole zip archive ("PytorchStreamReader failed reading zip archive: failed finding central
+# directory").
+REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]+)")
+BROKEN_ARCHIVE = "zip archive"
+STOCK_LOAD = "a file that does not load is named with torch's error's first sentence"
 CLOSING = ("Closing process", "Terminating process")
 
 
@@ -123,3 +134,34 @@ def agent_closing_process(message: str) -> bool:
     return str(message).startswith(CLOSING) and written_for(
         "torch", "the elastic agent's 'Closing process' record",
         "each rank stopped is logged (Closing process <pid> via signal SIGTERM)")
+
+
+def torch_load_refused(text: str) -> str | None:
+    """The global (``mod.Class``) that ``torch.load(weights_only=True)`` refused, from its
+    error's ``text``; None for any other error, or on a torch other than 2.13."""
+    match = REFUSED_GLOBAL.search(text)
+    if match is None or not written_for("torch", "torch.load's 'Unsupported global' wording",
+                                        STOCK_LOAD):
+        return None
+    return match.group(1)
+
+
+def torch_load_reason(text: str) -> str | None:
+    """The reason ``torch.load(weights_only=True)``'s unpickler gives (the line after
+    "WeightsUnpickler error: "); None where the text has none, or on a torch other than 2.13."""
+    match = UNPICKLER_REASON.search(text)
+    if match is None or not written_for("torch", "torch.load's 'WeightsUnpickler error' wording",
+                                        STOCK_LOAD):
+        return None
+    return match.group(1)
+
+
+def torch_load_broken(exc: BaseException, text: str) -> bool:
+    """True when ``torch.load``'s error ``exc`` (its text ``text``) says the file is no whole
+    zip archive, or is a ``pickle.UnpicklingError`` (a legacy pickle that makes no sense: on
+    torch 2.13 an object refused is one too, which :func:`torch_load_refused` names first);
+    False otherwise, or on a torch other than 2.13."""
+    import pickle
+
+    return (BROKEN_ARCHIVE in text or isinstance(exc, pickle.UnpicklingError)) and written_for(
+        "torch", "torch.load's 'zip archive' wording", STOCK_LOAD)

@@ -8,13 +8,14 @@ import errno
 import glob
 import json
 import os
-import pickle
 import re
 import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
+
+from ddp_exp.compat import messages
 
 
 def _umask() -> int:
@@ -215,17 +216,15 @@ def load_failure(exc: BaseException) -> str:
     complete ``torch.save`` file (truncated or corrupt: a zip archive without its directory, a
     read past the end, a legacy pickle that makes no sense), or the error's first sentence."""
     text = _TERMINAL_CODES.sub("", str(exc))
-    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    refused = messages.torch_load_refused(text)
     if refused:
-        return (f"it holds a Python object ({refused.group(1)}) that is not a tensor or a plain "
+        return (f"it holds a Python object ({refused}) that is not a tensor or a plain "
                 "container; files are loaded with weights_only=True, so that loading one runs "
                 "no code")
-    unpickler = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
-    first = (unpickler.group(1) if unpickler else
+    first = (messages.torch_load_reason(text) or
              next((ln.strip() for ln in text.splitlines() if ln.strip()), "no detail"))
     first = first.split(". ")[0][:200]
-    broken = ("zip archive" in text
-              or isinstance(exc, (EOFError, pickle.UnpicklingError, KeyError))
+    broken = (messages.torch_load_broken(exc, text) or isinstance(exc, (EOFError, KeyError))
               or (isinstance(exc, OSError) and exc.errno == errno.EINVAL))
     if broken:  # the reader's own words (EINVAL, "zip archive") say nothing more to a user
         return "not a complete torch.save file: truncated or corrupt"

@@ -158,10 +158,13 @@ def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:
 
 def _preload_for_ranks() -> None:
     """Import, once and here, what every rank would import at its first ``DDP(model)``
-    (torch._dynamo, ~1 s) and in rank 0's writer; forked ranks inherit the modules. Imports
-    before a fork are safe; torch compute is not."""
-    import torch._dynamo  # noqa: F401
+    (torch._dynamo, :mod:`ddp_exp.compat.preload`) and in rank 0's writer; forked ranks
+    inherit the modules. Imports before a fork are safe; torch compute is not."""
     import torch.utils.tensorboard  # noqa: F401
+
+    from ddp_exp.compat.preload import preload_for_forked_ranks
+
+    preload_for_forked_ranks()
 
 
 class _AgentLogFilter(logging.Filter):
@@ -242,7 +245,6 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     with tempfile.TemporaryDirectory(prefix="ddp_exp-launch-") as agent_dir:
         failures = _AgentLogFilter(os.path.join(agent_dir, "failures.json"), first_rank)
         env[FAILURES_ENV] = failures.failures_file
-        env.update(preemption.torch_signals_env(held.signum if held is not None else None))
         config = LaunchConfig(
             min_nodes=la.nnodes, max_nodes=la.nnodes, nproc_per_node=nproc,
             run_id=la.rdzv_id or _default_run_id(la.rdzv_backend), role="ddp_exp",
@@ -251,6 +253,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
             # The agent checks its ranks every launcher.monitor_interval_s.
             max_restarts=la.max_restarts, monitor_interval=la.monitor_interval_s,
             start_method=la.start_method, logs_specs=DefaultLogsSpecs(log_dir=agent_dir),
+            # A preemption signal among torch's (TERM) is held by ddp_exp instead.
+            signals_to_handle=preemption.torch_signals(held.signum if held else None),
             # On loopback, ranks reach the store at a numeric address (MASTER_ADDR=127.0.0.1).
             local_addr="127.0.0.1" if on_loopback else None,
         )
