@@ -9,6 +9,8 @@ file, never for a time)."""
 from __future__ import annotations
 
 import json
+import os
+import queue
 import subprocess
 import sys
 import uuid
@@ -140,3 +142,109 @@ def test_a_sampler_starts_at_the_position_without_replaying_the_epoch():
     tokens = window_sampler(50, 2, 1, True, 0)
     tokens.set_epoch(1)
     assert shard_order(tokens, 5)[0:len(shard_order(tokens, 5))].tolist() == list(tokens)[5:]
+
+
+# ------------------------------------------- the cadence and preemption, one rank in-process
+def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
+    """A world of one in a spawned process: (1) an uninterrupted fit; (2) the same run told of
+    a preemption at its 7th step, which must stop with a step checkpoint at the check that
+    carries the flag; (3) a fresh loop resumed from it, fitted to the end; (4) a run whose
+    minutes cadence is always due. Puts the results on ``out``."""
+    from ddp_exp.data import build_datasets, load_digits
+    from ddp_exp.distributed.process_group import (
+        World,
+        destroy_process_group,
+        init_process_group,
+    )
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train import state as train_state
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
+    from ddp_exp.train.step_checkpoint import Preempted
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    world = World.from_env()
+    init_process_group("gloo", world, 60)
+    datasets = build_datasets(load_digits(), 297, 0, 1)
+
+    def trainer(run: str, conf: dict, preempt=None) -> Trainer:
+        torch.manual_seed(0)
+        model = MLP((1, 8, 8), 10, [128])
+        return Trainer(conf, world, datasets, model, Objective(10), torch.device("cpu"),
+                       MetricsWriter(os.path.join(job_dir, run), {}, enabled=False), preempt)
+
+    def weights(t: Trainer) -> dict:
+        return {k: v.clone() for k, v in t.model.state_dict().items()}
+
+    try:
+        results = {}
+        reference = trainer("reference", cfg)
+        reference.fit()
+        results["reference"] = weights(reference)
+        told = trainer("run", cfg)
+        told.cadence.preempt_requested = lambda: told.global_step >= 7
+        try:
+            told.fit()
+            results["preempted"] = None
+        except Preempted as exc:
+            results["preempted"] = (str(exc), told.global_step)
+        state = torch.load(os.path.join(job_dir, "run", "checkpoints", "last.pt"),
+                           weights_only=True)
+        results["checkpoint"] = (state["global_step"], state["position"], state["epoch"])
+        resumed = trainer("run", cfg)
+        train_state.load_state_dict(resumed, state, "last.pt")
+        resumed.fit()
+        results["resumed"] = weights(resumed)
+        minutes = {**cfg, "trainer": {**cfg["trainer"], "epochs": 1,
+                                      "checkpoint_every_n_minutes": 1e-9}}
+        clock = trainer("clock", minutes)
+        steps = []
+        save = train_state.save_step_checkpoint
+        train_state.save_step_checkpoint = lambda loop: (steps.append(loop.global_step),
+                                                         save(loop))
+        clock.fit()
+        results["clock_steps"] = steps
+        out.put(results)
+    finally:
+        destroy_process_group()
+
+
+def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path, compose):
+    """One rank, digits at batch 32 (47 steps an epoch), a check every 5 steps: told of a
+    preemption from step 7 on, the loop learns it at the check of step 15 (the flag rides in
+    the all-reduce started at step 10, finished at 15), writes a step checkpoint there
+    (position 15 x 32 samples) and raises Preempted; a loop resumed from it ends with the
+    uninterrupted run's weights. A minutes cadence that is always due checkpoints at step 10
+    (the check started at 5 carries the first flag), then every other check: the check started
+    at a checkpoint's step is finished by it, so its flag (raised before that checkpoint) is no
+    decision; never at the epoch's last step (the epoch's own checkpoint is that)."""
+    import multiprocessing as mp
+
+    from helpers import free_port
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose("world_size=1", "trainer.epochs=2",
+                                         "trainer.log_every_n_steps=5", "trainer.progress=off",
+                                         "trainer.perf_metrics=false"), resolve=True,
+                               enum_to_str=True)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_one_rank, args=(cfg, str(tmp_path), free_port(), out))
+    proc.start()
+    for _ in range(240):
+        try:
+            results = out.get(timeout=1)
+            break
+        except queue.Empty:
+            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert results["preempted"] is not None and results["preempted"][1] == 15, results
+    assert results["checkpoint"] == (15, 15 * 32, -1)
+    for name, value in results["reference"].items():
+        torch.testing.assert_close(results["resumed"][name], value, rtol=0, atol=1e-6,
+                                   msg=name)
+    assert results["clock_steps"] == [10, 20, 30, 40], results["clock_steps"]
