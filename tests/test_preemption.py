@@ -171,12 +171,10 @@ def test_launcher_passes_the_signal_to_its_ranks_and_restores_the_handler(tmp_pa
                 rank.wait()
 
 
-def test_torch_agent_leaves_a_preempt_signal_it_would_handle(monkeypatch):
-    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
-    assert preemption.torch_signals_env(signal.SIGUSR1) == {}
-    assert preemption.torch_signals_env(None) == {}
-    assert preemption.torch_signals_env(signal.SIGTERM) == {
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGINT,SIGHUP,SIGQUIT"}
+def test_torch_agent_leaves_a_preempt_signal_it_would_handle():
+    assert preemption.torch_signals(signal.SIGUSR1) == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    assert preemption.torch_signals(None) == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    assert preemption.torch_signals(signal.SIGTERM) == "SIGINT,SIGHUP,SIGQUIT"
 
 
 def test_a_stopped_rank_makes_the_job_preempted():

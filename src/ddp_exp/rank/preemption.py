@@ -216,16 +216,16 @@ def forwarded(signum: int | None, rank_pids: Callable[[], Iterable[int]]
                       else signal.SIG_DFL)
 
 
-def torch_signals_env(signum: int | None) -> dict[str, str]:
-    """``TORCHELASTIC_SIGNALS_TO_HANDLE`` for the launch: torch's agent sets its own handler
-    (stop the ranks) for TERM, INT, HUP and QUIT at every start of the ranks; a preemption
-    signal among them is left to :func:`forwarded`. Empty when nothing changes."""
-    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-    current = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ",".join(names))
-    if signum is None or signal.Signals(signum).name not in current:
-        return {}
-    kept = [n.strip() for n in current.split(",") if n.strip() != signal.Signals(signum).name]
-    return {"TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(kept)}
+TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def torch_signals(signum: int | None) -> str:
+    """``LaunchConfig.signals_to_handle`` for the launch: torch's agent sets its own handler
+    (stop the ranks: interrupted) for TERM, INT, HUP and QUIT at every start of the ranks; a
+    preemption signal among them (``trainer.preempt_signal=TERM``) is left to
+    :func:`forwarded`."""
+    name = signal.Signals(signum).name if signum is not None else None
+    return ",".join(n for n in TORCH_SIGNALS if n != name)
 
 
 def continue_stopped(cfg: Any, job_dir: str, status: str | None, restart: int = 0) -> bool:
