@@ -61,7 +61,8 @@ def _read_result(v: Variant, workdir: str, row: dict) -> None:
                    train_s=m.get("time/train_s"), wall_s_inside=m.get("time/total_s"),
                    threads_per_rank=m.get("threads_per_rank"),
                    train_loss=m.get("train/loss"), val_loss=m.get("val/loss"),
-                   val_accuracy=m.get("val/accuracy"))
+                   val_accuracy=m.get("val/accuracy"),
+                   model_flops_per_sec=m.get("perf/model_flops_per_sec"))
     else:
         with open(os.path.join(workdir, "result.json")) as fh:
             r = json.load(fh)
@@ -69,18 +70,23 @@ def _read_result(v: Variant, workdir: str, row: dict) -> None:
                    wall_s_inside=r.get("wall_s"), threads_per_rank=r.get("threads_per_rank"),
                    peak_rss_mib_self_reported=r.get("peak_rss_mib_per_rank"),
                    train_loss=r.get("train_loss"), val_loss=r.get("val_loss"),
-                   val_accuracy=r.get("val_accuracy"))
+                   val_accuracy=r.get("val_accuracy"),
+                   model_flops_per_sec=r.get("model_flops_per_sec"))
 
 
 def run_groups(groups: dict[str, list[Variant]], repeats: int, timeout_s: float,
-               keep: str | None, log=print) -> tuple[list[dict], dict]:
+               keep: str | None, log=print, repeats_of: dict[str, int] | None = None
+               ) -> tuple[list[dict], dict]:
+    """Every group's variants interleaved, ``repeats`` times (``repeats_of``: a group's own
+    count instead); returns the rows and the load averages per group."""
     rows: list[dict] = []
     info: dict = {"load": {}}
     for name, variants in groups.items():
+        reps = (repeats_of or {}).get(name, repeats)
         info["load"][name] = [round(x, 2) for x in os.getloadavg()]
-        log(f"== {name}: {len(variants)} variants x {repeats} repeat(s), interleaved "
+        log(f"== {name}: {len(variants)} variants x {reps} repeat(s), interleaved "
             f"(load average {info['load'][name][0]:.2f})")
-        for rep in range(repeats):
+        for rep in range(reps):
             for v in variants:
                 if v.skipped:
                     continue

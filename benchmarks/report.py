@@ -2,7 +2,8 @@
 PASS/MISS, one table per group, how each figure is measured, the hand-written analysis of the
 misses from ``benchmarks/analysis.md``).
 
-May use: ``common``, ``variants``, ``targets``, ``scaling`` (its table). Used by ``run``.
+May use: ``common``, ``variants``, ``targets``, ``scaling`` and ``lm_group`` (their tables).
+Used by ``run``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import platform
 import statistics
 
 import common
+import lm_group
 import scaling
 from targets import Target, extra_ratios, same_training, stat, threads_check
 from variants import IMPL_LABELS, Variant
@@ -23,7 +25,7 @@ CSV_FIELDS = ["group", "variant", "impl", "workload", "world_size", "batch_size"
               "repeat", "rc", "status", "samples_per_sec", "train_s", "wall_s",
               "wall_s_inside", "peak_rss_mib_per_rank", "peak_rss_mib_self_reported",
               "world_pss_mib", "ranks_seen", "threads_per_rank", "train_loss", "val_loss",
-              "val_accuracy", "loadavg_1m", "other_cpu_cores", "note"]
+              "val_accuracy", "model_flops_per_sec", "loadavg_1m", "other_cpu_cores", "note"]
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -99,7 +101,7 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "table only where that column is near 0.", ""]
     if info.get("data_check"):
         md += [f"Data: {info['data_check']}", ""]
-    md += ["## Targets (issues 5, 11, 13 and C17)", "",
+    md += ["## Targets (issues 5, 11, 13, 29 and C17)", "",
            "Ratios of medians. `MISS by x%`: the ratio is x% short of (or over) the bound.", "",
            "| target | what | ratio | bound | result |", "|---|---|---|---|---|"]
     for t in targets:
@@ -134,9 +136,11 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
                               "DataLoader workers per rank, model=cnn, 32 per rank)"}
     titles["scaling"] = "Scaling: how cost grows with the work (issue 13 point 3)"
     titles["memory"] = "Memory: the data's copies by world size (issue 13 point 3)"
+    titles["lm"] = "Issue 29: a language model, ddp_exp against a nanoGPT-style loop"
     for name, variants in groups.items():
         md += ["", f"## {titles.get(name, name)}", ""]
-        tables = {"scaling": scaling.table, "memory": scaling.memory_table}
+        tables = {"scaling": scaling.table, "memory": scaling.memory_table,
+                  "lm": lm_group.table}
         md += tables.get(name, group_table)(rows, variants)
     md += ["", "## How each figure is measured", "",
            "- **train samples/s**: training loop only, all ranks together. ddp_exp: "
@@ -174,6 +178,15 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "and the same initial CNN weights (seed 0). Both include the start of the loader's "
            "workers (first epoch) in the loop time.",
            "- Per-run data: `benchmarks/results.csv`."]
+    if lm_group.GROUP in groups:
+        md.insert(len(md) - 1, "- **train tokens/s** (group lm): ddp_exp's "
+                  "`train/tokens_per_sec` of `metrics.json` (its samples/s: a window's every "
+                  "token is a sample); the nanoGPT-style loop times rank 0's loop from before "
+                  "its first batch to a barrier after its last step, the tokens of all ranks. "
+                  "**model FLOP/s**: tokens/s x `GPT.flops_per_token()` (6N + 12 L d T, PaLM "
+                  "appendix B; ddp_exp's `perf/model_flops_per_sec`). The ratio is of the "
+                  "medians; the spread is that of the per-pair ratios (each repeat runs ddp_exp "
+                  "then the loop).")
     if "scaling" in groups:
         md.insert(len(md) - 1, "- **world PSS** (group scaling): every second while a run is "
                   "alive the runner sums `Pss` from `/proc/<pid>/smaps_rollup` over the started "

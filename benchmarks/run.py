@@ -32,6 +32,11 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
   data's size. Not in the default set: its 5 repeats take ~20 minutes on a quiet machine,
   most of it the 100x rows (10 epochs of 409,088 samples), which would make ``make bench``
   (~30 minutes) about 1.6 times as long.
+* ``lm`` (issue 29, ``benchmarks/lm_group.py``): ``experiment=gpt_tokens`` (``model=gpt`` on the
+  built-in corpus as a uint16 ``.bin``) against the nanoGPT-style loop
+  ``benchmarks/nanogpt_loop.py`` (same model class, shapes, batch, optimizer, threads), tokens/s
+  and model FLOP/s, world_size 1 and 2, at least 10 interleaved pairs (``--quick``:
+  ``--repeats``): ``python benchmarks/run.py --only lm``;
 * ``memory`` (``benchmarks/scaling.py``; only with ``--only``): world_size 1, 2 and 4 on the
   synthetic data at 1x (100 epochs) and 100x (1 epoch): the data's copies per world size (~3
   minutes per repeat).
@@ -61,6 +66,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import lm_group  # noqa: E402
 import scaling  # noqa: E402
 from measure import check_data, image_folder, run_groups, warm_up  # noqa: E402
 from report import write_csv, write_markdown  # noqa: E402
@@ -89,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
-                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder "
-                        "(the default set); scaling and memory only when named")
+                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder,"
+                        "lm (the default set); scaling and memory only when named")
     p.add_argument("--impls", default=None,
                    help="comma-separated variants to keep in the chosen groups, by key suffix: "
                         "e.g. 'defaults/ddp_exp,tight' (default: all)")
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = build_variants(args.quick)
     groups["scaling"] = scaling.variants(args.quick)
     groups["memory"] = scaling.memory_variants(args.quick)
+    groups["lm"] = lm_group.variants(args.quick)
     if args.only:
         wanted = args.only.split(",")
         unknown = set(wanted) - set(groups)
@@ -122,19 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     if load > 1.0:
         print(f"warning: load average {load:.2f} on {common.cores()} cores: other work is "
               "running, the figures will be noisy", flush=True)
-    images = image_folder(groups)
+    images, corpus = image_folder(groups), lm_group.prepare(groups)
     try:
         info = {"data_check": check_data(groups)}
         print(info["data_check"], flush=True)
         warm_up(args.timeout)
         t0 = time.time()
+        pairs = args.repeats if args.quick else max(args.repeats, lm_group.PAIRS)
         rows, more = run_groups(groups, args.repeats, args.timeout, args.keep_outputs,
-                                log=lambda s: print(s, flush=True))
+                                log=lambda s: print(s, flush=True),
+                                repeats_of={lm_group.GROUP: pairs})
     finally:
-        if images:
-            shutil.rmtree(images, ignore_errors=True)
+        for folder in (images, corpus):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
     info.update(more)
-    targets = build_targets(groups)
+    targets = build_targets(groups) + lm_group.targets(groups)
     for t in targets:
         t.evaluate(rows)
     write_csv(rows, args.csv)
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {t.name:<4} {t.what:<62} {ratio:>7} ({t.op} {t.bound:g}) {t.verdict}")
     for line in threads_check(rows):
         print(f"  C17  {line}")
+    if lm_group.GROUP in groups:
+        for ws in lm_group.WORLD_SIZES:
+            print(f"  I29  {lm_group.ratio_line(rows, ws)}")
     failed = [r for r in rows if r["status"] in ("failed", "timeout")]
     if failed:
         print(f"{len(failed)} run(s) failed: see the note column of {args.csv}")

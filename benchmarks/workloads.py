@@ -17,6 +17,9 @@ Workloads:
   workers per rank; 297 files held out by seed 0 as ddp_exp holds them out
   (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 5
   epochs.
+* ``lm`` (issue 29, the runner's ``lm`` group): ``experiment=gpt_tokens``'s GPT (2 layers, width
+  128, 4 heads, context 128) on the built-in corpus written as a uint16 ``.bin``, 16 windows per
+  rank, 60 steps, AdamW lr 0.003 with 10 warmup steps, clipping 1.0.
 * ``synthetic`` (issue 13 point 3, the runner's ``scaling`` group; ddp_exp only, no script reads
   it): ddp_exp's ``data=synthetic`` defaults (4,096 samples of 32 features, 512 held out,
   regression) and ``model=mlp`` (one hidden layer of 128), 32 per rank, 10 epochs, SGD lr 0.002
@@ -44,6 +47,10 @@ WORKLOADS = {
                      "val_size": 297, "num_workers": 2},
     "synthetic": {"hidden": [128], "batch_size": 32, "epochs": 10, "val_size": 512,
                   "num_samples": 4096, "num_features": 32, "lr": 0.002, "ddp_exp_only": True},
+    # issue 29 (``lm_group.py``, ``nanogpt_loop.py``): experiment=gpt_tokens's shapes and settings
+    "lm": {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 128, "vocab_size": 256,
+           "batch_size": 16, "steps": 60, "limit_val_batches": 4, "lr": 0.003,
+           "weight_decay": 0.1, "warmup_steps": 10, "min_lr": 0.0003, "grad_clip": 1.0},
 }
 
 
@@ -69,6 +76,12 @@ def _synthetic(num_samples: int, num_features: int, num_classes: int, noise_std:
     scores = x @ teacher + noise_std * rng.standard_normal((num_samples, num_classes),
                                                            dtype=np.float32)
     return x, scores.argmax(axis=1).astype(np.int64), num_classes
+
+
+def lm_warmup_steps(steps: int) -> int:
+    """The ``lm`` workload's warmup steps for a run of ``steps`` (fewer in a short smoke run:
+    ddp_exp refuses a warmup that does not end before the last step)."""
+    return min(WORKLOADS["lm"]["warmup_steps"], steps // 2)
 
 
 def spec(name: str, num_train: int | None = None) -> dict:
@@ -157,6 +170,11 @@ def check_against_ddp_exp(name: str, num_train: int | None = None,
     ``image_folder``: :func:`check_image_folder` on the folder ``data_path``)."""
     from ddp_exp import data
 
+    if name == "lm":
+        import lm_group
+
+        lm_group.check_corpus(str(data_path))
+        return
     if name == "image_folder":
         check_image_folder(str(data_path))
         return
