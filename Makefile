@@ -65,8 +65,9 @@ bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP and Lightning: doc
 	  || echo "lightning did not install: its baseline is skipped"; fi
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
-lint: install
+lint: install  ## ruff, and the layering of src/ddp_exp's packages (tests/test_layers.py)
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -q tests/test_layers.py
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache build dist src/*.egg-info
