@@ -28,8 +28,8 @@ from ddp_exp.config.errors import ConfigError
 from ddp_exp.launch import cluster
 from ddp_exp.rank import preemption
 
-# Sends SIGUSR1 to the launcher (rank 0's parent) before rank 0's step $DDP_EXP_TEST_PREEMPT_AT,
-# noting the time in $DDP_EXP_TEST_MARKER.
+# Sends $DDP_EXP_TEST_PREEMPT_SIGNAL (SIGUSR1) to the launcher (rank 0's parent) before rank 0's
+# step $DDP_EXP_TEST_PREEMPT_AT, noting the time in $DDP_EXP_TEST_MARKER.
 SITE = """
 import os
 _at = int(os.environ.get("DDP_EXP_TEST_PREEMPT_AT", "0"))
@@ -45,7 +45,8 @@ if _at:
         if _seen[0] == _at:
             with open(os.environ["DDP_EXP_TEST_MARKER"], "w") as fh:
                 fh.write(str(time.time()))
-            os.kill(os.getppid(), signal.SIGUSR1)
+            name = os.environ.get("DDP_EXP_TEST_PREEMPT_SIGNAL", "SIGUSR1")
+            os.kill(os.getppid(), getattr(signal, name))
 
     register_optimizer_step_pre_hook(_hook)
 """
@@ -294,3 +295,21 @@ def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
     acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_sigterm_as_the_preempt_signal_is_not_an_interrupt(tmp_path, run_cli):
+    """trainer.preempt_signal=TERM (a SLURM preemption's SIGTERM before its SIGKILL): the run
+    stops at a shared step with a checkpoint, status ``preempted``, exit 75. torch's agent, which
+    takes SIGTERM for itself by default (stop every rank: interrupted, exit 143), leaves it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    run = run_cli(*RUN, "trainer.preempt_signal=TERM", env={
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "DDP_EXP_TEST_PREEMPT_AT": str(SIGNAL_AT), "DDP_EXP_TEST_PREEMPT_SIGNAL": "SIGTERM",
+        "DDP_EXP_TEST_MARKER": str(tmp_path / "signalled")})
+    assert run.returncode == preemption.EXIT_PREEMPTED, f"{run.stdout}\n{run.stderr}"
+    assert "preempted by SIGTERM after step" in run.stderr
+    assert json.loads((run.job_dir / "status.json").read_text())["status"] == "preempted"
+    state = torch.load(run.job_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert SIGNAL_AT <= state["global_step"] <= SIGNAL_AT + 2 * LOG_EVERY, state["global_step"]
