@@ -261,6 +261,48 @@ def test_on_another_torch_nothing_is_preloaded(other_version, monkeypatch):
     assert imported == ["torch._dynamo"]
 
 
+def test_contract_foreach_norm_and_the_compiled_modules_original():
+    import torch
+
+    from ddp_exp.compat.tensors import compiled_original, tensor_norms
+
+    grads = [torch.randn(64, 32), torch.randn(32), torch.randn(10, 64)]
+    fused = torch._foreach_norm(grads)
+    assert [float(n) for n in fused] == [float(torch.linalg.vector_norm(g)) for g in grads]
+    assert [float(n) for n in tensor_norms(grads)] == [float(n) for n in fused]
+    net = torch.nn.Linear(2, 2)
+    compiled = torch.compile(net)
+    assert compiled._orig_mod is net and compiled_original(compiled) is net
+    assert compiled_original(net) is net
+
+
+def test_on_another_torch_the_public_paths_are_taken(other_version):
+    import torch
+
+    from ddp_exp.compat.tensors import compiled_original, tensor_norms
+    from ddp_exp.data import batches
+    from ddp_exp.train.optimizer import grad_norm
+
+    class NoMask(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    compiled = torch.compile(NoMask())
+    batches._MASK_TAKERS.clear()
+    assert not batches._takes_mask(compiled)  # its forward takes no attention_mask
+    params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    fused = grad_norm(params)
+    other_version("torch")
+    batches._MASK_TAKERS.clear()
+    assert compiled_original(compiled) is compiled
+    assert batches._takes_mask(compiled)  # the wrapper's (*args, **kwargs)
+    batches._MASK_TAKERS.clear()
+    assert torch.equal(grad_norm(params), fused)
+    assert len(tensor_norms([p.grad for p in params])) == 2
+
+
 # ------------------------------------------------------------------ Hydra's and OmegaConf's words
 @pytest.mark.parametrize("override,group", [("+data=synthetic", "data"),
                                             ("+hydra/launcher=basic", "hydra/launcher")])

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ddp_exp.compat.tensors import compiled_original
+
 
 def call_model(model: Callable[..., Any], x: Any) -> Any:
     """``model(x)`` for a tensor, ``model(*x)`` for a tuple, ``model(**x)`` for a mapping, and
@@ -50,7 +52,7 @@ def _takes_mask(model: Any) -> bool:
     inner = model
     while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
         inner = inner.module
-    inner = getattr(inner, "_orig_mod", inner)
+    inner = compiled_original(inner)  # a model its _target_ returned compiled
     kind = type(inner)
     if kind not in _MASK_TAKERS:
         try:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ddp_exp.compat.tensors import tensor_norms
 from ddp_exp.config.checks import OPTIM_OWN_KEYS, effective_lr
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.targets import instantiate_node
@@ -41,19 +42,14 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
     """The global L2 norm of the parameters' gradients (a scalar tensor on their device, no
     host sync), as ``torch.nn.utils.clip_grad_norm_`` computes it (the norm of the per-tensor
-    norms, ``_foreach_norm`` where the gradients share a device and dtype); None if none has a
+    norms, :func:`ddp_exp.compat.tensors.tensor_norms`); None if none has a
     gradient. Called after DDP's all-reduce, it is the same on every rank. Not
     ``torch.nn.utils.get_total_norm``: its grouping costs ~130 us of host time a call on a
     small model, ~20 % of a digits step (issue 13); the value is the same."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    first = grads[0]
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
-        norms = torch._foreach_norm(grads)
-    else:
-        norms = [torch.linalg.vector_norm(g).to(first.device) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms))
+    return torch.linalg.vector_norm(torch.stack(tensor_norms(grads)))  # ddp_exp.compat
 
 
 def build_optimizer(cfg: dict[str, Any], params: Iterable[torch.nn.Parameter]
