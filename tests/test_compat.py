@@ -348,7 +348,7 @@ def test_on_another_hydra_or_omegaconf_their_own_report_stays(compose, other_ver
     """The entry point's one-line readers give None: its caller prints Hydra's report."""
     from hydra.errors import HydraException, MissingConfigException
 
-    from ddp_exp.cli.main import _one_line, _plus_on_a_default, _unknown_option_line
+    from ddp_exp.cli.errors import _one_line, _plus_on_a_default, _unknown_option_line
     from ddp_exp.compat import messages
     from ddp_exp.config.compose import null_group_line
 
@@ -417,7 +417,7 @@ def test_contract_submitits_local_job_table_and_node_list_parser():
 def test_contract_submitit_says_so_when_there_is_no_srun(tmp_path, monkeypatch):
     import submitit
 
-    from ddp_exp.cli.main import _no_slurm_here
+    from ddp_exp.cli.errors import _no_slurm_here
     from ddp_exp.compat import messages
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
@@ -475,7 +475,7 @@ ANOTHER_PYTHON = textwrap.dedent("""
     from ddp_exp.compat import versions
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
     versions.installed = lambda dist: None if dist == "python" else "9.9.9"
-    from ddp_exp.cli.main import exit_now
+    from ddp_exp.cli.signals import exit_now
     exit_now(3)  # returns: Python's own exit follows
     print("returned", flush=True)
 """)

@@ -392,10 +392,10 @@ def test_bad_input_is_refused_before_ranks_naming_the_key(compose, tmp_path, ove
 
 def test_a_value_of_the_wrong_type_is_refused_at_composition_naming_the_key(compose):
     """``world_size=two`` never reaches validate: Hydra's composition refuses it, and the entry
-    point turns that into one line naming the key (``ddp_exp.cli.main._one_line``)."""
+    point turns that into one line naming the key (``ddp_exp.cli.errors._one_line``)."""
     from hydra.errors import HydraException
 
-    from ddp_exp.cli.main import _one_line as entry_line
+    from ddp_exp.cli.errors import _one_line as entry_line
 
     with pytest.raises(HydraException) as info:
         compose("world_size=2", "trainer.epochs=1", "world_size=two")
@@ -437,7 +437,7 @@ def test_an_unknown_option_asked_for_by_a_config_names_that_config():
     who asked; with an install hint when a missing plugin would have it."""
     from hydra.errors import MissingConfigException
 
-    from ddp_exp.cli.main import _unknown_option_line
+    from ddp_exp.cli.errors import _unknown_option_line
 
     exc = MissingConfigException("In 'launcher/slurm': Could not find "
                                  "'hydra/launcher/submitit_slurm'\n\nAvailable options ...",

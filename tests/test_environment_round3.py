@@ -126,14 +126,14 @@ def test_a_torchrun_ranks_wait_names_distributed_timeout_s(monkeypatch, compose)
     ``launcher.rdzv_timeout_s`` / ``launcher.rdzv_endpoint``, which bound nothing there."""
     from torch.distributed import DistStoreError
 
-    from ddp_exp.cli.main import _rendezvous_line
+    from ddp_exp.cli.errors import rendezvous_line
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500"),
                        ("TORCHELASTIC_RUN_ID", "abc")):
         monkeypatch.setenv(key, value)
-    line = _rendezvous_line(DistStoreError("Timed out after 601 seconds waiting for clients"),
-                            compose("distributed.timeout_s=30"))
+    line = rendezvous_line(DistStoreError("Timed out after 601 seconds waiting for clients"),
+                           compose("distributed.timeout_s=30"))
     assert "within distributed.timeout_s=30 s" in line and "127.0.0.1:29500" in line, line
     assert "launcher." not in line and "\n" not in line, line
 

@@ -306,7 +306,7 @@ def test_a_new_model_key_without_plus_on_a_packaged_option_says_add_the_plus(com
     without the +) listed model=mlp's valid keys only, as if width could not be given."""
     import hydra
 
-    from ddp_exp.cli.main import _one_line
+    from ddp_exp.cli.errors import _one_line
 
     for override, key in (("model.width=8", "model.width"), ("optim.amsgrad=true",
                                                              "optim.amsgrad")):
@@ -322,7 +322,7 @@ def test_deleting_a_packaged_options_key_says_there_is_no_need(compose):
     "MLPConfig (DictConfig) does not support deletion" and no way on."""
     import hydra
 
-    from ddp_exp.cli.main import _one_line
+    from ddp_exp.cli.errors import _one_line
 
     with pytest.raises(hydra.errors.ConfigCompositionException) as info:
         compose("~model.hidden_sizes", "model._target_=mymodel.TinyNet")

@@ -87,7 +87,7 @@ def test_a_plus_on_a_group_with_a_default_says_drop_the_plus(compose, override):
     a defaults-list edit, with no word of the command-line fix."""
     from hydra.errors import HydraException
 
-    from ddp_exp.cli.main import _plus_on_a_default
+    from ddp_exp.cli.errors import _plus_on_a_default
 
     with pytest.raises(HydraException) as info:
         compose("world_size=1", override)
@@ -104,7 +104,7 @@ def test_the_drop_the_plus_hint_only_for_the_users_plus(compose):
     """Other composition errors, and a group added twice by the user, keep Hydra's message."""
     from hydra.errors import HydraException
 
-    from ddp_exp.cli.main import _plus_on_a_default
+    from ddp_exp.cli.errors import _plus_on_a_default
 
     with pytest.raises(HydraException) as info:
         compose("world_size=1", "data=digitz")

@@ -90,7 +90,7 @@ def test_exit_now_flushes_what_a_normal_exit_flushes(tmp_path):
     log_file = tmp_path / "job.log"
     run = _run(f"""
         import atexit, logging
-        from ddp_exp.cli.main import exit_now
+        from ddp_exp.cli.signals import exit_now
         logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)
         logging.getLogger("x").info("last line")
         atexit.register(lambda: print("atexit ran", flush=True))
@@ -102,16 +102,16 @@ def test_exit_now_flushes_what_a_normal_exit_flushes(tmp_path):
     assert run.stdout == "bufferedatexit ran\n"
     assert log_file.read_text().strip().endswith("last line")
 
-    message = _run("from ddp_exp.cli.main import exit_now; exit_now('error: bad')")
+    message = _run("from ddp_exp.cli.signals import exit_now; exit_now('error: bad')")
     assert message.returncode == 1 and message.stderr == "error: bad\n"
-    assert _run("from ddp_exp.cli.main import exit_now; exit_now(None)").returncode == 0
+    assert _run("from ddp_exp.cli.signals import exit_now; exit_now(None)").returncode == 0
 
 
 def test_exit_now_leaves_a_process_with_work_left_to_python():
     """A live non-daemon thread (a sweep launcher's pool) is Python's to wait for."""
     run = _run("""
         import threading, time
-        from ddp_exp.cli.main import exit_now
+        from ddp_exp.cli.signals import exit_now
         t = threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True)))
         t.start()
         exit_now(0)
@@ -126,7 +126,7 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     summary of the jobs that finished is written there too (fresh-user finding, session 5)."""
     import json
 
-    import ddp_exp.cli.main as entry
+    import ddp_exp.cli.signals as entry
     from ddp_exp.job import sweep
 
     done = tmp_path / "0"
@@ -135,11 +135,11 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
     (done / ".hydra" / "overrides.yaml").write_text("- data.batch_size=64\n")
     started = tmp_path / "1"
     (started / ".hydra").mkdir(parents=True)  # Hydra made its folder; the signal came first
-    entry._summarize_if_sweep()  # no multirun job ran in this process: nothing to write
+    entry.summarize_if_sweep()  # no multirun job ran in this process: nothing to write
     assert not (tmp_path / "summary.md").exists()
     sweep.active_sweep_dir = str(tmp_path)  # what job 0's task noted
     try:
-        entry._summarize_if_sweep()
+        entry.summarize_if_sweep()
     finally:
         sweep.active_sweep_dir = None
     table = (tmp_path / "summary.md").read_text()
@@ -151,7 +151,7 @@ def test_a_sweep_job_lost_by_submitit_is_one_line():
     """launcher=slurm_local, Ctrl-C reaching the jobs but not the sweep's process: submitit's
     UncompletedJobError was a 55-line traceback (fresh-user finding); now one line, exit 1."""
     submitit_utils = pytest.importorskip("submitit.core.utils")
-    import ddp_exp.cli.main as entry
+    import ddp_exp.cli.errors as entry
 
     exc = submitit_utils.UncompletedJobError(
         "Job 123_0 (task: 0) with path /x/123_0_result.pkl\nhas not produced any output "
@@ -170,7 +170,8 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
 
     from hydra import compose, initialize_config_module
 
-    import ddp_exp.cli.main as entry
+    import ddp_exp.cli.main  # noqa: F401  (registers ddp_exp's configs with Hydra)
+    import ddp_exp.cli.signals as entry
     from ddp_exp.job import sweep
 
     done = tmp_path / "0"
@@ -183,7 +184,7 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
     assert sweep.active_sweep_dir is None
     sweep.SummaryCallback().on_multirun_start(config=cfg)
     try:
-        entry._summarize_if_sweep()
+        entry.summarize_if_sweep()
     finally:
         sweep.active_sweep_dir = None
     table = (tmp_path / "summary.md").read_text()
@@ -193,11 +194,11 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
 @pytest.mark.parametrize("arg", ["hydra.run.dir=", "hydra.run.dir=''", 'hydra.sweep.dir=""',
                                  "+hydra.run.dir= "])
 def test_an_empty_output_folder_is_refused_before_hydra_makes_anything(arg):
-    import ddp_exp.cli.main as entry
+    import ddp_exp.cli.errors as entry
 
-    line = entry._empty_output_folder(["trainer.epochs=1", arg])
+    line = entry.empty_output_folder(["trainer.epochs=1", arg])
     assert line is not None and "is empty" in line and "hydra." in line
-    assert entry._empty_output_folder(["hydra.run.dir=.", "hydra.run.dir=out"]) is None
+    assert entry.empty_output_folder(["hydra.run.dir=.", "hydra.run.dir=out"]) is None
 
 
 def test_a_failed_rank_is_named_by_the_last_line_of_its_error():
@@ -219,7 +220,7 @@ def test_ctrl_c_of_a_local_submitit_sweep_waits_for_its_jobs(monkeypatch):
     import sys
     import types
 
-    import ddp_exp.cli.main as entry
+    import ddp_exp.cli.signals as entry
 
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

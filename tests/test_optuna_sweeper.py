@@ -305,7 +305,7 @@ def test_monitor_stops_every_rank_on_the_pruners_word():
 
 
 def test_old_optuna_sweeper_names_its_replacement():
-    from ddp_exp.cli.main import missing_plugin_hint
+    from ddp_exp.cli.errors import missing_plugin_hint
 
     line = missing_plugin_hint("hydra/sweeper=optuna: no such option in config group "
                                "hydra/sweeper; valid options: basic, ddp_optuna")

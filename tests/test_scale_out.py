@@ -277,7 +277,7 @@ def test_missing_submitit_plugin_gets_an_install_hint(monkeypatch):
     the entry adds the line that installs it."""
     import importlib.util
 
-    from ddp_exp.cli.main import missing_plugin_hint
+    from ddp_exp.cli.errors import missing_plugin_hint
 
     error = "In 'launcher/slurm': Could not find 'hydra/launcher/submitit_slurm'"
     real = importlib.util.find_spec

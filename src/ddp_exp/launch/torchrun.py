@@ -64,6 +64,12 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and all(k in os.environ for k in RANK_VARIABLES)
 
 
+def is_rank0() -> bool:
+    """True in the process that reports for the world: rank 0 under torchrun (every rank
+    composes the same config and meets the same errors), the only process otherwise."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def ignore_leftover_torchrun_variables() -> list[str]:
     """Remove from this process's environment the variables of a torchrun rank
     (:data:`TORCHRUN_VARIABLES`) when no agent started it (no ``TORCHELASTIC_RUN_ID``), so that

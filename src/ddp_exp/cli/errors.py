@@ -1,0 +1,317 @@
+"""The entry point's errors: each failure users meet, as one line and an exit status.
+
+:data:`ROWS` is the table from exception to line: each row reads one kind of error (Hydra's
+composition errors; an exception raised where Hydra resolves, makes folders or launches) and
+returns its line, or None when the error is not its kind; the first row that answers wins
+(:func:`error_exit`). A new error message is a formatter and a row here, not an ``except`` in
+:mod:`ddp_exp.cli.main`. Exit statuses: :data:`EXIT_CONFIG_ERROR` (2) for the user's input,
+refused before any rank starts, :data:`EXIT_RANK_FAILED` (1) for a job that failed. Also here:
+the rendezvous failure's line (:func:`rendezvous_line`) and the check of an empty output folder
+made before Hydra starts (:func:`empty_output_folder`).
+
+May use: :mod:`ddp_exp.config`, :mod:`ddp_exp.io.files` (a full disk), :mod:`ddp_exp.job.folder`
+(the job log's folder), :mod:`ddp_exp.launch.torchrun` (a torchrun rank's wait),
+:mod:`ddp_exp.launch.user_input` (the groups whose ``_target_`` a user replaces),
+:mod:`ddp_exp.compat` (upstream messages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import hydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+
+import ddp_exp
+from ddp_exp.compat import messages
+from ddp_exp.config.compose import null_group_line
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.io.files import DiskFull, is_disk_full
+from ddp_exp.job.folder import job_log_file
+from ddp_exp.launch.torchrun import under_torchrun
+from ddp_exp.launch.user_input import TARGET_GROUPS
+
+EXIT_CONFIG_ERROR = 2
+EXIT_RANK_FAILED = 1
+
+
+def rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
+    """One line for a rendezvous that failed in this launcher (a node that never came, a port
+    taken, two nodes with one node_rank), naming the setting that bounded the wait: under
+    torchrun, a rank's wait for its peers is ``distributed.timeout_s``."""
+    la = cfg.launcher
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if under_torchrun():  # this rank waited for its peers at torchrun's store
+        return (f"rank {os.environ['RANK']} of torchrun's WORLD_SIZE={os.environ['WORLD_SIZE']} "
+                f"did not meet the other ranks at {os.environ.get('MASTER_ADDR')}:"
+                f"{os.environ.get('MASTER_PORT')} within distributed.timeout_s="
+                f"{cfg.distributed.timeout_s:g} s ({type(exc).__name__}: {first}); every rank "
+                "must start within distributed.timeout_s")
+    return (f"the {la.rdzv_backend} rendezvous at {la.rdzv_endpoint} failed "
+            f"({type(exc).__name__}: {first}); every one of the launcher.nnodes={la.nnodes} "
+            "nodes must start within launcher.rdzv_timeout_s with the same endpoint"
+            + (" and its own launcher.node_rank" if la.rdzv_backend == "static" else "")
+            + " and its own hydra.run.dir")
+
+
+def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """A one-line message for a config value of the wrong type, or None for other errors."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    cause = exc.__cause__
+    if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
+        return None
+    msg = str(getattr(cause, "msg", cause)).splitlines()[0]
+    schema = getattr(cause, "object_type", None)
+    unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
+    if unknown_key and dataclasses.is_dataclass(schema):
+        keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+        msg += f"; valid keys: {', '.join(keys)}"
+        if str(cause.full_key).split(".", 1)[0] in TARGET_GROUPS:  # a _target_ replaced
+            msg += f"; an argument of your own _target_ is added with +{cause.full_key}=..."
+    elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
+        msg += f"; to add it, write +{cause.full_key}=..."
+    elif messages.omegaconf_no_deletion(msg) and str(cause.full_key).split(".", 1)[0] in (
+            TARGET_GROUPS):  # ~model.hidden_sizes, to give model._target_=my.Net
+        msg += ("; no need to delete it for your own _target_: one given in its place drops "
+                "the keys its signature does not take")
+    return f"{cause.full_key}: {msg}"
+
+
+# Hydra plugins that presets use, and the extra that installs each.
+PLUGIN_EXTRAS = {
+    "submitit": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    "joblib": ("hydra_plugins.hydra_joblib_launcher", "sweeps"),
+}
+
+
+# Plugins that presets no longer use, and the line that names the replacement.
+REPLACED_PLUGINS = {
+    ("hydra/sweeper/optuna'", "hydra/sweeper=optuna:"):
+        "hint: hydra/sweeper=optuna (Hydra's Optuna sweeper: optuna<3, no pruning) is replaced "
+        "by hydra/sweeper=ddp_optuna, the same keys but sampler.name (pip install -e "
+        "'.[optuna]'; see docs/sweeps.md)",
+}
+
+
+def missing_plugin_hint(error_text: str) -> str | None:
+    """The install line for a Hydra plugin that ``error_text`` (Hydra's composition error)
+    looks for and that is not installed, e.g. ``launcher=slurm`` without the ``slurm`` extra."""
+    import importlib.util
+
+    for words, line in REPLACED_PLUGINS.items():
+        if any(word in error_text for word in words):
+            return line
+    for word, (module, extra) in PLUGIN_EXTRAS.items():
+        if word not in error_text:
+            continue
+        try:
+            installed = importlib.util.find_spec(module) is not None
+        except ImportError:  # find_spec imports the parent, hydra_plugins: no plugin at all
+            installed = False
+        if not installed:
+            return f"hint: this needs Hydra's {word} plugin: pip install -e '.[{extra}]'"
+    return None
+
+
+def _unknown_option_line(exc: BaseException, argv: Sequence[str]) -> str | None:
+    """One line for a config group option that does not exist (``data=digitz``), instead of
+    Hydra's report over ten lines (the valid options one per line, then its config search
+    path); naming the config that asked for it when the command line did not
+    (``launcher=slurm`` asks for ``hydra/launcher=submitit_slurm``). None for other errors."""
+    from hydra.errors import MissingConfigException
+
+    missing = _caused_by(exc, MissingConfigException)
+    if missing is None or not missing.options or not missing.missing_cfg_file:
+        return None
+    group, _, choice = missing.missing_cfg_file.rpartition("/")
+    if not group:
+        return None
+    asked = messages.hydra_asking_config(str(missing))
+    typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
+    # Hydra names its own primary config for an override that a preset's defaults list makes
+    # (hparams_search=digits_optuna: /hydra/sweeper: optuna): no clue to a user.
+    where = (f" (asked for by {asked})" if asked and not typed
+             and asked not in ("config", "hydra/config") else "")
+    return (f"{group}={choice}{where}: no such option in config group {group}; valid "
+            f"options: {', '.join(missing.options)}")
+
+
+def _plus_on_a_default(exc: BaseException, argv: Sequence[str]) -> str | None:
+    """One line for ``+group=option`` on the command line when ``group`` is in the defaults list
+    already (``+experiment=digits_cnn_recipe``, ``+data=synthetic``, ``+hydra/launcher=basic``):
+    Hydra's error says "Multiple values" and suggests a defaults-list edit; the fix on the
+    command line is to drop the ``+``. None for any other error, or when the group was not
+    added with one ``+`` on the command line (two options from the user's own config files)."""
+    group = messages.hydra_group_given_twice(str(exc))
+    if group is None:
+        return None
+    added = [arg for arg in argv if arg.startswith("+") and not arg.startswith("++")
+             and arg[1:].partition("=")[0] == group]
+    if len(added) != 1:
+        return None
+    choice = added[0][1:]
+    return (f"{added[0]}: the group {group} is in the defaults list already (a + adds a group "
+            f"that is not); choose its option without the +: {choice}")
+
+
+def _no_slurm_here(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for submitit's "no srun" error: ``launcher=slurm`` run off a SLURM cluster."""
+    if messages.submitit_no_srun(exc):
+        return ("launcher=slurm submits to SLURM and this machine has none (no srun on PATH): "
+                "run it on the cluster's login node, or try the layout here with "
+                "launcher=slurm_local")
+    return None
+
+
+def empty_output_folder(argv: list[str]) -> str | None:
+    """One line for ``hydra.run.dir=''`` / ``hydra.sweep.dir=''`` on the command line: Hydra
+    would write the run into the current folder, among the user's own files. Checked before
+    Hydra creates anything."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and (
+                not value.strip().strip("'\"").strip()):
+            return (f"{key.lstrip('+')} is empty: it would write the run into the current "
+                    "folder; give a folder path, or leave the key out (outputs/...)")
+    return None
+
+
+def _lost_job_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for submitit's ``UncompletedJobError`` (``launcher=slurm`` / ``slurm_local``): a
+    job ended without returning a result (stopped by a signal, killed, out of memory); its
+    folder's ``status.json`` and ``ddp_exp.log`` say what happened to the run inside it."""
+    if type(exc).__name__ != "UncompletedJobError":
+        return None
+    first = " ".join(str(exc).strip().splitlines()[:2])[:400]
+    return (f"a sweep job ended without returning a result (submitit: {first}); its job "
+            "folder's status.json and ddp_exp.log say what happened to it")
+
+
+def _disk_full_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for a full disk (``ENOSPC``/``EDQUOT``) met outside a rank: Hydra writing its
+    ``.hydra/`` record, the launcher's own files (R16). Names the file, or else the job folder
+    (``OSError`` of a file object's write names none). None for other errors."""
+    if not is_disk_full(exc):
+        return None
+    if isinstance(exc, DiskFull):
+        return str(exc)
+    log_file = job_log_file()  # Hydra has reset its config: the job log's folder, or the typed
+    typed = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")]
+    folder = (os.path.dirname(log_file) if log_file else
+              os.path.abspath(typed[-1]) if typed else "the job folder")
+    return str(DiskFull(exc.errno, exc.strerror, exc.filename or folder))
+
+
+def _output_folder_error(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for Hydra failing to create the run's or the sweep's folder (the path is a
+    file, under a file, or not writable); None for any other error, an ``OSError`` of our own
+    code included (told apart by the innermost frame of Hydra's or ours)."""
+    import traceback
+
+    if not isinstance(exc, OSError) or not exc.filename:
+        return None
+    hydra_dir = os.path.dirname(hydra.__file__) + os.sep
+    ours = os.path.dirname(os.path.abspath(ddp_exp.__file__)) + os.sep
+    owners = [f.filename for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename.startswith((hydra_dir, ours))]
+    if not owners or not owners[-1].startswith(hydra_dir):
+        return None
+    return (f"cannot create the output folder {exc.filename}: {exc.strerror}; set "
+            "hydra.run.dir (hydra.sweep.dir with -m) to a folder that can be created and "
+            "written")
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def _caused_by(exc: BaseException | None, kind: type[E]) -> E | None:
+    """``exc`` or the first exception of type ``kind`` that caused it (through ``__cause__`` /
+    ``__context__``), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _config_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """The message of a :class:`ddp_exp.config.errors.ConfigError` that raised ``exc`` or caused
+    it where Hydra resolves (a preset's resolver); None for other errors."""
+    found = _caused_by(exc, ConfigError)
+    return None if found is None else str(found)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of :data:`ROWS`: a kind of error and its line.
+
+    Attributes:
+        line: ``(exception, command-line arguments) -> str | None``: the one line (without
+            ``error:``), or None when the exception is not this row's kind.
+        code: the exit status: :data:`EXIT_CONFIG_ERROR` for the user's input (a sweep about to
+            start is discarded), :data:`EXIT_RANK_FAILED` for a job that failed.
+        composition: the row reads Hydra's composition errors (``HydraException``), which every
+            torchrun rank meets alike: rank 0 alone prints the line, with the install line of a
+            Hydra plugin it names (:func:`missing_plugin_hint`). The other rows read any other
+            exception, printed by the process that met it.
+    """
+
+    line: Callable[[BaseException, Sequence[str]], str | None]
+    code: int = EXIT_CONFIG_ERROR
+    composition: bool = False
+
+
+# The exception -> one line table, read top to bottom: the first row with a line wins.
+ROWS: tuple[Row, ...] = (
+    # Hydra's composition errors: the command line or a config file.
+    Row(_one_line, composition=True),  # a value of the wrong type, an unknown key
+    Row(_plus_on_a_default, composition=True),  # +data=... where data is chosen already
+    Row(_unknown_option_line, composition=True),  # data=digitz
+    # Raised where Hydra resolves, makes folders or launches: the input's too.
+    Row(_config_error_line),  # a ConfigError from a preset's resolver
+    Row(_no_slurm_here),  # launcher=slurm off SLURM
+    Row(_output_folder_error),  # hydra.run.dir that cannot be made
+    Row(null_group_line),  # scheduler=null
+    # Not the input's: a job that failed.
+    Row(_lost_job_line, EXIT_RANK_FAILED),  # a sweep job submitit lost
+    Row(_disk_full_line, EXIT_RANK_FAILED),  # a full disk outside any rank
+)
+
+
+@dataclass(frozen=True)
+class ErrorExit:
+    """How the entry point ends on an error: ``text`` on stderr, exit status ``code``;
+    ``every_rank``: printed by every torchrun rank that meets it, else by rank 0 alone."""
+
+    text: str
+    code: int
+    every_rank: bool
+
+
+def error_exit(exc: BaseException, argv: Sequence[str]) -> ErrorExit | None:
+    """What the entry point prints for ``exc``, which reached it from Hydra or a job, and its
+    exit status: the line of the first row of :data:`ROWS` for the exception's kind that has
+    one. A composition error that no row knows is shown in Hydra's own words (its message and
+    its cause, several lines), exit 2: an unknown option, a comma list without ``-m``, the
+    user's input too. None for any other exception: a bug, whose traceback is shown."""
+    composition = isinstance(exc, HydraException)
+    for row in ROWS:
+        line = row.line(exc, argv) if row.composition == composition else None
+        if line:
+            hint = missing_plugin_hint(line) if composition else None
+            return ErrorExit(f"error: {line}" + (f"; {hint}" if hint else ""), row.code,
+                             every_rank=not composition)
+    if not composition:
+        return None
+    text = str(exc) + (f"\n{exc.__cause__}" if exc.__cause__ is not None else "")
+    hint = missing_plugin_hint(f"{exc} {exc.__cause__}")
+    return ErrorExit(text + (f"\n{hint}" if hint else ""), EXIT_CONFIG_ERROR, every_rank=False)

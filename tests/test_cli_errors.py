@@ -1,0 +1,76 @@
+"""The entry point's table from exception to one line (:mod:`ddp_exp.cli.errors`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _raise_from(filename: str, name: str, source: str) -> dict:
+    """Functions compiled as if they lived in ``filename``: a traceback names that file."""
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[name]
+
+
+def test_an_oserror_of_ddp_exps_code_that_hydra_called_is_not_an_output_folder_line():
+    """Regression (the package move): "ours" was the folder of the module that held the check,
+    ddp_exp/cli/ once it moved, so an ``OSError`` raised in ddp_exp.job's code that Hydra called
+    (a callback) read as Hydra failing to create the output folder. Ours is the whole package;
+    Hydra's own failure still gets the line."""
+    import hydra
+
+    import ddp_exp
+    from ddp_exp.cli.errors import _output_folder_error
+
+    package = os.path.dirname(os.path.abspath(ddp_exp.__file__))
+    hydra_file = os.path.join(os.path.dirname(hydra.__file__), "core", "fake_caller.py")
+    ours = _raise_from(os.path.join(package, "job", "fake_callback.py"), "callback",
+                       "def callback():\n    raise OSError(13, 'Permission denied', '/x/y.json')\n")
+    calls = _raise_from(hydra_file, "calls", "def calls(f):\n    f()\n")
+    makes = _raise_from(hydra_file, "makes",
+                        "def makes():\n    raise OSError(13, 'Permission denied', '/out/run')\n")
+    with pytest.raises(OSError) as ours_failed:
+        calls(ours)
+    assert _output_folder_error(ours_failed.value) is None
+    with pytest.raises(OSError) as hydra_failed:
+        makes()
+    line = _output_folder_error(hydra_failed.value)
+    assert line is not None and line.startswith("cannot create the output folder /out/run: ")
+
+
+def test_each_kind_of_error_gets_its_row():
+    """A ConfigError raised where Hydra resolves: one line, exit 2, printed where it is met; a
+    lost submitit job: exit 1; Hydra's composition error that no row knows: Hydra's words, exit
+    2, rank 0 alone; anything else is a bug (None: the traceback shows)."""
+    from hydra.errors import ConfigCompositionException
+
+    from ddp_exp.cli.errors import EXIT_CONFIG_ERROR, EXIT_RANK_FAILED, error_exit
+    from ddp_exp.config.errors import ConfigError
+
+    try:
+        try:
+            raise ConfigError("data.path: no such file")
+        except ConfigError as inner:
+            raise RuntimeError("while resolving") from inner
+    except RuntimeError as exc:
+        wrapped = exc
+    refused = error_exit(wrapped, [])
+    assert refused is not None
+    assert (refused.text, refused.code, refused.every_rank) == (
+        "error: data.path: no such file", EXIT_CONFIG_ERROR, True)
+
+    class UncompletedJobError(RuntimeError):  # submitit's, by name
+        pass
+
+    lost = error_exit(UncompletedJobError("Job 1_0 has not produced any output"), [])
+    assert lost is not None and lost.code == EXIT_RANK_FAILED
+    assert lost.text.startswith("error: a sweep job ended without returning a result")
+
+    hydra_words = error_exit(ConfigCompositionException("Ambiguous value for argument"), [])
+    assert hydra_words is not None
+    assert (hydra_words.text, hydra_words.code, hydra_words.every_rank) == (
+        "Ambiguous value for argument", EXIT_CONFIG_ERROR, False)
+
+    assert error_exit(ValueError("a bug"), []) is None
