@@ -4,10 +4,9 @@ Both are **per-sample** functions ``(output [batch, k], target [batch] or [batch
 values [batch]``, which is what makes every reported number exact for any world size: the batch
 loss is their mean (the quantity whose gradient DDP averages), and a validation metric is the sum
 over the whole validation set divided by its size, reduced across ranks as (sum, count).
-For class labels per element (``[batch, *dims]``: tokens, pixels) the unit is the counted
-element instead (label != ``data.ignore_index``): :meth:`Objective.element_terms` gives a
-batch's (loss sum, count), and functions may return values of the target's shape
-(docs/sequences.md).
+For class labels per element (``[batch, *dims]``: tokens, pixels) the unit is the counted element
+instead (label != ``data.ignore_index``): :meth:`Objective.element_terms` gives a batch's (loss
+sum, count), and functions may return values of the target's shape (docs/sequences.md).
 
 Defaults: cross-entropy for class labels, mean squared error for regression targets, and
 ``val/accuracy`` for classification. Plug in your own with ``_target_`` (a function, or a class
