@@ -176,8 +176,8 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
         return Trainer(conf, world, datasets, model, Objective(10), torch.device("cpu"),
                        MetricsWriter(os.path.join(job_dir, run), {}, enabled=False), preempt)
 
-    def weights(t: Trainer) -> dict:
-        return {k: v.clone() for k, v in t.model.state_dict().items()}
+    def weights(t: Trainer) -> dict:  # NumPy: pickled by value (a tensor would pass an fd)
+        return {k: v.numpy().copy() for k, v in t.model.state_dict().items()}
 
     try:
         results = {}
@@ -245,6 +245,6 @@ def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path
     assert results["preempted"] is not None and results["preempted"][1] == 15, results
     assert results["checkpoint"] == (15, 15 * 32, -1)
     for name, value in results["reference"].items():
-        torch.testing.assert_close(results["resumed"][name], value, rtol=0, atol=1e-6,
-                                   msg=name)
+        torch.testing.assert_close(torch.from_numpy(results["resumed"][name]),
+                                   torch.from_numpy(value), rtol=0, atol=1e-6, msg=name)
     assert results["clock_steps"] == [10, 20, 30, 40], results["clock_steps"]

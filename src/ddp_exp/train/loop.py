@@ -58,7 +58,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp.config.checks import global_batch_size
 from ddp_exp.data import Datasets
 from ddp_exp.data.batches import call_model, to_device
 from ddp_exp.data.loaders import RankData
@@ -72,7 +71,7 @@ from ddp_exp.metrics.perf import StepTimer
 from ddp_exp.metrics.progress import EpochResult, Progress, epoch_line, resolve_mode
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.metrics.writer import MetricsWriter, mean
-from ddp_exp.train import schedule
+from ddp_exp.train import schedule, step_checkpoint
 from ddp_exp.train import state as train_state
 from ddp_exp.train.evaluation import Evaluator
 from ddp_exp.train.monitor import Monitor
@@ -331,7 +330,7 @@ class Trainer:
         trainer = self.cfg["trainer"]
         max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
         self.loader.set_epoch(self.epoch)
-        first, (loss_sum, samples, seconds_before) = self._enter_position()
+        first, (loss_sum, samples, seconds_before) = step_checkpoint.enter_position(self)
         self.ddp.train()
         window = self.window
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
@@ -377,8 +376,9 @@ class Trainer:
                         self.checkpoint_due = (clock or end_clock
                                                or self.cadence.step_due(self.global_step))
                 if not last and (clock or preempt or self.cadence.step_due(self.global_step)):
-                    sums = self._step_checkpoint(window, progress, k + 1, loss_sum, samples,
-                                                 seconds_before + time.perf_counter() - t_epoch)
+                    sums = step_checkpoint.take(
+                        self, window, lambda: self._settle(window, progress), k + 1, loss_sum,
+                        samples, seconds_before + time.perf_counter() - t_epoch)
                     (loss_sum, samples), preempt = sums[:2], preempt or sums[2]
                     t_mark = time.perf_counter()  # checkpoint time is not training time
                     if preempt:
@@ -400,44 +400,6 @@ class Trainer:
         self.writer.write_queued()
         self.writer.scalars(self.global_step, {"train/epoch_loss": mean(loss_sum, samples)})
         return loss_sum, samples, seconds_before + now - t_epoch
-
-    def _enter_position(self) -> tuple[int, tuple[float, int, float]]:
-        """Where this epoch starts: ``(steps done in it, (its world loss sum, samples and
-        seconds so far))``, all 0 unless a step checkpoint interrupted it (``self.position``
-        global samples consumed, ``self.epoch_sums``); then this rank's loader starts at its
-        share, ``position / world_size`` (a strided shard: global position ``P`` is every
-        rank's sample ``P / W``)."""
-        if not self.position:
-            return 0, (0.0, 0, 0.0)
-        first = self.position // global_batch_size(self.cfg)
-        self.loader.set_start(self.position // self.world.world_size)
-        sums = self.epoch_sums or (0.0, 0, 0.0)
-        self.position, self.epoch_sums = 0, None  # a step checkpoint sets them again
-        return first, (float(sums[0]), int(sums[1]), float(sums[2]))
-
-    def _step_checkpoint(self, window: LossWindow, progress: Progress, steps: int,
-                         loss_sum: float, samples: int, seconds: float
-                         ) -> tuple[float, int, bool]:
-        """Write a step checkpoint after the epoch's ``steps``-th step (every rank, at the same
-        step): first every loss so far is counted (the pending check finished, the steps since
-        checked), so the checkpoint holds the epoch's sums and the open ``train/loss``
-        interval whole, and TensorBoard's events up to this step are on disk before it is.
-        Returns the epoch's world (loss sum, samples) and whether a check finished here carried
-        a preemption."""
-        s, n = self._settle(window, progress)
-        preempt = decided(window.flags)[1]
-        if len(window):
-            window.start(self.world)
-            s2, n2 = self._settle(window, progress)
-            s, n = s + s2, n + n2
-        loss_sum, samples = loss_sum + s, samples + n
-        self.writer.flush()
-        self.position = steps * global_batch_size(self.cfg)
-        self.epoch_sums = (loss_sum, samples, seconds)
-        train_state.save_step_checkpoint(self)
-        self.position, self.epoch_sums = 0, None
-        self.cadence.written()
-        return loss_sum, samples, preempt
 
     def _duplicate_ignored(self, batches: Iterable, first: int = 0) -> Iterator:
         """The epoch's batches (from its ``first``-th), the last one's last sample

@@ -17,7 +17,11 @@ stops for a preemption: the decision every rank must take at the same optimizer 
   ``last.pt`` whatever ``trainer.save_last``).
 
 The checkpoint itself (what it holds, the position as global samples consumed) is
-:mod:`ddp_exp.train.state`'s; the loop (:mod:`ddp_exp.train.loop`) asks this module.
+:mod:`ddp_exp.train.state`'s; the loop (:mod:`ddp_exp.train.loop`) asks this module, and has
+it take a step checkpoint (:func:`take`) and enter an epoch at a step checkpoint's position
+(:func:`enter_position`). Uses :mod:`ddp_exp.config.checks` (the global batch) and
+:mod:`ddp_exp.train.state`; the functions read the loop through the attributes their
+docstrings name (this module does not import the loop).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from ddp_exp.config.checks import global_batch_size
+from ddp_exp.train import state as train_state
 
 CLOCK, PREEMPT = 0, 1  # the flags' places in the all-reduce (LossWindow.flags)
 
@@ -83,3 +90,49 @@ def decided(flags: list[float]) -> tuple[bool, bool]:
     if len(flags) <= PREEMPT:
         return False, False
     return flags[CLOCK] > 0, flags[PREEMPT] > 0
+
+
+def enter_position(loop: Any) -> tuple[int, tuple[float, int, float]]:
+    """Where the loop's epoch starts: ``(steps done in it, (its world loss sum, samples and
+    seconds so far))``, all 0 unless a step checkpoint interrupted it (``loop.position``
+    global samples consumed, ``loop.epoch_sums``, set by
+    :func:`ddp_exp.train.state.load_state_dict`); then ``loop.loader`` starts at this rank's
+    share, ``position / world_size`` (a strided shard: global position ``P`` is every rank's
+    sample ``P / W``). Call after the loader's ``set_epoch``."""
+    if not loop.position:
+        return 0, (0.0, 0, 0.0)
+    first = loop.position // global_batch_size(loop.cfg)
+    loop.loader.set_start(loop.position // loop.world.world_size)
+    sums = loop.epoch_sums or (0.0, 0, 0.0)
+    loop.position, loop.epoch_sums = 0, None  # a step checkpoint sets them again
+    return first, (float(sums[0]), int(sums[1]), float(sums[2]))
+
+
+def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps: int,
+         loss_sum: float, samples: int, seconds: float) -> tuple[float, int, bool]:
+    """Write a step checkpoint after the epoch's ``steps``-th step (every rank, at the same
+    step). First every loss so far is counted: the pending check finished (``settle``: the
+    loop's, which also writes a logging step's scalars), the steps since checked on
+    ``window`` (the loop's :class:`ddp_exp.metrics.train_loss.LossWindow`), so the checkpoint
+    holds the epoch's sums (``loss_sum``, ``samples``: the world's so far; ``seconds`` in the
+    epoch's loop) and the open ``train/loss`` interval whole, and TensorBoard's events up to
+    this step are on disk (``loop.writer.flush()``) before it is.
+
+    Returns:
+        The epoch's world (loss sum, samples) and whether a check finished here carried a
+        preemption.
+    """
+    s, n = settle()
+    preempt = decided(window.flags)[PREEMPT]
+    if len(window):
+        window.start(loop.world)
+        s2, n2 = settle()
+        s, n = s + s2, n + n2
+    loss_sum, samples = loss_sum + s, samples + n
+    loop.writer.flush()
+    loop.position = steps * global_batch_size(loop.cfg)
+    loop.epoch_sums = (loss_sum, samples, seconds)
+    train_state.save_step_checkpoint(loop)
+    loop.position, loop.epoch_sums = 0, None
+    loop.cadence.written()
+    return loss_sum, samples, preempt
