@@ -303,6 +303,40 @@ def test_on_another_torch_the_public_paths_are_taken(other_version):
     assert len(tensor_norms([p.grad for p in params])) == 2
 
 
+class BadItems(list):
+    """A map-style dataset whose items raise, in a DataLoader worker."""
+
+    def __getitem__(self, index):
+        raise ValueError("item 3 is broken")
+
+
+def test_contract_a_dataloader_workers_error_carries_the_original_traceback():
+    import torch
+
+    from ddp_exp.compat import messages
+    from ddp_exp.rank.failures import failure_detail
+
+    loader = torch.utils.data.DataLoader(BadItems(range(4)), num_workers=1)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    text = f"ValueError: {info.value}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    assert lines[0].startswith("ValueError: Caught ValueError in DataLoader worker process 0")
+    assert messages.carries_traceback(lines), text
+    assert failure_detail(text) == "ValueError: item 3 is broken"
+
+
+def test_on_another_torch_a_workers_error_is_named_by_its_first_line(other_version):
+    from ddp_exp.rank.failures import failure_detail
+
+    text = ("ValueError: Caught ValueError in DataLoader worker process 0.\n"
+            "Original Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+            "ValueError: item 3 is broken")
+    assert failure_detail(text) == "ValueError: item 3 is broken"
+    other_version("torch")
+    assert failure_detail(text) == "ValueError: Caught ValueError in DataLoader worker process 0."
+
+
 # ------------------------------------------------------------------ Hydra's and OmegaConf's words
 @pytest.mark.parametrize("override,group", [("+data=synthetic", "data"),
                                             ("+hydra/launcher=basic", "hydra/launcher")])

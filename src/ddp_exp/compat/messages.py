@@ -14,6 +14,9 @@ What each buys (issue 27 item 3), by the reader:
 * torch 2.13's ``torch.load`` (:func:`torch_load_refused`, :func:`torch_load_reason`,
   :func:`torch_load_broken`): a checkpoint or data file that does not load is one line naming
   what it holds, instead of torch's eight.
+* torch 2.13's DataLoader (:func:`carries_traceback`): a rank failed by an error in a data
+  loader's worker is named by the original error, not by "Caught ValueError in DataLoader worker
+  process 0." (which names no cause).
 * torch 2.13's agent log (:func:`agent_rank_failure`, :func:`agent_closing_process`): a failed
   rank's traceback is shown once, not twice, the restarted world names the rank that failed, and
   a Ctrl-C ends with one line rather than one "Closing process" line per rank.
@@ -52,6 +55,9 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 # code and the local rank) and of each rank it stops ("Closing process %s via signal %s"; and
 # torch.multiprocessing's "Terminating process %s via signal SIGTERM").
 RANK_FAILED = "failed (exitcode"
+# torch 2.13's DataLoader re-raises a worker's error as "Caught ValueError in DataLoader worker
+# process 0.\nOriginal Traceback (most recent call last): ..."; CPython's own traceback header.
+CARRIED_TRACEBACK = ("Original Traceback", "Traceback (most recent call last)")
 # torch 2.13's torch.load(weights_only=True): an object it refuses ("... WeightsUnpickler error:
 # Unsupported global: GLOBAL mod.Class was not an allowed global ..."), and a file that is not a
 # whole zip archive ("PytorchStreamReader failed reading zip archive: failed finding central
@@ -165,3 +171,12 @@ def torch_load_broken(exc: BaseException, text: str) -> bool:
 
     return (BROKEN_ARCHIVE in text or isinstance(exc, pickle.UnpicklingError)) and written_for(
         "torch", "torch.load's 'zip archive' wording", STOCK_LOAD)
+
+
+def carries_traceback(lines: list[str]) -> bool:
+    """True when an error message's ``lines`` (stripped) carry another process's traceback
+    (a DataLoader worker's, re-raised in the rank), so that its last line is the original
+    error; False otherwise, or on a torch other than 2.13 (the first line is then the one)."""
+    return any(ln.startswith(CARRIED_TRACEBACK) for ln in lines) and written_for(
+        "torch", "the DataLoader's 'Original Traceback' wording",
+        "a rank failed in a DataLoader worker is named by torch's first line")

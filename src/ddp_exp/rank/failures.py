@@ -51,9 +51,7 @@ def failure_detail(message: str) -> str:
     lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
     if not lines:
         return "unknown error"
-    carried = any(ln.startswith(("Original Traceback", "Traceback (most recent call last)"))
-                  for ln in lines)
-    return (lines[-1] if carried else lines[0])[:300]
+    return (lines[-1] if messages.carries_traceback(lines) else lines[0])[:300]
 
 
 def world_failure(exc: Any) -> tuple[str, bool]:
