@@ -1,5 +1,6 @@
 """Preemption: a scheduler's warning signal turned into a step checkpoint, a ``preempted`` status
-and a requeue (``trainer.preempt_signal``; docs/checkpoints.md, "Preemption on SLURM").
+and a requeue (``trainer.preempt_signal``; docs/checkpoints.md, "Preemption and requeue"),
+and a world that comes back at another size (elastic membership: :func:`world_sizes`).
 
 A cluster warns a job before it stops it (SLURM: ``#SBATCH --signal=USR1@90``; submitit sends
 ``USR2`` the same way). The signal's default action (``USR1``, ``USR2``) kills a process, and
@@ -20,10 +21,10 @@ them), so:
 * the requeued job finds ``status.json`` saying ``preempted`` in its folder and continues from
   ``checkpoints/last.pt`` (:func:`continue_stopped`: ``trainer.resume=auto``'s semantics).
 
-A signal that comes before the ranks exist (while the data load) is held as well: the ranks are
-forked with the request noted, and stop at their first check.
+A signal that comes while the launcher loads the data, before any rank exists, ends the job as
+preempted at once (nothing was trained since the last checkpoint).
 
-May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.job` (the folder's status).
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io` (the world-size history).
 """
 
 from __future__ import annotations
