@@ -56,8 +56,9 @@ _running: list[Any] = []
 
 def rank_pids() -> list[int]:
     """PIDs of the rank processes the running elastic agent of this process started (its
-    process context's ``pids()``), empty before the first start; never the ranks' own children
-    (DataLoader workers)."""
+    process context's ``pids()``, read through the agent's private ``_pcontext``), empty before
+    the first start, and always on a torch other than 2.13 (:func:`start_ranks_safely` records
+    no agent there); never the ranks' own children (DataLoader workers)."""
     try:
         return [int(pid) for pid in _running[-1]._pcontext.pids().values()]
     except (IndexError, AttributeError):
