@@ -98,6 +98,7 @@ def test_on_another_torch_the_ranks_start_as_torch_starts_them(other_version, ca
         assert (LocalElasticAgent._start_workers, MultiprocessContext._start) == stock
         assert elastic_agent.FORK_GATE_ENV not in os.environ
     assert (LocalElasticAgent._start_workers, MultiprocessContext._start) == stock
+    assert elastic_agent.rank_pids() == []
     assert len(compat_lines(caplog)) == 1 and "start_ranks_safely" in compat_lines(caplog)[0]
 
 
