@@ -335,7 +335,7 @@ BAD_INPUT_MORE = [  # the same rule for keys the issue's list does not name
                  marks=NO_GPU),
     pytest.param(["device=cuda"], "device=cuda", id="cuda without GPU", marks=NO_GPU),
     pytest.param(["device=cpu", "backend=nccl"], "backend=nccl", id="nccl on the CPU"),
-    pytest.param(["device=gpu"], "device", id="device=gpu"),
+    # device=gpu: refused at composition (an Enum), tests/test_schema.py CHOICE_REFUSALS
     pytest.param(["optim=adamw", "optim.betas=[0.9]"], "optim", id="betas too short"),
     pytest.param(["scheduler.interval=batch"], "scheduler.interval",
                  id="scheduler key with scheduler=none"),

@@ -101,7 +101,7 @@ WORLD_SHAPE_ERRORS = [  # (overrides, the key the one line must name)
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_backend=static",
       "launcher.node_rank=2", "launcher.rdzv_endpoint=localhost:29400"], "launcher.node_rank"),
     (["launcher.node_rank=0"], "launcher.node_rank"),
-    (["launcher.rdzv_backend=etcd"], "launcher.rdzv_backend"),
+    # launcher.rdzv_backend=etcd: refused at composition, tests/test_schema.py CHOICE_REFUSALS
     (["launcher.cluster=slurm"], "launcher.cluster"),
     (["launcher.cluster=submitit"], "launcher.cluster"),  # not inside a submitit job
 ]

@@ -64,6 +64,13 @@ def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     """A one-line message for a config value of the wrong type, or None for other errors."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+    from ddp_exp.config.choices import refused_choice
+
+    # A name that no member of the key's Enum has: on the command line (the cause), or in a
+    # YAML file (Hydra raises its error inside OmegaConf's: the context).
+    choice = refused_choice(exc.__cause__ or exc.__context__)
+    if choice is not None:
+        return choice
     cause = exc.__cause__
     if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
         return None

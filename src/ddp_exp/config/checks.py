@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.config import schema
+from ddp_exp.config import ranges, schema
 from ddp_exp.config.compose import group_options
 from ddp_exp.config.errors import ConfigError, _check
 
@@ -70,11 +70,14 @@ def apply_global_batch(cfg: Any, world_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------ validation
-MAX_MONITOR_INTERVAL_S = 3600.0  # the elastic agent's longest wait between two checks
+OPEN_SECTIONS = {"data": ranges.data, "model": ranges.model, "optim": ranges.optim}
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check ranges and relations of a composed config (types were checked by OmegaConf).
+    """Check a composed config (types and names were checked by OmegaConf when Hydra composed
+    it): every key is present and known; ``OmegaConf.to_object`` builds the typed config, each
+    section's ``__post_init__`` checking its ranges (:mod:`ddp_exp.config.ranges`, also run here
+    on a section no dataclass holds); then the relations between keys, all checked here.
 
     Raises:
         ConfigError: one line naming the first offending key and what would be valid.
@@ -103,118 +106,51 @@ def validate(cfg: DictConfig) -> None:
             for key in cfg[f.name]:
                 _check(key in keys, f"{f.name}.{key}", cfg[f.name][key],
                        f"not a key of {f.name} (its keys: {', '.join(keys)})")
-    _check(cfg.world_size >= 1, "world_size", cfg.world_size, "a positive integer (1, 2, 3, ...)")
-    _check(cfg.seed >= 0, "seed", cfg.seed, "a non-negative integer")
-    d = cfg.data
     for key in ("_target_", "batch_size", "val_size", "shuffle", "num_workers"):
-        _check(key in d, f"data.{key}", None,
+        _check(key in cfg.data, f"data.{key}", None,
                "every data config needs it (extend schema/data/base)")
-    for key in ("batch_size", "val_size", "num_workers"):  # untyped user YAML included
-        value = d[key]
-        if key == "val_size" and value is None:  # data=tokens: about 10% of the stream
-            continue
-        _check(isinstance(value, int) and not isinstance(value, bool), f"data.{key}", value,
-               "an integer")
-    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, "a positive integer (per rank)")
+    _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp")
+    _check("lr" in cfg.optim, "optim.lr", None, "a non-negative learning rate")
+
+    typed = OmegaConf.to_object(cfg)  # every section's __post_init__: its ranges
+    for name, check in OPEN_SECTIONS.items():  # a user's YAML, a target's own +keys
+        section = getattr(typed, name)
+        check(section if isinstance(section, dict) else vars(section))
+    _check_relations(cfg)
+
+
+def _check_relations(cfg: DictConfig) -> None:
+    """The relations between keys (their ranges were checked): the global batch and the world,
+    the data loader's workers, the learning-rate scaling, the monitor, the scheduler's keys
+    and the world's layout on the nodes."""
+    d = cfg.data
     _check_global_batch(cfg)
-    _check(d.val_size is None or d.val_size >= 0, "data.val_size", d.val_size,
-           "0 (no validation) or a positive count")
-    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "0 or a positive integer")
-    test_size = d.get("test_size", 0)
-    _check(isinstance(test_size, int) and not isinstance(test_size, bool) and test_size >= 0,
-           "data.test_size", test_size, "0 (no test split) or a positive count")
-    if "task" in d:
-        _check(d.task in schema.TASKS, "data.task", d.task, f"one of {', '.join(schema.TASKS)}")
-    if "num_samples" in d:
-        _check(d.num_samples >= 2, "data.num_samples", d.num_samples, "an integer >= 2")
-    if "num_features" in d:
-        _check(d.num_features >= 1, "data.num_features", d.num_features, "a positive integer")
-    if d.get("num_classes") is not None:
-        _check(d.num_classes != 1 and d.num_classes >= 0, "data.num_classes", d.num_classes,
-               "0 (regression) or an integer >= 2")
     if d.get("prefetch_factor") is not None:
-        _check(d.prefetch_factor >= 1, "data.prefetch_factor", d.prefetch_factor,
-               "null (torch's default, 2) or a positive number of batches per worker")
         _check(d.num_workers > 0, "data.prefetch_factor", d.prefetch_factor,
                "null with data.num_workers=0 (no workers load ahead; torch refuses it too)")
-    if "pin_memory" in d:
-        _check(d.pin_memory in ("auto", True, False), "data.pin_memory", d.pin_memory,
-               "auto (on CUDA only), true or false")
-    if "channels" in d:
-        _check(d.channels in (1, 3), "data.channels", d.channels, "1 (grey) or 3 (RGB)")
-    if d.get("image_size") is not None:
-        _check(d.image_size >= 1, "data.image_size", d.image_size,
-               "null (the files' size) or a positive side in pixels")
-
-    _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp")
-    if "hidden_sizes" in cfg.model:
-        sizes = list(cfg.model.hidden_sizes)
-        _check(all(s >= 1 for s in sizes), "model.hidden_sizes", sizes, "positive layer widths")
-    _check("lr" in cfg.optim and cfg.optim.lr >= 0, "optim.lr", cfg.optim.get("lr"),
-           "a non-negative learning rate")
-    scaling = cfg.optim.get("lr_scaling", "none")
-    _check(scaling in schema.LR_SCALINGS, "optim.lr_scaling", scaling,
-           f"one of {', '.join(schema.LR_SCALINGS)}")
-    if scaling != "none":
+    if cfg.optim.get("lr_scaling", "none") != "none":
         ref = cfg.optim.get("reference_batch_size")
         _check(isinstance(ref, int) and ref >= 1, "optim.reference_batch_size", ref,
                "a positive global batch size")
-
     t = cfg.trainer
-    _check(t.epochs >= 1, "trainer.epochs", t.epochs, "a positive integer")
-    for key in ("limit_val_batches", "peak_flops"):  # null: all batches / no perf/mfu
-        _check(t.get(key) is None or t[key] > 0, f"trainer.{key}", t.get(key),
-               "null or a positive number")
-    _check(t.get("sample_every_n_epochs", 0) >= 0, "trainer.sample_every_n_epochs",
-           t.get("sample_every_n_epochs"), "0 (never) or a positive number of epochs")
-    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps,
-           "null (no cap) or a positive integer")
-    _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
-           "a positive integer")
-    _check(t.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches",
-           t.accumulate_grad_batches, "a positive integer")
-    _check(t.checkpoint_every_n_epochs >= 0, "trainer.checkpoint_every_n_epochs",
-           t.checkpoint_every_n_epochs, "0 (never) or a positive number of epochs")
-    for key, unit in (("checkpoint_every_n_steps", "optimizer steps"),
-                      ("checkpoint_every_n_minutes", "minutes")):
-        _check(t.get(key) is None or t[key] > 0, f"trainer.{key}", t.get(key),
-               f"null (off) or a positive number of {unit}")
-    _check(t.log_histograms_every_n_epochs >= 0, "trainer.log_histograms_every_n_epochs",
-           t.log_histograms_every_n_epochs, "0 (never) or a positive number of epochs")
-    _check(t.keep_checkpoints >= 1, "trainer.keep_checkpoints", t.keep_checkpoints,
-           "a positive integer")
-    _check(t.progress in schema.PROGRESS_MODES, "trainer.progress", t.progress,
-           f"one of {', '.join(schema.PROGRESS_MODES)}")
-    _check(t.precision in schema.PRECISIONS, "trainer.precision", t.precision,
-           f"one of {', '.join(schema.PRECISIONS)}")
-    _validate_recipe(cfg)
-
-    _check(cfg.device in schema.DEVICES, "device", cfg.device,
-           f"one of {', '.join(schema.DEVICES)}")
-    dist = cfg.distributed
-    _check(dist.backend in schema.BACKENDS, "backend", dist.backend,
-           f"one of {', '.join(schema.BACKENDS)}")
-    _check(dist.timeout_s > 0, "distributed.timeout_s", dist.timeout_s,
-           "a positive number of seconds")
+    _check(t.early_stopping_patience is None or t.monitor is not None,
+           "trainer.early_stopping_patience", t.early_stopping_patience,
+           "needs trainer.monitor (early stopping watches the monitored metric)")
+    _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
+           str(t.test_weights), "best needs trainer.monitor (which epoch is best); or last")
+    _check_scheduler(cfg.get("scheduler") or {})
 
     la = cfg.launcher
-    _check(la.nnodes >= 1, "launcher.nnodes", la.nnodes, "a positive integer")
     _check(cfg.world_size % la.nnodes == 0, "world_size", cfg.world_size,
            f"a multiple of launcher.nnodes={la.nnodes} (the same number of ranks on every node)")
-    host, _, port = la.rdzv_endpoint.rpartition(":")
-    _check(bool(host) and port.isdigit() and int(port) < 65536, "launcher.rdzv_endpoint",
-           la.rdzv_endpoint, "HOST:PORT, e.g. 127.0.0.1:0 (port 0: a free port, one node only)")
-    _check(la.rdzv_backend in schema.RDZV_BACKENDS, "launcher.rdzv_backend", la.rdzv_backend,
-           "c10d (elastic: nodes join by launcher.rdzv_id) or static (fixed launcher.node_rank)")
-    _check(la.cluster is None or la.cluster in schema.CLUSTERS, "launcher.cluster", la.cluster,
-           f"null (nodes from the config) or one of {', '.join(schema.CLUSTERS)}")
+    port = int(la.rdzv_endpoint.rpartition(":")[2])
     # As composed, a cluster preset leaves node_rank to each task of the job
     # (ddp_exp.launch.cluster).
     filled_per_task = la.cluster is not None and la.node_rank is None
     if la.rdzv_backend == "static" and not filled_per_task:
         _check(la.node_rank is not None and 0 <= la.node_rank < la.nnodes, "launcher.node_rank",
                la.node_rank, f"this node's index, 0..{la.nnodes - 1}, with rdzv_backend=static")
-        _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
+        _check(port > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
                "HOST:PORT of node 0 with a fixed port every node can reach, with "
                "rdzv_backend=static")
     elif la.rdzv_backend == "c10d":
@@ -224,56 +160,21 @@ def validate(cfg: DictConfig) -> None:
     if la.nnodes > 1 and la.rdzv_backend == "c10d":
         _check(bool(la.rdzv_id), "launcher.rdzv_id", la.rdzv_id,
                "a job id shared by every node, required when launcher.nnodes > 1")
-        _check(int(port) > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
+        _check(port > 0, "launcher.rdzv_endpoint", la.rdzv_endpoint,
                "HOST:PORT of the rendezvous with a fixed port every node can reach, when "
                "launcher.nnodes > 1")
-    _check(la.max_restarts >= 0, "launcher.max_restarts", la.max_restarts, "0 or more")
-    _check(la.start_method in schema.START_METHODS, "launcher.start_method", la.start_method,
-           f"one of {', '.join(schema.START_METHODS)}")
-    _check(0 < la.monitor_interval_s <= MAX_MONITOR_INTERVAL_S, "launcher.monitor_interval_s",
-           la.monitor_interval_s, f"seconds, > 0 and <= {MAX_MONITOR_INTERVAL_S:g}")
-    _check(la.rdzv_timeout_s > 0, "launcher.rdzv_timeout_s", la.rdzv_timeout_s,
-           "a positive number of seconds")
-    _check(cfg.ddp.bucket_cap_mb > 0, "ddp.bucket_cap_mb", cfg.ddp.bucket_cap_mb, "> 0 MiB")
 
 
-def _validate_recipe(cfg: DictConfig) -> None:
-    """The recipe keys (issue 15) that need no data: clipping, monitor, patience, test weights,
-    the scheduler's own ranges. What needs the data's size or metrics is checked by the
-    build step (``ddp_exp.launch.build.prepare``)."""
-    t = cfg.trainer
-    clip = t.gradient_clip_val
-    _check(clip is None or clip > 0, "trainer.gradient_clip_val", clip,
-           "null (off) or a positive max L2 norm of the gradients")
-    _check(t.monitor is None or str(t.monitor).startswith("val/"), "trainer.monitor", t.monitor,
-           "null or a validation metric: val/loss, val/accuracy, val/<metric>")
-    _check(t.monitor_mode is None or t.monitor_mode in schema.MONITOR_MODES, "trainer.monitor_mode",
-           t.monitor_mode, "null (from the metric) or one of min, max")
-    patience = t.early_stopping_patience
-    _check(patience is None or patience >= 1, "trainer.early_stopping_patience", patience,
-           "null (off) or a positive number of epochs")
-    _check(patience is None or t.monitor is not None, "trainer.early_stopping_patience",
-           patience, "needs trainer.monitor (early stopping watches the monitored metric)")
-    _check(t.test_weights is None or t.test_weights in schema.TEST_WEIGHTS, "trainer.test_weights",
-           t.test_weights, "null (best when a monitor exists), best or last")
-    _check(t.test_weights != "best" or t.monitor is not None, "trainer.test_weights",
-           t.test_weights, "best needs trainer.monitor (which epoch is best); or last")
-    s = cfg.get("scheduler") or {}
+def _check_scheduler(s: Mapping[str, Any]) -> None:
+    """The scheduler's keys fit the chosen scheduler (:func:`_check_scheduler_keys`); with a
+    ``_target_``, ``interval`` is one of :data:`ddp_exp.config.schema.SCHEDULER_INTERVALS` and
+    the keys of a user's target that share a built-in schedule's name are in its range."""
     _check_scheduler_keys(s)
     if s.get("_target_") is None:
         return
     _check(s.get("interval") in schema.SCHEDULER_INTERVALS, "scheduler.interval", s.get("interval"),
            f"one of {', '.join(schema.SCHEDULER_INTERVALS)}")
-    if "warmup_steps" in s:
-        _check(s.warmup_steps >= 0, "scheduler.warmup_steps", s.warmup_steps,
-               "0 or a positive number of optimizer steps")
-    if "min_lr" in s:
-        _check(s.min_lr >= 0, "scheduler.min_lr", s.min_lr, "a non-negative learning rate")
-    if "step_size_epochs" in s:
-        _check(s.step_size_epochs >= 1, "scheduler.step_size_epochs", s.step_size_epochs,
-               "a positive number of epochs")
-    if "gamma" in s:
-        _check(s.gamma > 0, "scheduler.gamma", s.gamma, "a positive factor")
+    ranges.scheduler(s)
 
 
 def _check_scheduler_keys(s: Mapping[str, Any]) -> None:
@@ -322,18 +223,12 @@ def check_precision(precision: str, device: str) -> None:
 
 
 def _check_global_batch(cfg: DictConfig) -> None:
-    """``data.global_batch_size`` (null, or a positive multiple of ``world_size``) and
-    ``data.max_batch_size_per_rank`` (null or positive); with a global batch, the
+    """``data.global_batch_size`` is a multiple of ``world_size``; with a global batch, the
     accumulation is derived, so ``trainer.accumulate_grad_batches`` must be left at 1."""
     d, world = cfg.data, cfg.world_size
-    cap = d.get("max_batch_size_per_rank")
-    _check(cap is None or cap >= 1, "data.max_batch_size_per_rank", cap,
-           "null (no cap) or a positive number of samples per rank")
-    total = d.get("global_batch_size")
+    total = d.get("global_batch_size")  # its range, and the cap's: ranges.data
     if total is None:
         return
-    _check(total >= 1, "data.global_batch_size", total,
-           "null (data.batch_size per rank) or a positive number of samples per optimizer step")
     lower, upper = total // world * world, -(-total // world) * world
     _check(total % world == 0, "data.global_batch_size", total,
            f"a multiple of world_size={world} (every rank takes an equal share), e.g. "

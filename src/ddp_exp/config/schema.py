@@ -1,15 +1,13 @@
-"""The config schema: every key a user can set, its type, default and allowed values.
+"""The config schema: every key a user can set, its type, its default and its range.
 
-Each config group's options are dataclasses here (``data``, ``model``, ``optim``, ``scheduler``,
-``trainer``, ``launcher``) plus the top-level :class:`Config`; :data:`SCHEMAS` names them in
-Hydra's ConfigStore (group ``schema``; :func:`ddp_exp.config.compose.register_configs` stores
-them). The
-YAML options in ``conf/`` extend these schemas (see ``conf/data/digits.yaml``), so OmegaConf
-checks types at composition; ranges and relations between keys are checked by
-:func:`ddp_exp.config.checks.validate`, against the allowed values listed here (``BACKENDS``, ...).
-
-Uses nothing of ddp_exp (OmegaConf's ``MISSING`` and ``SI`` only); :mod:`ddp_exp.config` and the
-modules that check a value against its choices (:mod:`ddp_exp.launch.cluster`) use it.
+Each config group's options are dataclasses here, plus the top-level :class:`Config`;
+:data:`SCHEMAS` names them in Hydra's ConfigStore (group ``schema``, stored by
+:func:`ddp_exp.config.compose.register_configs`). The YAML options of ``conf/`` extend them and
+set only what differs: a default is written here once. Types are checked when Hydra composes
+(a key whose values are names has an Enum of :mod:`ddp_exp.config.choices`); each section's
+``__post_init__`` checks its ranges (:mod:`ddp_exp.config.ranges`) when
+:func:`ddp_exp.config.checks.validate` builds the typed config, which then checks the relations
+between keys. Uses :mod:`ddp_exp.config.choices`, :mod:`ddp_exp.config.ranges` and OmegaConf.
 """
 
 from __future__ import annotations
@@ -19,14 +17,9 @@ from typing import Any
 
 from omegaconf import MISSING, SI
 
-BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
-START_METHODS = ("fork", "forkserver", "spawn")
-RDZV_BACKENDS = ("c10d", "static")
-CLUSTERS = ("submitit", "slurm")  # launcher.cluster: where nodes and the rendezvous come from
-TASKS = ("auto", "classification", "regression")
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-PROGRESS_MODES = ("auto", "bar", "log", "off")
+from ddp_exp.config import choices, ranges
+from ddp_exp.config.choices import CLUSTERS as CLUSTERS  # allowed values, as before the Enums
+from ddp_exp.config.choices import SCHEDULER_INTERVALS as SCHEDULER_INTERVALS
 
 
 # ----------------------------------------------------------------------------------- data
@@ -48,6 +41,9 @@ class DataConfig:
     prefetch_factor: int | None = None  # batches each worker loads ahead (null: torch's 2)
     pin_memory: Any = "auto"  # auto (on CUDA only) | true | false
     test_size: int = 0  # held-out test samples, chosen by the seed alone (disjoint from val)
+
+    def __post_init__(self) -> None:
+        ranges.data(vars(self))
 
 
 @dataclass
@@ -127,6 +123,9 @@ class MLPConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [128])
     dropout: float = 0.0
 
+    def __post_init__(self) -> None:
+        ranges.model(vars(self))
+
 
 @dataclass
 class GPTConfig:
@@ -156,9 +155,6 @@ class LinearConfig:
 
 
 # ---------------------------------------------------------------------------------- optim
-LR_SCALINGS = ("none", "linear", "sqrt")
-
-
 @dataclass
 class OptimConfig:
     """Keys every optimizer has; ``lr_scaling`` and ``reference_batch_size`` are ours, the rest
@@ -169,6 +165,9 @@ class OptimConfig:
     lr: float = MISSING  # base learning rate, at the reference global batch size
     lr_scaling: str = "none"  # none | linear | sqrt: scale lr by global batch / reference
     reference_batch_size: int = 64  # the global batch size at which lr is the base lr
+
+    def __post_init__(self) -> None:
+        ranges.optim(vars(self))
 
 
 @dataclass
@@ -190,15 +189,15 @@ class AdamWConfig(OptimConfig):
 
 
 # ------------------------------------------------------------------------------ scheduler
-SCHEDULER_INTERVALS = ("step", "epoch")
-
-
 @dataclass
 class SchedulerConfig:
     """Keys every scheduler has (see :mod:`ddp_exp.train.schedule`); ``_target_: null`` is none."""
 
     _target_: str | None = None  # a torch.optim.lr_scheduler class (or ours); null: constant lr
     interval: str = "step"  # step: once per optimizer step | epoch: once per epoch
+
+    def __post_init__(self) -> None:
+        ranges.scheduler(vars(self))
 
 
 @dataclass
@@ -217,10 +216,6 @@ class StepSchedulerConfig(SchedulerConfig):
 
 
 # ------------------------------------------------------------------------- trainer & world
-MONITOR_MODES = ("min", "max")
-TEST_WEIGHTS = ("best", "last")
-
-
 @dataclass
 class TrainerConfig:
     epochs: int = 10
@@ -229,7 +224,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step (no_sync for all but last)
     precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (CUDA only)
     compile: bool = False  # torch.compile the DDP model
-    progress: str = "auto"  # auto (bar on a terminal, else log lines) | bar | log | off
+    progress: choices.Progress = choices.Progress.auto  # auto: a bar on a terminal, else log lines
     save_last: bool = True  # checkpoints/last.pt after every epoch (resume, elastic restarts)
     checkpoint_every_n_epochs: int = 0  # also checkpoints/epoch_NNNN.pt every N epochs (0: never)
     checkpoint_every_n_steps: int | None = None  # checkpoints/last.pt mid-epoch too (null: off)
@@ -244,9 +239,9 @@ class TrainerConfig:
     log_histograms_every_n_epochs: int = 0  # parameter/gradient histograms (0: never)
     gradient_clip_val: float | None = None  # max global L2 norm of the gradients (null: off)
     monitor: str | None = "val/loss"  # reduced validation metric for best.pt / early stopping
-    monitor_mode: str | None = None  # min | max (null: max for val/accuracy, else min)
+    monitor_mode: choices.MonitorMode | None = None  # null: max for val/accuracy, else min
     early_stopping_patience: int | None = None  # epochs without improvement (null: off)
-    test_weights: str | None = None  # best | last (null: best when a monitor exists)
+    test_weights: choices.ScoredWeights | None = None  # null: best when a monitor exists
     output_key: str = "logits"  # a model returning a mapping: the output's key
     # per-element labels [B, *dims]: logits [B, *dims, C] (last) or [B, C, *dims] (1)
     class_dim: str = "last"
@@ -256,11 +251,17 @@ class TrainerConfig:
     sample_every_n_epochs: int = 1  # data=tokens: rank 0's text sample (TensorBoard, 0: never)
     sample_prompt: str = "The "  # ... continued from this prompt (byte-level data)
 
+    def __post_init__(self) -> None:
+        ranges.trainer(vars(self))
+
 
 @dataclass
 class DistributedConfig:
-    backend: str = "auto"  # set through the `backend` group: auto | gloo | nccl
+    backend: choices.Backend = choices.Backend.auto  # set through the `backend` group
     timeout_s: float = 600.0  # collective timeout of the process group, seconds
+
+    def __post_init__(self) -> None:
+        ranges.distributed(vars(self))
 
 
 @dataclass
@@ -269,14 +270,17 @@ class LauncherConfig:
 
     nnodes: int = 1
     max_restarts: int = 0
-    rdzv_backend: str = "c10d"  # c10d (elastic, needs rdzv_id) | static (needs node_rank)
+    rdzv_backend: choices.RdzvBackend = choices.RdzvBackend.c10d  # c10d | static
     rdzv_endpoint: str = "127.0.0.1:0"  # port 0: a free port chosen at launch (one node only)
     rdzv_id: str | None = None  # c10d: the same id on every node of a multi-node world
     node_rank: int | None = None  # static: this node's index, 0..nnodes-1 (node 0 hosts it)
     cluster: str | None = None  # null | submitit | slurm: nodes and rendezvous from the job
     rdzv_timeout_s: int = 900
-    start_method: str = "fork"
+    start_method: choices.StartMethod = choices.StartMethod.fork
     monitor_interval_s: float = 0.1  # seconds between the agent's checks of its ranks (torch's)
+
+    def __post_init__(self) -> None:
+        ranges.launcher(vars(self))
 
 
 @dataclass
@@ -288,6 +292,9 @@ class DDPConfig:
     static_graph: bool = False
     find_unused_parameters: bool = False
     sync_batchnorm: bool = False  # BatchNorm statistics over the world's global batch
+
+    def __post_init__(self) -> None:
+        ranges.ddp(vars(self))
 
 
 @dataclass
@@ -303,10 +310,12 @@ class Config:
     loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
     metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks
-    device: str = "auto"  # auto | cpu | cuda (each rank on cuda:LOCAL_RANK)
+    device: choices.Device = choices.Device.auto  # auto | cpu | cuda (each rank on cuda:LOCAL_RANK)
     seed: int = 0
     print_config: bool = True
 
+    def __post_init__(self) -> None:
+        ranges.top(vars(self))
 
 
 # Hydra's ConfigStore entries, (group under schema/, name, node): conf/<group>/<option>.yaml

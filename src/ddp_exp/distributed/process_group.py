@@ -91,6 +91,7 @@ def resolve_placement(device: str, backend: str, local_world_size: int,
         ConfigError: ``device=cuda`` or ``backend=nccl`` without one CUDA device per local rank,
             ``backend=nccl`` with ``device=cpu``, or ``nccl`` in a torch built without it.
     """
+    device, backend = str(device), str(backend)  # an Enum of the schema: its plain name
     gpus = cuda_device_count() if gpus is None else gpus
     enough = gpus >= local_world_size
     if device == "auto":

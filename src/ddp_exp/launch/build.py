@@ -104,7 +104,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     source = checkpoint.find_resume(job_dir, cfg.trainer.resume, restarted=False)
     # Check the file and that it fits, before ranks start.
     state = None if source is None else _resumable_state(cfg, source, model, world_size)
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # ranks: plain values
     if state is not None:
         checkpoint.check_same_split(state.get("config"), plain, cfg.trainer.resume,
                                     cfg.trainer.resume_allow_changes)

@@ -156,8 +156,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
             preemption.continue_stopped(cfg, hc.runtime.output_dir,
                                         run_status(hc.runtime.output_dir),
                                         int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-        shared = [OmegaConf.to_container(cfg, resolve=True), hc.runtime.output_dir,
-                  jobdir.job_log_file()] if world.is_main else [None, None, None]
+        shared = [OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                  hc.runtime.output_dir, jobdir.job_log_file()] if world.is_main else [None] * 3
         dist.broadcast_object_list(shared, src=0)
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
