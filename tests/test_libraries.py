@@ -191,7 +191,7 @@ def test_no_test_module_imports_another():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
             found += [f"{path.name}:{node.lineno} imports {n}" for n in names
-                      if n.split(".")[0] in modules | {"conftest"}]
+                      if n.split(".")[0] in modules]
     assert found == []
 
 
