@@ -60,7 +60,7 @@ sweep: $(VENV)/.installed-run  ## a batch-size sweep, one world per job, under o
 tensorboard: $(VENV)/.installed-run  ## every run under outputs/, on http://127.0.0.1:$(PORT)
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
 
-bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP and Lightning: docs/benchmarks.md, benchmarks/results.csv (ARGS="--quick" to smoke-test)
+bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP, Lightning and a nanoGPT-style loop: docs/benchmarks.md, benchmarks/results.csv (ARGS="--quick" to smoke-test, ARGS="--only lm" for the language model alone)
 	@if [ -z "$(NO_BENCH_EXTRA)" ]; then $(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e ".[bench]" \
 	  || echo "lightning did not install: its baseline is skipped"; fi
 	$(BIN)/python benchmarks/run.py $(ARGS)
