@@ -87,8 +87,9 @@ def signal_number(value: Any, cluster: str | None) -> signal.Signals | None:
         sig = None
     if sig is None or sig.name in _REFUSED or sig.name.startswith("SIGRT"):
         raise ConfigError(f"trainer.preempt_signal={value!r} is invalid: use auto (USR1 under "
-                          "launcher.cluster=slurm, else off), null, or the signal your "
-                          "scheduler sends before it stops the job: USR1, USR2, TERM, HUP, ...")
+                          "launcher.cluster=slurm, submitit's USR2 under launcher=slurm, else "
+                          "off), null, or the signal your scheduler sends before it stops the "
+                          "job: USR1, USR2, TERM, HUP, ...")
     return sig
 
 
