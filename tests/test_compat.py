@@ -524,3 +524,22 @@ def test_on_another_python_the_process_exits_as_python_does():
         "ddp_exp.compat: atexit._run_exitfuncs was written for python 3.10.x / 3.11.x / 3.12.x "
         "/ 3.13.x, found none: the process ends through the interpreter's own exit and "
         "teardown", "returned"]
+
+
+# ------------------------------------------------------------------ public routes instead
+def test_a_ranks_error_file_is_written_through_torchs_documented_variable(tmp_path, monkeypatch):
+    """rank.failures writes errors/rank<R>.json with torch's ErrorHandler by pointing
+    TORCHELASTIC_ERROR_FILE at it for the call (no override of ErrorHandler's private
+    _get_error_file_path); torchrun's own value is put back."""
+    from ddp_exp.rank.failures import _record_error_file
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "torchrun.json"))
+    try:
+        raise ValueError("bad batch")
+    except ValueError as exc:
+        _record_error_file(str(tmp_path / "rank1.json"), exc)
+    record = json.loads((tmp_path / "rank1.json").read_text())
+    assert record["message"]["message"] == "ValueError: bad batch"
+    assert "py_callstack" in record["message"]["extraInfo"]
+    assert os.environ["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "torchrun.json")
+    assert not (tmp_path / "torchrun.json").exists()

@@ -146,6 +146,9 @@ class RankFailed(Exception):
         self.line, self.job_dir, self.report, self.peer = line, job_dir, report, peer
 
 
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torch's ErrorHandler writes a rank's error
+
+
 def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFailed:
     """Call in the ``except`` block of a rank that torchrun (or srun) started, around its
     training. Does what the built-in launcher's ``@record`` and failure table do: the traceback
@@ -182,20 +185,24 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
     except OSError:  # no folder to record in: rank 0 still reports
         report = rank == 0
     with contextlib.suppress(OSError):
-        _ErrorFile(os.path.join(errors, f"rank{rank}.json")).record_exception(exc)
+        _record_error_file(os.path.join(errors, f"rank{rank}.json"), exc)
     ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one
     return RankFailed(line, job_dir, report, False)
 
 
-class _ErrorFile(ErrorHandler):
-    """torch's ``ErrorHandler`` writing to ``path`` instead of ``TORCHELASTIC_ERROR_FILE``."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self.path = path
-
-    def _get_error_file_path(self) -> str:
-        return self.path
+def _record_error_file(path: str, exc: BaseException) -> None:
+    """torch's ``ErrorHandler.record_exception`` writing its error file to ``path``: it writes
+    to the file ``TORCHELASTIC_ERROR_FILE`` names (torch's documented variable), set to ``path``
+    for the call (no private method of torch's overridden)."""
+    saved = os.environ.get(ERROR_FILE_ENV)
+    os.environ[ERROR_FILE_ENV] = path
+    try:
+        ErrorHandler().record_exception(exc)
+    finally:
+        if saved is None:
+            os.environ.pop(ERROR_FILE_ENV, None)
+        else:
+            os.environ[ERROR_FILE_ENV] = saved
 
 
 def restart_line(attempt: int, max_restarts: int, source: str | None,
