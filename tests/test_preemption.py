@@ -29,7 +29,8 @@ from ddp_exp.launch import cluster
 from ddp_exp.rank import preemption
 
 # Sends $DDP_EXP_TEST_PREEMPT_SIGNAL (SIGUSR1) to the launcher (rank 0's parent) before rank 0's
-# step $DDP_EXP_TEST_PREEMPT_AT, noting the time in $DDP_EXP_TEST_MARKER.
+# step $DDP_EXP_TEST_PREEMPT_AT, noting the time in $DDP_EXP_TEST_MARKER, then holds rank 0 for
+# 0.5 s.
 SITE = """
 import os
 _at = int(os.environ.get("DDP_EXP_TEST_PREEMPT_AT", "0"))
@@ -47,6 +48,7 @@ if _at:
                 fh.write(str(time.time()))
             name = os.environ.get("DDP_EXP_TEST_PREEMPT_SIGNAL", "SIGUSR1")
             os.kill(os.getppid(), getattr(signal, name))
+            time.sleep(0.5)  # the signal reaches every rank before the next logging check
 
     register_optimizer_step_pre_hook(_hook)
 """
@@ -232,7 +234,10 @@ def test_submitit_requeue_is_its_own_protocol():
 
 # ------------------------------------------------------------------------------------- CLI
 RUN = ["world_size=2", "trainer.epochs=2", QUIET]  # conftest's default_run_2_epochs
-STEPS_PER_EPOCH, LOG_EVERY, SIGNAL_AT = 24, 10, 26  # digits: 1500 samples / (2 x 32)
+# digits: 1500 samples / (2 x 32) per step; logging checks at 10, 20, 24 (the epoch's end), 30,
+# 40, 48. The signal goes out before step 25 (rank 0 then waits 0.5 s: time for it to reach
+# every rank on a loaded machine), its flag rides the check at 30 and settles at 40: mid-epoch 2.
+STEPS_PER_EPOCH, LOG_EVERY, SIGNAL_AT = 24, 10, 25
 
 
 def test_sigusr1_mid_epoch_checkpoints_requeues_once_and_resumes_exactly(
