@@ -26,7 +26,6 @@ import pytest
 
 CASE_TAG = "DDP_EXP_CASE_TAG"
 TESTS = Path(__file__).resolve().parent
-CONF = TESTS.parent / "conf"
 
 
 @dataclass
@@ -415,14 +414,14 @@ def initial_mlp(seed: int, datasets):
     """The seeded initial MLP, built as ``ddp_exp.launch.build.prepare`` does (seed, then
     build), in eval mode."""
     import torch
-    import yaml
 
+    from ddp_exp.config.schema import MLPConfig
     from ddp_exp.train.models import MLP
 
-    mlp = yaml.safe_load((CONF / "model" / "mlp.yaml").read_text())  # the default model
+    mlp = MLPConfig()  # the default model's keys (conf/model/mlp.yaml restates none)
     torch.manual_seed(seed)
     model = MLP(datasets.train.input_shape, datasets.train.num_outputs,
-                hidden_sizes=mlp["hidden_sizes"], dropout=mlp["dropout"])
+                hidden_sizes=mlp.hidden_sizes, dropout=mlp.dropout)
     return model.eval()
 
 
