@@ -9,18 +9,13 @@ HParams numbers are read back through TensorBoard's own HParams plugin.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
-from helpers import QUIET, hparams_table, scalars
+from helpers import QUIET, hparams_table, initial_mlp, scalars
 
 from ddp_exp.data import build_datasets, load_digits
-from ddp_exp.train.models import MLP
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 VAL, BATCH, EPOCHS, EVERY = 297, 50, 2, 4  # 750 samples per rank: 15 steps of 2 x 50 an epoch
 STEPS_PER_EPOCH = (1797 - VAL) // 2 // BATCH
 
@@ -31,10 +26,7 @@ def frozen_step_losses() -> list[torch.Tensor]:
     from torch.utils.data import DistributedSampler
 
     ds = build_datasets(load_digits(), VAL, 0, 2)
-    mlp = yaml.safe_load((CONF / "model" / "mlp.yaml").read_text())  # the default model
-    torch.manual_seed(0)
-    model = MLP(ds.train.input_shape, ds.train.num_outputs, hidden_sizes=mlp["hidden_sizes"],
-                dropout=mlp["dropout"]).eval()
+    model = initial_mlp(0, ds)  # the default model, seeded, in eval mode
     with torch.no_grad():
         losses = F.cross_entropy(model(torch.from_numpy(ds.train.features)),
                                  torch.from_numpy(ds.train.targets), reduction="none").double()
