@@ -28,7 +28,11 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    without waiting and finished at the next check (the next logging step or the epoch's end),
    so the host never waits for it between steps; its scalars go into one TensorBoard event,
    encoded after the epoch's loop (``MetricsWriter.queue_scalars``). A non-finite sum stops
-   every rank at once, at that next check, naming the first bad step.
+   every rank at once, at that next check, naming the first bad step. The same all-reduce
+   carries the step checkpoints' decisions (``trainer.checkpoint_every_n_minutes`` on rank 0's
+   clock, a preemption on any rank); a step checkpoint writes ``checkpoints/last.pt`` inside
+   the epoch with its position, and an epoch resumed from one starts there
+   (:mod:`ddp_exp.train.step_checkpoint`).
 4. Evaluation of the whole validation set through the unwrapped model
    (:mod:`ddp_exp.train.evaluation`): one all-reduce of (loss sum, correct, count), and rank 0
    writes ``val/loss`` and ``val/accuracy``.
@@ -335,7 +339,9 @@ class Trainer:
         window = self.window
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
                             trainer["epochs"], self.steps_per_epoch)
-        progress.done = first
+        progress.done = first  # a resumed epoch's steps done
+        if progress.bar is not None:
+            progress.bar.update(first)
         t_epoch = t_mark = time.perf_counter()
         try:
             batches = self.loader if self.perf is None else self.perf.timed(self.loader)
