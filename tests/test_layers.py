@@ -77,8 +77,9 @@ def test_old_module_paths_import_as_the_modules_that_replaced_them():
     object, so a class located through the old path is the class itself."""
     import importlib
 
-    import ddp_exp
     from hydra.utils import get_class, get_method
+
+    import ddp_exp
 
     for old, new in ddp_exp.OLD_PATHS.items():
         assert importlib.import_module(old) is importlib.import_module(new), old
