@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUIET, free_port
+from helpers import QUIET, free_port, tensorboard_series
 from omegaconf import OmegaConf
 
 from ddp_exp.config.errors import ConfigError
@@ -290,16 +290,6 @@ def test_sigusr1_mid_epoch_checkpoints_requeues_once_and_resumes_exactly(
         series, ref = tensorboard_series(job, tag), tensorboard_series(reference, tag)
         assert [s for s, _ in series] == [s for s, _ in ref], tag
         assert [v for _, v in series] == pytest.approx([v for _, v in ref], rel=1e-5), tag
-
-
-def tensorboard_series(job_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``tag`` over every event file of the job (a resumed run adds one),
-    with what the resumed writer's ``purge_step`` hides removed."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(job_dir / "tensorboard"), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 def test_sigterm_as_the_preempt_signal_is_not_an_interrupt(tmp_path, run_cli):
