@@ -36,6 +36,7 @@ from helpers import (
     folder_files,
     load_ckpt,
     refused_before_ranks,
+    shared_run,
     start_at_phase,
     start_watched,
     tagged_processes,
@@ -91,18 +92,9 @@ def assert_same_result(run_dir: Path, ref_dir: Path, tol: float) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """An uninterrupted world_size=2, 4-epoch run of the plain ``model=mlp`` (seed 0); its job
-    folder."""
-    root = tmp_path_factory.mktemp("reference")
-    job = root / "job"
-    tag = uuid.uuid4().hex
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddp_exp", "world_size=2", "trainer.epochs=4", "seed=0",
-         "model=mlp", QUIET, f"hydra.run.dir={job}"],
-        cwd=root, env=cli_env(tag), capture_output=True, text=True, timeout=180,
-        stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return job
+    folder (made once per test session: :func:`helpers.shared_run`). Tests only read it."""
+    return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=4", "seed=0",
+                      "model=mlp", QUIET).job_dir
 
 
 def test_faulty_model_matches_mlp_and_fires_once(tmp_path, monkeypatch):
