@@ -19,7 +19,7 @@ from helpers import TESTS, session_dir
 # ------------------------------------------------------------ the job folder's lock (4a)
 HOLD = """
 import sys
-from ddp_exp.job.folder import job_folder_lock
+from ddp_exp.job.lock import job_folder_lock  # no torch: the holder starts at once
 with job_folder_lock(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.readline()
