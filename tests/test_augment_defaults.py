@@ -45,7 +45,7 @@ def test_built_in_augmentation_keeps_the_image_and_does_not_mirror_it():
     as a horizontal flip would put it half of the time, nor cropped out of the picture."""
     import torch
 
-    from ddp_exp.data.images import build_augmentation
+    from ddp_exp.data.image_batch import build_augmentation
 
     torch.manual_seed(0)
     x = torch.zeros(256, 1, 8, 8)

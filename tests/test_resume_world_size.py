@@ -62,7 +62,7 @@ def test_the_resolved_config_holds_the_derived_batch(compose):
 # ------------------------------------------------------------ item 3: another world size
 def keyed_rows(positions, seed=0, epoch=1):
     """The augmented images of ``positions`` of an 8x8 batch, each keyed by the sample."""
-    from ddp_exp.data.images import ImageBatch
+    from ddp_exp.data.image_batch import ImageBatch
     from ddp_exp.data.loaders import sample_keys
 
     images = torch.arange(64 * 40, dtype=torch.uint8).reshape(40, 1, 8, 8)

@@ -22,7 +22,9 @@ The package, one module per concept:
 * :mod:`~ddp_exp.data.arrays`: in-memory arrays, digits, synthetic data;
 * :mod:`~ddp_exp.data.user_file`: a user's .pt/.npz/.csv file;
 * :mod:`~ddp_exp.data.lazy`: map-style torch datasets, split by index, read when indexed;
-* :mod:`~ddp_exp.data.images`: image folders and their batch transform;
+* :mod:`~ddp_exp.data.images`: image folders;
+* :mod:`~ddp_exp.data.image_batch`: an image folder's batch transform (scale, augmentation,
+  normalisation);
 * :mod:`~ddp_exp.data.tokens`: a token stream in windows (``data=tokens``);
 * :mod:`~ddp_exp.data.splits`: :class:`Datasets`, the seeded hold-out, ``data.standardize``;
 * :mod:`~ddp_exp.data.loaders`: the rank side, this rank's batches.
@@ -167,9 +169,9 @@ def _lazy_datasets(made: Any, data_cfg: Mapping[str, Any], seed: int,
 
 def _transforms(train: Any, data_cfg: Mapping[str, Any]):
     """``(is_folder, train_tf, eval_tf)``: for an image folder, the training and evaluation
-    batch transforms (:class:`ddp_exp.data.images.ImageBatch`), ``data.transform`` built once
+    batch transforms (:class:`ddp_exp.data.image_batch.ImageBatch`), ``data.transform`` built once
     and shared by every split; None and None for other data."""
-    from ddp_exp.data import images
+    from ddp_exp.data import image_batch, images
 
     if not isinstance(train, images.ImageFolder):
         return False, None, None
@@ -184,8 +186,8 @@ def _transforms(train: Any, data_cfg: Mapping[str, Any]):
         if not callable(transform):
             raise ConfigError(f"data.transform._target_={user.get('_target_')!r} built a "
                               f"{type(transform).__name__}, which is not callable")
-    return (True, images.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform),
-            images.ImageBatch(mean, std))
+    return (True, image_batch.ImageBatch(mean, std, bool(data_cfg.get("augment")), transform),
+            image_batch.ImageBatch(mean, std))
 
 
 def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, seed,

@@ -15,7 +15,7 @@ Randomness (augmentation, a user's transform, draws in a user's ``__getitem__``)
 sample of lazy data: each sample's key derives from (``seed``, epoch, the sample's index in
 its split, the split's stream) alone (:func:`sample_keys`); the item is read with torch's,
 Python's and NumPy's global RNGs seeded from its key (put back after the batch), and the
-built-in augmentation draws its parameters from the keys (:mod:`ddp_exp.data.images`). So
+built-in augmentation draws its parameters from the keys (:mod:`ddp_exp.data.image_batch`). So
 the draws differ between samples and epochs, are the same in every rerun, whatever
 ``num_workers``, ``prefetch_factor``, worker scheduling, the rank or the world size that serves
 the sample, and resume exactly mid-epoch and in a world of another size (issue 30).
