@@ -186,9 +186,10 @@ def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
 def test_batches_keep_integer_ids_and_pad_with_ignore_index():
     from ddp_exp.data import lazy
     from ddp_exp.data.batches import Call
+    from ddp_exp.data.collate import Padding
 
     split = lazy.TorchSplit(Tokens(3, 0), torch.arange(3).numpy(), lazy.ItemReader(), (5,),
-                            VOCAB, elementwise=True, padding=lazy.Padding(7, -100, False))
+                            VOCAB, elementwise=True, padding=Padding(7, -100, False))
     x, y = split.batch([0, 1, 2])
     lengths = [len(s) - 1 for s in _sequences(3, 0)]
     assert isinstance(x, Call) and x.args[0].dtype == torch.int64

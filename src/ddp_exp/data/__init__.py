@@ -22,6 +22,7 @@ The package, one module per concept:
 * :mod:`~ddp_exp.data.arrays`: in-memory arrays, digits, synthetic data;
 * :mod:`~ddp_exp.data.user_file`: a user's .pt/.npz/.csv file;
 * :mod:`~ddp_exp.data.lazy`: map-style torch datasets, split by index, read when indexed;
+* :mod:`~ddp_exp.data.collate`: their items collated into a batch (padding, the transform);
 * :mod:`~ddp_exp.data.images`: image folders;
 * :mod:`~ddp_exp.data.image_batch`: an image folder's batch transform (scale, augmentation,
   normalisation);
@@ -195,6 +196,7 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
     import dataclasses
 
     from ddp_exp.data import lazy
+    from ddp_exp.data.collate import Padding
 
     target = data_cfg["_target_"]
     train = parts["train"]
@@ -202,8 +204,8 @@ def _describe_and_split(parts, mode, reader, task, data_cfg, train_tf, eval_tf, 
         train, reader, task, data_cfg.get("num_classes"), train_tf,
         "data._target_'s" if mode == "single" else "training")
 
-    padding = lazy.Padding(data_cfg.get("pad_value", 0), data_cfg.get("ignore_index", -100),
-                           bool(data_cfg.get("shift_labels")))
+    padding = Padding(data_cfg.get("pad_value", 0), data_cfg.get("ignore_index", -100),
+                      bool(data_cfg.get("shift_labels")))
     first_target = reader(first)[1]
     # Class labels per element (tokens, pixels): any target of more than one label.
     elementwise = bool(num_classes) and (first_target.numel() > 1 or padding.shift_labels)

@@ -5,10 +5,10 @@ taken from each sample's key (:func:`keyed_affine`) so a sample is augmented ali
 batch, rank or world serves it.
 
 The folder itself (the file list, decoding with Pillow) is :mod:`ddp_exp.data.images`; the
-transform runs on each collated batch (:func:`ddp_exp.data.lazy.collate_inputs`), in the rank
-or in its DataLoader workers.
+transform runs on each collated batch (:func:`ddp_exp.data.collate.collate_inputs`), in the
+rank or in its DataLoader workers.
 
-May use: :mod:`ddp_exp.data.seeds` (the sample keys' draws), :mod:`ddp_exp.data.lazy`
+May use: :mod:`ddp_exp.data.seeds` (the sample keys' draws), :mod:`ddp_exp.data.collate`
 (``TRANSFORM_SALT``), torch, Kornia.
 """
 
@@ -38,7 +38,7 @@ class ImageBatch:
             or None.
     """
 
-    keyed = True  # takes each sample's key (ddp_exp.data.lazy.collate_inputs)
+    keyed = True  # takes each sample's key (ddp_exp.data.collate.collate_inputs)
 
     def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                  augment: bool = False, transform: Callable[[Any], Any] | None = None):
@@ -51,7 +51,7 @@ class ImageBatch:
     def __call__(self, images, keys=None):
         import torch
 
-        from ddp_exp.data.lazy import TRANSFORM_SALT
+        from ddp_exp.data.collate import TRANSFORM_SALT
         from ddp_exp.data.seeds import reseed
 
         x = images.to(torch.float32).div_(255.0) if images.dtype == torch.uint8 \
