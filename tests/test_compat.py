@@ -543,3 +543,190 @@ def test_a_ranks_error_file_is_written_through_torchs_documented_variable(tmp_pa
     assert "py_callstack" in record["message"]["extraInfo"]
     assert os.environ["TORCHELASTIC_ERROR_FILE"] == str(tmp_path / "torchrun.json")
     assert not (tmp_path / "torchrun.json").exists()
+
+
+# ------------------------------------------------------------------ no private name outside compat
+# Another library's private names read outside ddp_exp.compat, each with why it stays there.
+PRIVATE_NAMES_ALLOWED = {
+    # os._exit is public (documented), underscored by name only.
+    ("*", "_exit"),
+    # torch's own SyncBatchNorm extends _BatchNorm too; DDP refuses that public class on CPU.
+    # Held by test_contract_cpu_sync_batchnorm_builds_on_torchs_batchnorm_base.
+    ("ddp_exp/distributed/sync_batchnorm.py", "_BatchNorm"),
+    # torch's autograd engine (Variable._execution_engine.queue_callback): not fenced yet.
+    ("ddp_exp/metrics/perf.py", "_execution_engine"),
+}
+
+
+def private_names_outside_compat() -> list[str]:
+    """``path:line name`` for each ``x._name`` (x not ``self``/``cls``) and each ``from lib
+    import _name`` (lib not ours) in src/ outside ddp_exp/compat, read with :mod:`ast`."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith("ddp_exp/compat/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and not (
+                    node.module or "").startswith(("ddp_exp", "hydra_plugins.ddp_")):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.Attribute) and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                names = [node.attr]
+            for name in names:
+                private = name.startswith("_") and not name.endswith("_")  # not _target_
+                if private and not {(rel, name), ("*", name)} & PRIVATE_NAMES_ALLOWED:
+                    found.append(f"{rel}:{node.lineno} {name}")
+    return found
+
+
+def test_no_private_name_of_another_library_is_read_outside_compat():
+    """Issue 27 item 3: a borrowed internal lives in ddp_exp.compat behind its version (or is
+    replaced by public API). The sweeper read Optuna's trial._trial_id and study._storage."""
+    assert private_names_outside_compat() == []
+
+
+# ------------------------------------------------------------------ Optuna: public API only
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_contract_the_sweepers_trial_ids_and_requeue_go_through_the_public_storage(
+        tmp_path, kind):
+    """The sweeper hands a job its trial's id read through the storage's public methods
+    (pruning.trial_id), and the job's optuna.trial.Trial(study, id) reports into that trial;
+    an interrupted trial is marked FAIL and "interrupted" through the same storage, and
+    requeued once (it read Optuna's private trial._trial_id and study._storage)."""
+    optuna = pytest.importorskip("optuna")
+    from ddp_exp.job import pruning
+    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+
+    url = (str(tmp_path / "journal.log") if kind == "journal"
+           else f"sqlite:///{tmp_path / 'study.db'}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = pruning.storage_of(url)
+    assert isinstance(storage, optuna.storages.BaseStorage)
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    running = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    job_side = optuna.load_study(study_name="s", storage=pruning.storage_of(url))
+    optuna.trial.Trial(job_side, pruning.trial_id(storage, "s", running.number)).report(0.5, 1)
+    assert study.get_trials()[1].intermediate_values == {1: 0.5}
+    assert study.get_trials()[0].intermediate_values == {}
+    study.tell(0, 1.0)
+    sweeper = DDPOptunaSweeper({}, {}, None, "s", url, 1, 1, {})
+    sweeper._requeue_interrupted(study, storage)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
+    assert trials[1].user_attrs == {"interrupted": True}
+    assert trials[2].user_attrs == {"requeue_of": 1}
+    assert study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}).params == running.params
+
+
+# ------------------------------------------------------------------ torch's _BatchNorm
+def test_contract_cpu_sync_batchnorm_builds_on_torchs_batchnorm_base():
+    """CPUSyncBatchNorm extends torch's private _BatchNorm (as torch's own SyncBatchNorm does:
+    DDP refuses that public class on CPU, so it cannot be the base), takes its constructor's
+    arguments in order, keeps its parameters and buffers (the state-dict keys of BatchNorm),
+    replaces its forward and implements the input check that forward calls; convert finds
+    every torch BatchNorm through it."""
+    import torch
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
+
+    from ddp_exp.distributed.sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
+
+    assert list(inspect.signature(_BatchNorm.__init__).parameters)[:6] == [
+        "self", "num_features", "eps", "momentum", "affine", "track_running_stats"]
+    assert list(inspect.signature(_NormBase._check_input_dim).parameters) == ["self", "input"]
+    assert "self._check_input_dim(input)" in inspect.getsource(_BatchNorm.forward)
+    assert "SyncBatchNorm layers only work with GPU modules" in inspect.getsource(
+        nn.parallel.DistributedDataParallel)
+    assert all(issubclass(c, _BatchNorm) for c in (nn.BatchNorm1d, nn.BatchNorm2d,
+                                                   nn.BatchNorm3d, nn.SyncBatchNorm))
+    synced = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm3d(3)), "cpu")
+    assert [type(m) for m in synced] == [CPUSyncBatchNorm, CPUSyncBatchNorm]
+    bn = CPUSyncBatchNorm(3, 1e-3, None, True, True)
+    assert (bn.eps, bn.momentum, bn.affine, bn.track_running_stats) == (1e-3, None, True, True)
+    assert set(bn.state_dict()) == set(nn.BatchNorm2d(3).state_dict()) == {
+        "weight", "bias", "running_mean", "running_var", "num_batches_tracked"}
+    nn.BatchNorm2d(3).load_state_dict(bn.state_dict())
+    with pytest.raises(ValueError, match="expected at least 2D input"):
+        bn._check_input_dim(torch.ones(3))
+
+
+# ------------------------------------------------------------------ load_state_dict's words
+def test_contract_load_state_dict_names_the_keys_after_its_header():
+    import torch
+
+    from ddp_exp.compat import messages
+
+    small, large = torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.Linear(2, 4))
+    with pytest.raises(RuntimeError) as other_keys:
+        large.load_state_dict(small.state_dict())
+    assert str(other_keys.value).startswith(messages.STATE_DICT_HEADER + "Sequential:")
+    assert messages.torch_state_dict_details(str(other_keys.value)) == [
+        'Missing key(s) in state_dict: "0.weight", "0.bias".',
+        'Unexpected key(s) in state_dict: "weight", "bias".']
+    with pytest.raises(RuntimeError) as other_shapes:
+        torch.nn.Linear(2, 4).load_state_dict(small.state_dict())
+    details = messages.torch_state_dict_details(str(other_shapes.value))
+    assert [d.split(":")[0] for d in details] == ["size mismatch for weight",
+                                                  "size mismatch for bias"], details
+    assert messages.torch_state_dict_details("'model'") is None  # a KeyError's text
+
+
+def test_on_another_torch_a_model_mismatch_quotes_torchs_text_whole(other_version, caplog):
+    import torch
+
+    from ddp_exp.io.checkpoint import model_mismatch
+
+    small, large = torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.Linear(2, 4))
+    with pytest.raises(RuntimeError) as caught:
+        large.load_state_dict(small.state_dict())
+    state = {"model": small.state_dict()}
+    assert model_mismatch(caught.value, state, {}).startswith('Missing key(s) in state_dict: "0.')
+    assert model_mismatch(KeyError("model"), {}, {}) == "'model'"
+    other_version("torch")
+    line = model_mismatch(caught.value, state, {})
+    assert line.startswith("Error(s) in loading state_dict for Sequential:; Missing key(s)"), line
+    assert "\n" not in line
+    assert model_mismatch(KeyError("model"), {}, {}) == "'model'"
+    assert "load_state_dict" in compat_lines(caplog)[0]
+
+
+# ------------------------------------------------------------------ Hydra's "Could not find"
+def test_contract_hydra_names_the_config_path_it_could_not_find(compose):
+    from hydra.errors import MissingConfigException
+
+    from ddp_exp.compat import messages
+
+    with pytest.raises(MissingConfigException) as info:
+        compose("data=digitz")
+    assert messages.hydra_missing_configs(str(info.value)) == [info.value.missing_cfg_file] == [
+        "data/digitz"], str(info.value)
+
+
+def test_on_another_hydra_no_install_hint_is_read_from_its_words(other_version, monkeypatch):
+    """The hint for a missing plugin is read from Hydra's words only on Hydra 1.3; the entry
+    point's own line (_unknown_option_line's) names the config path on any Hydra."""
+    import importlib.util
+
+    from hydra.errors import MissingConfigException
+
+    from ddp_exp.cli.errors import _unknown_option_line, missing_plugin_hint
+
+    hydras = "In 'launcher/slurm': Could not find 'hydra/launcher/submitit_slurm'"
+    ours = _unknown_option_line(MissingConfigException(hydras, "hydra/launcher/submitit_slurm",
+                                                       ["basic"]), ["launcher=slurm"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if "submitit" in name else real(name, *a))
+    hint = "hint: this needs Hydra's submitit plugin: pip install -e '.[slurm]'"
+    assert missing_plugin_hint(hydras) == missing_plugin_hint(ours) == hint
+    assert missing_plugin_hint("hydra/launcher=submitit_slurm: no such option in config group "
+                               "hydra/launcher; valid options: basic") == hint
+    other_version("hydra-core")
+    assert missing_plugin_hint(hydras) is None
+    assert missing_plugin_hint(ours) == hint

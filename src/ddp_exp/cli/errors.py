@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,25 +99,36 @@ PLUGIN_EXTRAS = {
 }
 
 
-# Plugins that presets no longer use, and the line that names the replacement.
+# Plugins that presets no longer use (the config path Hydra looks for), and the line that names
+# the replacement.
 REPLACED_PLUGINS = {
-    ("hydra/sweeper/optuna'", "hydra/sweeper=optuna:"):
+    "hydra/sweeper/optuna":
         "hint: hydra/sweeper=optuna (Hydra's Optuna sweeper: optuna<3, no pruning) is replaced "
         "by hydra/sweeper=ddp_optuna, the same keys but sampler.name (pip install -e "
         "'.[optuna]'; see docs/sweeps.md)",
 }
 
 
+# The words of _unknown_option_line: "hydra/launcher=submitit_slurm (asked for by
+# launcher/slurm): no such option in config group hydra/launcher; ...".
+NO_SUCH_OPTION = re.compile(r"(\S+)=(\S+)(?: \(asked for by [^)]*\))?: no such option in config "
+                            r"group ")
+
+
 def missing_plugin_hint(error_text: str) -> str | None:
-    """The install line for a Hydra plugin that ``error_text`` (Hydra's composition error)
-    looks for and that is not installed, e.g. ``launcher=slurm`` without the ``slurm`` extra."""
+    """The install line for a Hydra plugin that ``error_text`` (Hydra's composition error, or
+    the line :func:`_unknown_option_line` made of it) looks for and that is not installed, e.g.
+    ``launcher=slurm`` without the ``slurm`` extra; the config paths it names are read from
+    the one line's words and Hydra's (:func:`ddp_exp.compat.messages.hydra_missing_configs`)."""
     import importlib.util
 
-    for words, line in REPLACED_PLUGINS.items():
-        if any(word in error_text for word in words):
-            return line
+    paths = [f"{group}/{option}" for group, option in NO_SUCH_OPTION.findall(error_text)]
+    paths += messages.hydra_missing_configs(error_text)
+    for path in paths:
+        if path in REPLACED_PLUGINS:
+            return REPLACED_PLUGINS[path]
     for word, (module, extra) in PLUGIN_EXTRAS.items():
-        if word not in error_text:
+        if not any(word in path for path in paths):
             continue
         try:
             installed = importlib.util.find_spec(module) is not None

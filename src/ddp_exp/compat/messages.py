@@ -20,6 +20,10 @@ What each buys (issue 27 item 3), by the reader:
 * torch 2.13's agent log (:func:`agent_rank_failure`, :func:`agent_closing_process`): a failed
   rank's traceback is shown once, not twice, the restarted world names the rank that failed, and
   a Ctrl-C ends with one line rather than one "Closing process" line per rank.
+* torch 2.13's ``load_state_dict`` (:func:`torch_state_dict_details`): a checkpoint of another
+  model is refused in one line naming the keys that differ, not torch's header, which names none.
+* Hydra 1.3's "Could not find" (:func:`hydra_missing_configs`): a preset whose plugin is not
+  installed (``launcher=slurm`` without the ``slurm`` extra) is refused with the install line.
 """
 
 from __future__ import annotations
@@ -180,3 +184,38 @@ def carries_traceback(lines: list[str]) -> bool:
     return any(ln.startswith(CARRIED_TRACEBACK) for ln in lines) and written_for(
         "torch", "the DataLoader's 'Original Traceback' wording",
         "a rank failed in a DataLoader worker is named by torch's first line")
+
+
+# torch 2.13's Module.load_state_dict: a header naming the model's class, then one line per
+# kind of difference: "Error(s) in loading state_dict for CNN:\n\tMissing key(s) in
+# state_dict: \"net.0.weight\", ...\n\tUnexpected key(s) ...\n\tsize mismatch for fc.weight: ...".
+STATE_DICT_HEADER = "Error(s) in loading state_dict for "
+STOCK_STATE_DICT = ("a checkpoint that does not fit the model is named with torch's error text "
+                    "whole, on one line")
+# Hydra 1.3's MissingConfigException: "Could not find 'hydra/launcher/submitit_slurm'" (the
+# config path of the option asked for; after "In 'launcher/slurm': " when a config asked).
+COULD_NOT_FIND = re.compile(r"Could not find '([^']+)'")
+
+
+def torch_state_dict_details(text: str) -> list[str] | None:
+    """The lines after the header of ``load_state_dict``'s error ``text`` ("Missing key(s) in
+    state_dict: ...", "Unexpected key(s) ...", "size mismatch for <key>: ..."), stripped, blank
+    ones left out; None for a text without the header, or on a torch other than 2.13 (the
+    header alone names no key; the caller quotes torch's text whole)."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    if not lines or not lines[0].startswith(STATE_DICT_HEADER) or not written_for(
+            "torch", "load_state_dict's 'Error(s) in loading state_dict' wording",
+            STOCK_STATE_DICT):
+        return None
+    return [ln for ln in lines[1:] if ln]
+
+
+def hydra_missing_configs(text: str) -> list[str]:
+    """The config paths (``hydra/launcher/submitit_slurm``: group, then option) that Hydra's
+    error ``text`` says it could not find; empty when it names none, or on a Hydra other than
+    1.3 (no install hint is added to Hydra's report)."""
+    found = COULD_NOT_FIND.findall(text)
+    if not found or not written_for("hydra-core", "Hydra's \"Could not find '<config>'\" wording",
+                                    "no install hint for a plugin Hydra's own report names"):
+        return []
+    return found

@@ -14,6 +14,9 @@ reduces the statistics over the world first (Ioffe & Szegedy 2015 on the global 
   (the formula of ``torch.nn.SyncBatchNorm``'s backward). The weight and bias gradients stay
   local sums, which DDP then averages like every other parameter. Running statistics are updated
   from the global mean and unbiased variance, so they are the same on every rank.
+  It extends torch's private ``_BatchNorm``, as torch's own SyncBatchNorm does (DDP refuses that
+  public class on CPU, so it cannot be the base); ``tests/test_compat.py`` holds what it relies
+  on (the constructor's arguments, the parameters and buffers, ``_check_input_dim``).
 
 In ``eval()`` mode both use the running statistics and run no collective (evaluation goes through
 the unwrapped model on uneven shards, see :mod:`ddp_exp.train.evaluation`). The state-dict keys are

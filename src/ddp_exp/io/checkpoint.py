@@ -26,8 +26,9 @@ mid-save, sees the previous complete file or the new complete one, never part of
 serializes each checkpoint at once and writes it on a background thread
 (:class:`ddp_exp.io.files.BackgroundWriter`): training goes on while the file is fsynced.
 
-May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes); what the
-loop puts into a checkpoint and takes back is :mod:`ddp_exp.train.state`'s.
+May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes),
+:mod:`ddp_exp.compat` (torch's wording); what the loop puts into a checkpoint and takes back
+is :mod:`ddp_exp.train.state`'s.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ddp_exp.compat import messages
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io.files import BackgroundWriter, atomic_write, load_failure, remove_partial, temp_name
 
@@ -276,9 +278,14 @@ def model_mismatch(exc: BaseException, state: dict[str, Any], model_cfg: dict[st
     the state-dict keys torch names (missing, unexpected, size mismatch for ``key``), and the
     ``model._target_`` the checkpoint was written with when it differs from this run's.
     ``exc`` is what ``load_state_dict`` raised; its first line alone ("Error(s) in loading
-    state_dict for CNN:") names no key."""
-    lines = [ln.strip() for ln in str(exc).splitlines()]
-    details = "; ".join(ln for ln in lines[1:] if ln) or (lines[0] if lines else repr(exc))
+    state_dict for CNN:") names no key (:func:`ddp_exp.compat.messages.torch_state_dict_details`
+    reads the lines after it; on another torch, or for another error, the text is quoted whole).
+    """
+    text = str(exc).strip()
+    lines = messages.torch_state_dict_details(text)
+    if lines is None:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    details = "; ".join(lines) or repr(exc)
     if len(details) > 300:
         details = details[:297] + "..."
     written = ((state.get("config") or {}).get("model") or {}).get("_target_")

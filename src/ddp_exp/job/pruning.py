@@ -65,14 +65,23 @@ def build_pruner(spec: dict[str, Any], epochs: int | None = None) -> Any:
 
 
 def storage_of(url: str) -> Any:
-    """An Optuna storage for ``url``: a path without ``://`` is a journal file (no server;
-    on a cluster it must be on a file system every node sees), anything else an RDB URL."""
-    if "://" in url:
-        return url
-    from optuna.storages import JournalStorage
+    """The Optuna storage (an ``optuna.storages.BaseStorage``) for ``url``: a path without
+    ``://`` is a journal file (no server; on a cluster it must be on a file system every node
+    sees), anything else an RDB URL (``RDBStorage``, as ``create_study`` builds from a URL)."""
+    from optuna.storages import JournalStorage, RDBStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 
+    if "://" in url:
+        return RDBStorage(url)
     return JournalStorage(JournalFileBackend(url, lock_obj=JournalFileOpenLock(url)))
+
+
+def trial_id(storage: Any, study_name: str, number: int) -> int:
+    """The id that ``storage`` (:func:`storage_of`'s) gives trial ``number`` of the study
+    ``study_name``: what :data:`ENV` carries and ``optuna.trial.Trial`` takes. Read through the
+    storage's public methods (Optuna has no public trial id on a trial)."""
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study_name), number)
 
 
 class TrialLink:

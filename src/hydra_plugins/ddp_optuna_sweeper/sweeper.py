@@ -238,13 +238,13 @@ class DDPOptunaSweeper(Sweeper):
         storage_url = self.storage or os.path.abspath(os.path.join(self.sweep_dir, JOURNAL))
         study_name = self.study_name or "ddp_exp"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(study_name=study_name,
-                                    storage=pruning.storage_of(storage_url), sampler=sampler,
+        storage = pruning.storage_of(storage_url)
+        study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
                                     pruner=pruner, direction=direction, load_if_exists=True)
         study.set_user_attr(pruning.PRUNER_ATTR, {"spec": self.pruner_spec, "epochs": epochs})
         seed = self.sampler_spec.get("seed")
         asking = threading.Lock()
-        self._requeue_interrupted(study)
+        self._requeue_interrupted(study, storage)
         env = {pruning.ENV_STORAGE: storage_url, pruning.ENV_STUDY: study_name}
         returns: list[Any] = []
 
@@ -259,7 +259,8 @@ class DDPOptunaSweeper(Sweeper):
                     study.sampler = build_sampler({**self.sampler_spec, "seed": seed + place},
                                                   dists)
                 trial = study.ask(dists)
-            env_set = {**env, pruning.ENV: str(trial._trial_id)}
+            link = pruning.trial_id(storage, study_name, trial.number)  # what the job links to
+            env_set = {**env, pruning.ENV: str(link)}
             overrides = [*fixed, *(_override(k, v) for k, v in trial.params.items()),
                          *(f"++hydra.job.env_set.{k}={_quoted(v)}" for k, v in env_set.items())]
             ret = self.launcher.launch([overrides], initial_job_idx=trial.number)[0]
@@ -294,16 +295,17 @@ class DDPOptunaSweeper(Sweeper):
         self._write_results(study, direction, epochs)
         return [returns]
 
-    def _requeue_interrupted(self, study: Any) -> None:
-        """Trials left RUNNING by an interrupted sweep (the journal has no heartbeat): FAIL,
-        and each one's params queued once more (a requeued trial left running is not)."""
+    def _requeue_interrupted(self, study: Any, storage: Any) -> None:
+        """Trials left RUNNING by an interrupted sweep (the journal has no heartbeat): FAIL in
+        the study's ``storage``, and each one's params queued once more (not a requeued one's)."""
         import optuna
 
-        for t in study.get_trials(deepcopy=False,
-                                  states=(optuna.trial.TrialState.RUNNING,)):
+        study_id = storage.get_study_id_from_name(study.study_name)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             requeue = "requeue_of" not in t.user_attrs
-            study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            tid = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(tid, "interrupted", True)
+            storage.set_trial_state_values(tid, optuna.trial.TrialState.FAIL)
             if requeue:
                 study.enqueue_trial(t.params, user_attrs={"requeue_of": t.number})
             log.info("trial %d was left running by an interrupted sweep: FAIL%s", t.number,
