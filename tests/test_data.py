@@ -19,7 +19,8 @@ from ddp_exp.data import (
     load_file,
     make_synthetic,
 )
-from ddp_exp.data.loaders import BatchKeys, KeyedLoader, TrainLoader, shard_order, val_batches
+from ddp_exp.data.loaders import KeyedLoader, TrainLoader, val_batches
+from ddp_exp.data.sampling import BatchKeys, shard_order
 
 
 # --------------------------------------------------------------------------------- digits

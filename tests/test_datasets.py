@@ -22,7 +22,8 @@ from torch.utils.data import DistributedSampler
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.images import ImageFolder, decode, load_image_folder
 from ddp_exp.data.lazy import ItemReader, TorchSplit
-from ddp_exp.data.loaders import BatchKeys, KeyedLoader, batch_seed
+from ddp_exp.data.loaders import KeyedLoader, batch_seed
+from ddp_exp.data.sampling import BatchKeys
 
 
 @pytest.fixture(scope="module")

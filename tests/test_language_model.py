@@ -99,7 +99,7 @@ def test_training_windows_shift_per_epoch_and_repeat_with_the_seed():
 def test_window_order_is_a_seeded_permutation_sharded_like_distributed_sampler(n):
     """The epoch's order is a permutation of the windows, another per epoch and seed, and the
     ranks' shards are DistributedSampler's: strided, padded with the order's start."""
-    from ddp_exp.data.loaders import shard_order
+    from ddp_exp.data.sampling import shard_order
 
     order = tk.WindowOrder(n, seed=5, epoch=2)
     perm = order(np.arange(n))

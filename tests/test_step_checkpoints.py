@@ -129,7 +129,7 @@ def test_a_sampler_starts_at_the_position_without_replaying_the_epoch():
     position): for DistributedSampler (padded and not) and the token windows' lazy shard."""
     from torch.utils.data import DistributedSampler
 
-    from ddp_exp.data.loaders import shard_order
+    from ddp_exp.data.sampling import shard_order
     from ddp_exp.data.tokens import window_sampler
 
     for n, world in ((100, 4), (101, 4), (7, 3)):

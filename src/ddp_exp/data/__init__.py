@@ -28,6 +28,7 @@ The package, one module per concept:
   normalisation);
 * :mod:`~ddp_exp.data.tokens`: a token stream in windows (``data=tokens``);
 * :mod:`~ddp_exp.data.splits`: :class:`Datasets`, the seeded hold-out, ``data.standardize``;
+* :mod:`~ddp_exp.data.sampling`: which samples a rank serves in an epoch, in which batches;
 * :mod:`~ddp_exp.data.loaders`: the rank side, this rank's batches.
 
 May use: the modules above and :mod:`ddp_exp.config` (``ConfigError``, ``instantiate_node``,

@@ -7,9 +7,10 @@ shards of one seeded permutation per epoch, ``set_epoch`` before each), cut into
 * arrays in memory with ``data.num_workers == 0`` (:class:`TrainLoader`): batches are cut from
   tensors already on the rank's device by one ``index_select``: no per-sample ``__getitem__``,
   no collate, no host-to-device copy per step.
-* everything else (:func:`train_loader`): torch's ``DataLoader`` whose "sampler" yields one key
-  per batch, ``(seed, positions)``, and whose dataset (:class:`BatchFetch`) reads and collates
-  the whole batch in a worker: one message per batch between rank and worker, not one per sample.
+* everything else (:class:`KeyedLoader`): torch's ``DataLoader`` whose "sampler"
+  (:class:`~ddp_exp.data.sampling.BatchKeys`) yields one key per batch, ``(seed, positions)``,
+  and whose dataset (:class:`BatchFetch`) reads and collates the whole batch in a worker: one
+  message per batch between rank and worker, not one per sample.
 
 Randomness (augmentation, a user's transform, draws in a user's ``__getitem__``) is keyed per
 sample of lazy data: each sample's key derives from (``seed``, epoch, the sample's index in
@@ -22,16 +23,17 @@ the sample, and resume exactly mid-epoch and in a world of another size (issue 3
 
 Mid-epoch starts (a step checkpoint's position, issue 30): ``set_start(k)`` before an epoch's
 iteration makes it begin at the rank's ``k``-th sample of the epoch's shard, a slice of the
-epoch's order (:func:`shard_order`'s ``start``): nothing is read and discarded. With a strided
-shard, global position ``P`` of the epoch (``P`` a multiple of the global batch) is every
-rank's sample ``P / world_size``.
+epoch's order (:func:`~ddp_exp.data.sampling.shard_order`'s ``start``): nothing is read and
+discarded. With a strided shard, global position ``P`` of the epoch (``P`` a multiple of the
+global batch) is every rank's sample ``P / world_size``.
 
 torch's own worker seeding (a base seed from the loader's generator, continued by persistent
 workers across epochs, the same on every rank that seeds torch alike) is not used for the
 draws, and each loader has a generator of its own so that it never draws from the rank's RNG.
 
-Validation (:func:`val_loader`): samples ``rank, rank + world_size, ...`` of the validation split,
-unpadded (a rank's shard may be empty), in order, through the same kind of loader.
+Validation (:meth:`RankData.val_batches`): samples ``rank, rank + world_size, ...`` of the
+validation split, unpadded (a rank's shard may be empty), in order, through the same kind of
+loader.
 
 Training policy for a training set not divisible by ``world_size``: DistributedSampler's padding,
 i.e. the first ``world_size - N % world_size`` samples of the epoch's permutation are served
@@ -40,8 +42,9 @@ twice, so every rank runs the same number of steps and DDP's all-reduces line up
 gradient and ``train/num_samples`` (:mod:`ddp_exp.train.loop`), so training is exact for any size.
 Validation is never padded: each sample is evaluated exactly once across the world.
 
-May use: torch, NumPy; the splits it serves come from :mod:`ddp_exp.data.splits`, by interface
-(nothing of ddp_exp is imported).
+May use: :mod:`ddp_exp.data.sampling` (the shard's positions, the batches' keys),
+:mod:`ddp_exp.data.seeds`, torch; the splits it serves come from :mod:`ddp_exp.data.splits`, by
+interface.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
+from ddp_exp.data.sampling import BatchKeys, shard_order
 from ddp_exp.data.seeds import TEST, TRAIN, VAL, batch_seed, sample_keys, seeded  # noqa: F401
 
 EVAL_BATCH_SIZE = 512  # in-memory validation: larger batches, same per-sample losses
@@ -109,93 +113,6 @@ class TrainLoader:
             xs, ys = self.x.index_select(0, chunk), self.y.index_select(0, chunk)
             for start in range(0, len(chunk), size):
                 yield xs[start:start + size], ys[start:start + size]
-
-
-def shard_order(sampler, start: int = 0) -> torch.Tensor:
-    """The positions a sampler yields this epoch from its ``start``-th on, as an int64 tensor
-    ``[len(sampler) - start]``.
-
-    For a ``DistributedSampler`` they are computed as tensors by the sampler's own rule
-    (torch/utils/data/distributed.py, ``__iter__``: ``randperm(n)`` from a generator seeded
-    ``seed + epoch``, or ``arange(n)``; padded by repeating the order's start, or cut to a
-    multiple of ``num_replicas``; then every ``num_replicas``-th from ``rank``), without the
-    Python lists it builds: those cost ~36 bytes per sample in every rank (14 MiB per rank at
-    400k samples) and outlive the epoch in Python's allocator. A test holds the result equal to
-    ``list(sampler)``. A sampler with a ``shard()`` (:mod:`ddp_exp.data.tokens`) gives its own
-    lazily computed shard (``len`` and slices). Any other sampler is listed. ``start`` slices
-    the shard (a view for the lazy shard): nothing before it is yielded or read.
-    """
-    from torch.utils.data import DistributedSampler
-
-    if hasattr(sampler, "shard"):  # computes its positions per slice (ddp_exp.data.tokens)
-        shard = sampler.shard()
-        return shard if not start else ShardFrom(shard, start)
-    if type(sampler) is not DistributedSampler:
-        return torch.tensor(list(sampler)[start:], dtype=torch.long)
-    n = len(sampler.dataset)
-    if sampler.shuffle:
-        g = torch.Generator()
-        g.manual_seed(sampler.seed + sampler.epoch)
-        order = torch.randperm(n, generator=g)
-    else:
-        order = torch.arange(n)
-    total = sampler.total_size
-    if total > n:  # drop_last=False: pad with the order's start, repeated as often as needed
-        order = torch.cat([order, order.repeat(math.ceil((total - n) / n))[:total - n]])
-    first = sampler.rank + start * sampler.num_replicas
-    return order[first:total:sampler.num_replicas].clone()
-
-
-class ShardFrom:
-    """A lazy shard (``len`` and slices) from its ``start``-th position on."""
-
-    def __init__(self, shard, start: int):
-        self.shard, self.start = shard, min(start, len(shard))
-
-    def __len__(self) -> int:
-        return len(self.shard) - self.start
-
-    def __getitem__(self, part: slice):
-        first, stop, step = part.indices(len(self))
-        return self.shard[self.start + first:self.start + stop:step]
-
-
-class BatchKeys(Sampler):
-    """Groups a sampler's positions into batches, yielding one key ``(seed, positions, epoch,
-    stream)`` per batch; ``seed`` (the run's) is None unless the split draws random numbers
-    (then each sample's draws are keyed, :func:`sample_keys`).
-
-    Args:
-        sampler: positions in the split (a ``DistributedSampler`` or a list).
-        batch_size: samples per batch; the last batch may be smaller.
-        seed, rank: the run's seed and this rank, for the batch seeds.
-        random: whether the batches need a seed.
-    """
-
-    def __init__(self, sampler, batch_size: int, seed: int = 0, rank: int = 0,
-                 random: bool = False, stream: int = TRAIN):
-        self.sampler, self.batch_size = sampler, batch_size
-        self.seed, self.rank, self.random, self.stream = seed, rank, random, stream
-        self.epoch = 0
-        self.start = 0  # the next iteration's first sample of the shard (set_start)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.start = 0
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.sampler) / self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[int | None, list[int], int, int]]:
-        # A tensor, not DistributedSampler's Python lists (~36 bytes a sample in every rank).
-        positions = shard_order(self.sampler, self.start)
-        self.start = 0
-        seed = self.seed if self.random else None
-        for start in range(0, len(positions), self.batch_size):
-            yield (seed, positions[start:start + self.batch_size].tolist(), self.epoch,
-                   self.stream)
 
 
 class BatchFetch(torch.utils.data.Dataset):
