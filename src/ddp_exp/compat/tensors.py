@@ -1,5 +1,6 @@
-"""torch 2.13's private tensor and module internals: ``torch._foreach_norm`` and the module a
-``torch.compile`` wrapper holds (``OptimizedModule._orig_mod``).
+"""torch 2.13's private tensor and module internals: ``torch._foreach_norm``, the module a
+``torch.compile`` wrapper holds (``OptimizedModule._orig_mod``) and autograd's end-of-backward
+queue (``Variable._execution_engine.queue_callback``).
 
 * :func:`tensor_norms` is kept (issue 27 item 3) for time, not for a fault: it is the per-step
   fast path of ``train/grad_norm`` and gradient clipping (one fused op where the gradients share
@@ -11,12 +12,19 @@
   ``attention_mask`` its ``forward`` does not take (``TypeError``), its wrapper's signature
   being ``(*args, **kwargs)``.
 
-On a torch other than 2.13 each takes the public path (a norm per tensor; the wrapper as it is)
+* :func:`at_backward_end` is kept because it prevents a wrong number: the throughput split of
+  ``metrics/perf`` (compute vs gradient sync) stamps the moment every gradient is ready, which
+  only autograd's engine knows (DDP queues its own finalize the same way); stamped at the last
+  parameter's hook instead, the split moves the last bucket's backward into ``sync``.
+
+On a torch other than 2.13 each takes the public path (a norm per tensor; the wrapper as it is; the
+callback at once, from the hook)
 and the log says so once (:mod:`ddp_exp.compat.versions`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,3 +53,17 @@ def compiled_original(module: Any) -> Any:
             "a model compiled by the user's own _target_ is inspected as its wrapper"):
         return module
     return original
+
+
+def at_backward_end(callback: Callable[[], None]) -> None:
+    """Run ``callback`` (no arguments) when the running backward pass has finished, before the
+    callbacks DDP queues later (its finalize, after the last bucket's all-reduce was launched):
+    autograd's ``Variable._execution_engine.queue_callback``, valid only while a backward runs
+    (call it from a gradient hook). On a torch other than 2.13, ``callback`` runs at once."""
+    if written_for("torch", "Variable._execution_engine.queue_callback",
+                   "the backward's end stamped at the last parameter's gradient hook"):
+        from torch.autograd import Variable
+
+        Variable._execution_engine.queue_callback(callback)
+    else:
+        callback()

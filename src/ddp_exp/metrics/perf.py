@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from ddp_exp.compat.tensors import at_backward_end
 from ddp_exp.distributed.process_group import World, peak_rss_mb
 
 log = logging.getLogger("ddp_exp.perf")
@@ -159,9 +160,6 @@ class StepTimer:
         self.epoch_rows = self._zero_rows()
         self._t_batch = self._t_grads = self._t_backward = 0.0
         self._grads_seen = False
-        from torch.autograd import Variable
-
-        self._queue = Variable._execution_engine.queue_callback
         # CUDA: one set of 4 events per step of the interval (start, grads, backward, optim),
         # reused across intervals; `_slot` is the current step's set.
         self._events: list[tuple[Any, ...]] = []
@@ -197,7 +195,7 @@ class StepTimer:
             params[-1].register_post_accumulate_grad_hook(self._backward_started)
 
     def _backward_started(self, param: torch.Tensor) -> None:
-        self._queue(self._grads_ready)  # runs before DDP's finalize (queued later)
+        at_backward_end(self._grads_ready)  # runs before DDP's finalize (queued later)
 
     def _grads_ready(self) -> None:
         self._grads_seen = True
