@@ -248,3 +248,15 @@ def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path
         torch.testing.assert_close(torch.from_numpy(results["resumed"][name]),
                                    torch.from_numpy(value), rtol=0, atol=1e-6, msg=name)
     assert results["clock_steps"] == [10, 20, 30, 40], results["clock_steps"]
+
+
+def test_a_restart_from_a_step_checkpoint_says_where_inside_the_epoch(monkeypatch):
+    """The elastic restart's line names a step checkpoint's place as the resume line does
+    (inside epoch E, P samples in), not as an epoch that is done."""
+    from ddp_exp.rank.failures import FAILURES_ENV, restart_line
+
+    monkeypatch.delenv(FAILURES_ENV, raising=False)
+    inside = restart_line(1, 3, "ck/last.pt", {"epoch": 0, "global_step": 30, "position": 640})
+    assert inside.endswith("continues from ck/last.pt (epoch 2, 640 samples in, step 30)")
+    done = restart_line(1, 3, "ck/last.pt", {"epoch": 0, "global_step": 24, "position": 0})
+    assert done.endswith("continues from ck/last.pt (epoch 1 done, step 24)")

@@ -215,7 +215,8 @@ def restart_line(attempt: int, max_restarts: int, source: str | None,
         attempt: ``TORCHELASTIC_RESTART_COUNT`` (1 for the first restart).
         max_restarts: ``launcher.max_restarts``.
         source: the checkpoint this world loaded, or None (no epoch had finished).
-        state: its contents (``epoch`` 0-based, ``global_step``).
+        state: its contents (``epoch`` 0-based, ``global_step``; a step checkpoint's
+            ``position``: global samples consumed in the epoch after ``epoch``).
     """
     failures = []
     with contextlib.suppress(OSError, ValueError):
@@ -230,7 +231,12 @@ def restart_line(attempt: int, max_restarts: int, source: str | None,
         how = (f"killed by {signal.Signals(-code).name}" if isinstance(code, int) and code < 0
                and -code in signal.valid_signals() else f"exit code {code}")
         failed = f"{who} failed ({how})"
-    where = (f"continues from {source} (epoch {state['epoch'] + 1} done, step "
-             f"{state['global_step']})" if source and state is not None
-             else "starts again from the beginning (no epoch had finished)")
+    if source and state is not None and state.get("position"):  # a step checkpoint
+        where = (f"continues from {source} (epoch {state['epoch'] + 2}, {state['position']} "
+                 f"samples in, step {state['global_step']})")
+    elif source and state is not None:
+        where = (f"continues from {source} (epoch {state['epoch'] + 1} done, step "
+                 f"{state['global_step']})")
+    else:
+        where = "starts again from the beginning (no epoch had finished)"
     return f"restart {attempt} of launcher.max_restarts={max_restarts}: {failed}; the world {where}"
