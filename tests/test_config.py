@@ -726,3 +726,17 @@ def test_a_sweep_chosen_by_a_config_still_runs_as_a_sweep(run_cli, tmp_path):
                   run_dir=False)
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0"]
+
+
+def test_limit_val_batches_takes_the_same_samples_for_any_world_size(compose):
+    """With data.global_batch_size the per-rank batch follows from the world's size; the
+    validation subset counts the batch the user set, so it is the same at 1 and 4 ranks."""
+    from ddp_exp.config.checks import apply_global_batch
+
+    sizes = []
+    for world_size in (1, 4):
+        cfg = compose(f"world_size={world_size}", "data.global_batch_size=32",
+                      "trainer.limit_val_batches=2")
+        apply_global_batch(cfg, world_size)
+        sizes.append(len(load_data(cfg).val))
+    assert sizes == [64, 64]

@@ -57,9 +57,12 @@ def load_data(cfg: DictConfig) -> Datasets:
     datasets = data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
                                 cfg.world_size)
     limit = cfg.trainer.get("limit_val_batches")
-    if limit is not None and len(datasets.val) > limit * cfg.data.batch_size:
-        # the first limit x batch_size validation samples, whatever world_size
-        datasets.val = datasets.val.subset(np.arange(limit * cfg.data.batch_size))
+    # The batch the user set: data.global_batch_size where given (the per-rank batch then
+    # follows from the world's size), else data.batch_size.
+    batch = cfg.data.get("global_batch_size") or cfg.data.batch_size
+    if limit is not None and len(datasets.val) > limit * batch:
+        # the first limit x batch validation samples, whatever world_size
+        datasets.val = datasets.val.subset(np.arange(limit * batch))
     return datasets
 
 
