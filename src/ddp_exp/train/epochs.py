@@ -1,0 +1,88 @@
+"""The epochs of the loop (:mod:`ddp_exp.train.loop`'s steps 4 and 5) and what follows each:
+validation, the epoch's line, data=tokens' text sample, the straggler line, histograms, the
+monitored metric (a new best, early stopping, a sweep's pruning: :mod:`ddp_exp.train.monitor`),
+a per-epoch schedule's step, the epoch's checkpoints (:mod:`ddp_exp.train.state`) and a
+preemption decided at its last step; then the run's final metrics (``metrics.json``).
+
+Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read through its
+attributes (``cfg``, ``epoch``, ``global_step``, ``evaluator``, ``lm``, ``perf``, ``writer``,
+``model``, ``monitor``, ``scheduler``, ``step_scheduler``, ``cadence``, ``preempted``,
+``checkpoint_due``, ``steps_per_epoch``) and its ``train_epoch()``; it advances ``epoch`` and
+sets ``last_train``. This module does not import the loop.
+
+May use: :mod:`ddp_exp.metrics` (the epoch's line, the dashboard, the writer's mean),
+:mod:`ddp_exp.train.schedule`, :mod:`ddp_exp.train.state`,
+:mod:`ddp_exp.train.step_checkpoint` (``Preempted``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ddp_exp.metrics import dashboard
+from ddp_exp.metrics.progress import EpochResult, epoch_line
+from ddp_exp.metrics.writer import mean
+from ddp_exp.train import schedule
+from ddp_exp.train import state as train_state
+from ddp_exp.train.step_checkpoint import Preempted
+
+log = logging.getLogger("ddp_exp.train")
+
+
+def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
+    """The epochs of :meth:`ddp_exp.train.loop.Trainer.fit`: returns the last epoch's result
+    (None if none ran), the seconds in the training loops and the samples trained."""
+    trainer = loop.cfg["trainer"]
+    max_steps = trainer["max_steps"]
+    last: EpochResult | None = None
+    train_s, run_samples = 0.0, 0
+    while loop.epoch < trainer["epochs"] and not loop.monitor.stopped_early:
+        loss_sum, samples, seconds = loop.train_epoch()
+        train_s, run_samples = train_s + seconds, run_samples + samples
+        last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
+                           seconds, loop.evaluator.validate(loop.epoch, loop.global_step))
+        log.info(epoch_line(last, trainer["epochs"]))
+        loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+        loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
+        if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
+            loop.perf.end_epoch(loop.epoch)
+        dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
+                                   trainer["log_histograms_every_n_epochs"])
+        improved = loop.monitor.update(last.val, loop.epoch)  # the reduced value: all agree
+        if loop.scheduler is not None and loop.step_scheduler is None:  # per epoch
+            schedule.step_epoch(loop.scheduler, last.val, loop.monitor.metric)
+        loop.epoch += 1
+        if loop.monitor.stopped_early:
+            log.info(loop.monitor.stop_line(trainer["epochs"]))
+        # A partial epoch (trainer.max_steps): resuming it could not be exact, so no
+        # last.pt; a new best is still kept.
+        partial = max_steps is not None and loop.global_step >= max_steps
+        train_state.save_checkpoint(loop, best=improved, complete=not partial,
+                                    force_last=loop.preempted or loop.checkpoint_due)
+        loop.cadence.written()
+        if loop.preempted:
+            raise Preempted(f"preempted at the end of epoch {loop.epoch} (step "
+                            f"{loop.global_step}): checkpoints/last.pt holds it")
+        if partial:
+            break
+        loop.writer.flush()  # the epoch's events on disk before the next epoch's loop
+        if loop.monitor.stopped_early:
+            break
+    return last, train_s, run_samples
+
+
+def final_metrics(loop: Any, last: EpochResult, run_samples: int, train_s: float
+                  ) -> dict[str, Any]:
+    """The final global metrics of the last epoch (docs/metrics-and-tensorboard.md)."""
+    return {
+        **last.val,
+        "train/loss": last.train_loss,
+        "train/num_samples": last.train_samples,
+        "train/samples_per_sec": mean(run_samples, train_s),
+        **loop.lm.train_scalars(mean(run_samples, train_s)),
+        "time/train_s": train_s,
+        "epoch": last.epoch + 1,
+        "global_step": loop.global_step,
+        "steps_per_epoch": loop.steps_per_epoch,
+    }
