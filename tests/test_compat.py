@@ -137,6 +137,7 @@ AGENT_RECORDS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # starts worlds of processes: make test, not test-fast
 def test_contract_the_agents_records_of_a_failed_rank_and_of_the_ranks_it_stops():
     """The elastic agent's log records that ddp_exp.launch.elastic's filter reads: a failed
     rank's ("failed (exitcode: %s) local_rank: %s ...", exit code and local rank first) and

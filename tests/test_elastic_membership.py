@@ -118,6 +118,7 @@ def kill_node(proc: subprocess.Popen, tag: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # starts worlds of processes: make test, not test-fast
 def test_a_node_leaves_and_the_other_continues_from_the_last_step_checkpoint(tmp_path):
     tags = [uuid.uuid4().hex, uuid.uuid4().hex]
     job, record = tmp_path / "run", tmp_path / "fetched.txt"

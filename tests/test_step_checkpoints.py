@@ -212,6 +212,7 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
         destroy_process_group()
 
 
+@pytest.mark.slow  # starts worlds of processes: make test, not test-fast
 def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path, compose):
     """One rank, digits at batch 32 (47 steps an epoch), a check every 5 steps: told of a
     preemption from step 7 on, the loop learns it at the check of step 15 (the flag rides in
