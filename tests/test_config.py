@@ -740,3 +740,16 @@ def test_limit_val_batches_takes_the_same_samples_for_any_world_size(compose):
         apply_global_batch(cfg, world_size)
         sizes.append(len(load_data(cfg).val))
     assert sizes == [64, 64]
+
+
+def test_a_typed_per_rank_batch_beside_a_global_batch_is_refused(compose):
+    """data.batch_size typed with data.global_batch_size would be replaced without a word by the
+    derived per-rank batch: one line naming both; from a preset's YAML it is not refused."""
+    from ddp_exp.config.checks import _check_global_batch
+
+    cfg = compose("world_size=2", "data.global_batch_size=64", "data.batch_size=16")
+    with pytest.raises(ConfigError, match=r"^data.batch_size=16 is invalid: not given with "
+                       r"data.global_batch_size set .*64 / world_size=2\); drop one of the two$"):
+        _check_global_batch(cfg, ["world_size=2", "data.global_batch_size=64",
+                                  "data.batch_size=16"])
+    _check_global_batch(cfg, ["world_size=2", "data.global_batch_size=64"])

@@ -124,7 +124,7 @@ def _check_relations(cfg: DictConfig) -> None:
     the data loader's workers, the learning-rate scaling, the monitor, the scheduler's keys
     and the world's layout on the nodes."""
     d = cfg.data
-    _check_global_batch(cfg)
+    _check_global_batch(cfg, _typed_overrides())
     if d.get("prefetch_factor") is not None:
         _check(d.num_workers > 0, "data.prefetch_factor", d.prefetch_factor,
                "null with data.num_workers=0 (no workers load ahead; torch refuses it too)")
@@ -222,13 +222,26 @@ def check_precision(precision: str, device: str) -> None:
                           "32-true on the CPU")
 
 
-def _check_global_batch(cfg: DictConfig) -> None:
+def _typed_overrides() -> list[str]:
+    """The command line's overrides of the running Hydra job (none outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _check_global_batch(cfg: DictConfig, overrides: list[str] = ()) -> None:
     """``data.global_batch_size`` is a multiple of ``world_size``; with a global batch, the
-    accumulation is derived, so ``trainer.accumulate_grad_batches`` must be left at 1."""
+    per-rank batch and the accumulation are derived, so ``trainer.accumulate_grad_batches``
+    must be left at 1 and ``data.batch_size`` not be given on the command line
+    (``overrides``, as typed), where it would be silently replaced."""
     d, world = cfg.data, cfg.world_size
     total = d.get("global_batch_size")  # its range, and the cap's: ranges.data
     if total is None:
         return
+    typed = [o for o in overrides if o.lstrip("+").partition("=")[0] == "data.batch_size"]
+    _check(not typed, "data.batch_size", d.batch_size,
+           "not given with data.global_batch_size set (the per-rank batch follows from "
+           f"data.global_batch_size={total} / world_size={world}); drop one of the two")
     lower, upper = total // world * world, -(-total // world) * world
     _check(total % world == 0, "data.global_batch_size", total,
            f"a multiple of world_size={world} (every rank takes an equal share), e.g. "
