@@ -8,8 +8,8 @@ records the job Hydra had started (:func:`record_unstarted_job`) and writes the 
 process without the interpreter's teardown.
 
 May use: :mod:`ddp_exp.job` (``status.json``, the sweep's summary), :mod:`ddp_exp.launch.torchrun`
-(whether this process is a torchrun rank), :mod:`ddp_exp.compat` (interpreter and submitit
-internals).
+(whether this process is a torchrun rank), :mod:`ddp_exp.rank.preemption` (USR1/USR2),
+:mod:`ddp_exp.compat` (interpreter and submitit internals).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ddp_exp.job import sweep
 from ddp_exp.job.folder import job_log_file, record_unstarted_interrupt
 from ddp_exp.job.sweep import summarize_interrupted
 from ddp_exp.launch.torchrun import is_rank0, under_torchrun
+from ddp_exp.rank import preemption
 
 
 class Interrupted(BaseException):
@@ -45,7 +46,13 @@ def stop_on_sigterm() -> None:
     ``status.json`` saying interrupted and, in a sweep, the summary written; Python's default
     would end the process on the spot, leaving no record. Not under torchrun: there this
     process is a rank, and a rank must die on SIGTERM at once, even inside a collective
-    (a forked rank inherits its launcher's signal handlers)."""
+    (a forked rank inherits its launcher's signal handlers).
+
+    SIGUSR1 and SIGUSR2 stop the job the same way where their action is the default
+    (:data:`ddp_exp.rank.preemption.STOP_SIGNALS`: the launcher's agent then stops the ranks
+    on them, status ``interrupted``, exit 128+n), unless one is ``trainer.preempt_signal``
+    (held from when the config is read). Their default action killed this process alone,
+    silently, and left its ranks training."""
     if (under_torchrun() or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN):  # ignored stays ignored
         return
@@ -54,6 +61,11 @@ def stop_on_sigterm() -> None:
         raise Interrupted(signal.Signals(signum))
 
     signal.signal(signal.SIGTERM, stop)
+    for name in preemption.STOP_SIGNALS:  # their default action would kill this process alone
+        sig = getattr(signal, name)
+        if signal.getsignal(sig) is signal.SIG_DFL:  # not submitit's handler, not ignored
+            signal.signal(sig, stop)
+            preemption.stopping.add(sig)
 
 
 def exit_now(code: int | str | None) -> None:

@@ -50,7 +50,9 @@ interface.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -151,7 +153,8 @@ class KeyedLoader:
         self.base = (seed, rank)
         if workers["num_workers"] > 0:
             self.loader = DataLoader(self.fetch, batch_size=None, sampler=keys,
-                                     generator=self.generator, worker_init_fn=die_with_parent,
+                                     generator=self.generator,
+                                     worker_init_fn=partial(die_with_parent, parent=os.getpid()),
                                      **workers)
 
     def __len__(self) -> int:
@@ -208,18 +211,31 @@ def placement(device: torch.device, num_workers: int, in_memory: bool = True
     return not on_device and device.type != "cpu", on_device
 
 
-def die_with_parent(worker_id: int = 0) -> None:
-    """DataLoader ``worker_init_fn``: the worker gets SIGKILL when its rank dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``). Otherwise a killed rank's workers live on until their next
-    liveness check (5 s), holding the rank's exit pipe, so the launcher waits for them."""
+def die_with_parent(worker_id: int = 0, parent: int | None = None) -> None:
+    """DataLoader ``worker_init_fn`` (and a rank's first call, :mod:`ddp_exp.rank.parent`): this
+    process gets SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``; the kernel
+    sends it when the parent *thread* that started this process exits). Otherwise a killed
+    rank's workers live on until their next liveness check (5 s), holding the rank's exit pipe,
+    so the launcher waits for them.
+
+    Args:
+        worker_id: the DataLoader's worker index (unused).
+        parent: the PID this process's parent must have (``KeyedLoader`` binds its rank's): a
+            parent that died before the ``prctl`` (this process was adopted by another) ends
+            this process at once (SIGKILL). None: no check.
+    """
     del worker_id
+    import signal
+
     try:
         import ctypes
-        import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL)):  # SET_PDEATHSIG
+            return
     except (OSError, AttributeError):  # not Linux: keep torch's own liveness check
-        pass
+        return
+    if parent is not None and os.getppid() != parent:  # the parent is gone already
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def val_batches(x, y, rank: int, world_size: int, batch_size: int) -> Iterator:

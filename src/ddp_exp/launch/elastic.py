@@ -24,7 +24,8 @@ May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.launch.cluster` (a sc
 :mod:`ddp_exp.job.folder` (``errors/``, partial files, the job log), :mod:`ddp_exp.rank.failures`
 (a build that fails), :mod:`ddp_exp.io.files`, :mod:`ddp_exp.launch.rendezvous` (one node's),
 :mod:`ddp_exp.compat.elastic_agent` (the start of the ranks), :mod:`ddp_exp.rank.worker` (what
-each rank runs), :mod:`ddp_exp.launch.torchrun` (a world torchrun or srun started).
+each rank runs), :mod:`ddp_exp.rank.parent` (a rank ends with its launcher),
+:mod:`ddp_exp.launch.torchrun` (a world torchrun or srun started).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
 from ddp_exp.launch.user_input import settle
-from ddp_exp.rank import preemption
+from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
 from ddp_exp.rank.worker import RankInputs, run_rank
 
@@ -73,11 +74,13 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         ConfigError: invalid config or data, before any rank starts.
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a rank failed.
     """
-    if under_torchrun():
+    if under_torchrun():  # this process is a rank: it ends with torchrun's agent
+        parent.end_with_launcher(None)
         return run_under_torchrun(cfg)
     torch.set_num_threads(1)  # before any torch compute here: keeps forked ranks safe
     layout = cluster.apply_layout(cfg)
     if layout is not None and layout.ranks is not None:  # srun started one task per rank
+        parent.end_with_launcher(None)  # with slurmstepd
         os.environ.update({**layout.ranks, "TORCHELASTIC_RUN_ID": layout.job_id or "srun"})
         return run_under_torchrun(cfg)
     if layout is not None:
@@ -218,7 +221,8 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
     # process held glibc's resolver lock blocked for ever in getaddrinfo (seen once, a rank stuck
     # in __resolv_context_get inside TCPStore's connect). Numeric addresses and a named gloo
     # interface keep getaddrinfo's resolver out of the ranks and of the agent's threads.
-    env = {}
+    # Each rank ends when this process dies, whatever kills it (ddp_exp.rank.parent).
+    env = {parent.LAUNCHER_PID_ENV: str(os.getpid())}
     if la.max_restarts > 0:
         env[_FRESH_STORE_ENV] = "1"
     # One node, or "nodes" meeting on this machine: every rank is reached over loopback.
@@ -278,10 +282,12 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
 @contextlib.contextmanager
 def _own_signal_handlers():
     """Put this process's signal handlers back after the launch. The agent installs torch's
-    (SIGINT, SIGTERM, SIGHUP, SIGQUIT raise ``SignalException``) and leaves them: a Ctrl-C
+    (SIGINT, SIGTERM, SIGHUP, SIGQUIT, and SIGUSR1/SIGUSR2 where they stop the job as SIGTERM
+    does, :func:`ddp_exp.rank.preemption.torch_signals`, raise ``SignalException``) and leaves
+    them: a Ctrl-C
     while Hydra composed a sweep's next job then raised it inside OmegaConf, which rebuilt it
     with one argument and printed a ``TypeError`` traceback instead of the interrupt."""
-    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", *preemption.STOP_SIGNALS)
     saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n, None) for n in names)
              if sig is not None}
     try:

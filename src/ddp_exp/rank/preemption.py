@@ -54,6 +54,14 @@ _REFUSED = ("SIGKILL", "SIGSTOP", "SIGINT", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIG
 
 _requested = False  # this process was asked to stop (a forked rank inherits it)
 _installed: int | None = None  # the signal :func:`install` set up in this rank
+# USR1 and USR2 end a process by default (a scheduler's warning, ``kill -USR1 <pid>``). Where
+# one is not the preemption signal, the job stops on it as on SIGTERM (every rank stopped,
+# ``status.json`` interrupted, exit 128+n), never the launcher alone, silently, its ranks left
+# training: the entry point's handler at start-up (ddp_exp.cli.signals.stop_on_sigterm), the
+# elastic agent's while the ranks run (:func:`torch_signals`), where their action was the
+# default (a handler of submitit's or SIG_IGN stays).
+STOP_SIGNALS = tuple(n for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n))
+stopping: set[int] = set()  # those of them this process stops on (a forked rank inherits it)
 
 
 def signal_number(value: Any, cluster: str | None) -> signal.Signals | None:
@@ -123,9 +131,15 @@ def preempted_line(signum: int | None, global_step: int | None, checkpoint: str 
 def install(signum: int | None) -> None:
     """In a rank, first thing: ``signum`` (``trainer.preempt_signal``) only notes a request
     (:func:`requested`) instead of its default action (``USR1`` would kill the rank). A
-    request noted before (inherited from the agent) stays. None: nothing."""
+    request noted before (inherited from the agent) stays. None: nothing. The signals of
+    :data:`STOP_SIGNALS` the launcher stops on get their default action back (a rank
+    signalled with its launcher ends, as on SIGTERM)."""
     global _installed
-    if signum is not None and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in stopping - {signum}:  # the launcher's stop: here, their default action again
+        signal.signal(sig, signal.SIG_DFL)
+    if signum is not None:
         signal.signal(signum, _note)
         _installed = signum
 
@@ -214,8 +228,12 @@ def forwarded(signum: int | None, rank_pids: Callable[[], Iterable[int]]
     try:
         yield forwarder
     finally:
-        signal.signal(signum, forwarder.previous if forwarder.previous is not None
-                      else signal.SIG_DFL)
+        previous = forwarder.previous
+        if previous is None or (signum in stopping and _requested):
+            # the entry point's stop (STOP_SIGNALS) is no requeue handler for
+            # ddp_exp.launch.cluster.requeue to call after the preemption
+            previous = signal.SIG_DFL
+        signal.signal(signum, previous)
 
 
 TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -223,11 +241,12 @@ TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 def torch_signals(signum: int | None) -> str:
     """``LaunchConfig.signals_to_handle`` for the launch: torch's agent sets its own handler
-    (stop the ranks: interrupted) for TERM, INT, HUP and QUIT at every start of the ranks; a
-    preemption signal among them (``trainer.preempt_signal=TERM``) is left to
-    :func:`forwarded`."""
+    (stop the ranks: interrupted) for TERM, INT, HUP and QUIT, and for the USR1/USR2 this
+    process stops on (:data:`stopping`), at every start of the ranks; a preemption signal among
+    them (``trainer.preempt_signal=TERM``) is left to :func:`forwarded`."""
     name = signal.Signals(signum).name if signum is not None else None
-    return ",".join(n for n in TORCH_SIGNALS if n != name)
+    names = [*TORCH_SIGNALS, *(signal.Signals(s).name for s in sorted(stopping))]
+    return ",".join(n for n in names if n != name)
 
 
 def continue_stopped(cfg: Any, job_dir: str, status: str | None, restart: int = 0) -> bool:

@@ -8,7 +8,8 @@ Uses the loop (:mod:`ddp_exp.train.loop`, :mod:`ddp_exp.train.state`), :mod:`ddp
 :mod:`ddp_exp.metrics.writer`, :mod:`ddp_exp.distributed.process_group`,
 :mod:`ddp_exp.train.objective`, :mod:`ddp_exp.data`,
 :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed rank, a restart's line),
-:mod:`ddp_exp.rank.logs` (the rank's log lines) and :mod:`ddp_exp.compat.elastic_agent`'s
+:mod:`ddp_exp.rank.logs` (the rank's log lines), :mod:`ddp_exp.rank.parent` (it ends with its
+launcher) and :mod:`ddp_exp.compat.elastic_agent`'s
 gate for forked ranks; the launcher starts it.
 """
 
@@ -42,7 +43,7 @@ from ddp_exp.distributed.process_group import (
 from ddp_exp.io import checkpoint
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
-from ddp_exp.rank import preemption
+from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, is_peer_failure, restart_line
 from ddp_exp.rank.logs import configure_logging
 from ddp_exp.train import state as train_state
@@ -211,6 +212,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     ``@record`` hands an uncaught error to PyTorch's elastic error reporting, which names the
     failing rank in the launcher's summary.
     """
+    # The launcher's death, whatever its signal (SIGKILL too), ends this rank at once; a
+    # launcher already gone ends it now (ddp_exp.rank.parent).
+    parent.end_with_launcher(parent.launcher_from_env())
     # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()
