@@ -213,6 +213,17 @@ def intact_beside(path: str) -> str | None:
     return None
 
 
+def newest_epoch_file(path: str) -> str | None:
+    """The newest ``epoch_NNNN.pt`` in ``path``'s folder (a checkpoint at an epoch's end that
+    exists, named as it is), or None when there is none."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"epoch_\d+\.pt", n))
+    except OSError:
+        return None
+    return os.path.join(folder, names[-1]) if names else None
+
+
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:
     """The checkpoint to continue from: ``resume`` as a path, or ``<job_dir>/checkpoints/
     last.pt`` for ``resume=auto`` and after an elastic restart (when it exists)."""

@@ -128,6 +128,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                                len(datasets.train))
         if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
             checkpoint.repair_best(source, state)
+        _log_world_change(cfg, state, world_size)
     earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
@@ -138,11 +139,11 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
 def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world_size: int
                      ) -> dict[str, Any]:
     """Load the checkpoint ``source`` into ``model`` and check that it has epochs left to
-    train; warns when it was written by a world of another size. Returns its state.
+    train (a step checkpoint: at this world's global batch). Returns its state.
 
     Raises:
-        ConfigError: unreadable, written mid-epoch (not resumable), or its model does not fit
-            this one.
+        ConfigError: unreadable, written mid-epoch (not resumable), its model does not fit
+            this one, or a step checkpoint of another global batch.
         AlreadyComplete: it stopped early, or has trained ``trainer.epochs`` already.
     """
     state = checkpoint.load(source)
@@ -169,24 +170,42 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
                               f"{state['global_step']} optimizer step(s), trainer.max_steps="
                               f"{max_steps}: nothing left to train (raise trainer.max_steps to "
                               "continue); the job folder is unchanged")
+    # A step checkpoint continues only at its global batch: refused here, before any line
+    # says the run resumes.
+    train_state.steps_into_epoch(_world_view(cfg, world_size), state, cfg.trainer.resume,
+                                 source)
     if owed and (state["epoch"] + 1 >= cfg.trainer.epochs
                  or (state.get("monitor") or {}).get("stopped_early")):
         log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
                  "its end: finishing it (final evaluation, metrics.json, model.pt, status.json)",
                  cfg.trainer.resume, source)
-    if state.get("world_size") not in (None, world_size):
-        saved = state.get("global_batch_size") or (
-            global_batch_size(state["config"]) if state.get("config") else None)
-        if saved == global_batch_size(cfg):  # the same global batches: exact (issue 30)
-            log.info("resuming a world of %s rank(s) with %d, the same global batch of %d: the "
-                     "data order, schedule and weights continue as if never stopped (dropout "
-                     "draws per rank, unsynchronised BatchNorm per rank: those differ)",
-                     state["world_size"], world_size, saved)
-        else:
-            log.warning("resuming a world of %s rank(s) with %d: the data order and the global "
-                        "batch differ from the interrupted run (keep data.global_batch_size="
-                        "%s for an exact continuation)", state["world_size"], world_size, saved)
     return state
+
+
+def _world_view(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+    """What :func:`ddp_exp.config.checks.global_batch_size` reads, for this world."""
+    return {"data": cfg.data, "trainer": cfg.trainer, "world_size": world_size}
+
+
+def _log_world_change(cfg: DictConfig, state: dict[str, Any], world_size: int) -> None:
+    """One line when the checkpoint was written by a world of another size: exact with the
+    same global batch, else what would continue it exactly (advice that is accepted:
+    :func:`ddp_exp.train.state.exact_batch_advice`). Logged once every check has passed."""
+    if state.get("world_size") in (None, world_size):
+        return
+    saved = state.get("global_batch_size") or (
+        global_batch_size(state["config"]) if state.get("config") else None)
+    if saved == global_batch_size(_world_view(cfg, world_size)):  # exact (issue 30)
+        log.info("resuming a world of %s rank(s) with %d, the same global batch of %d: the "
+                 "data order, schedule and weights continue as if never stopped (dropout "
+                 "draws per rank, unsynchronised BatchNorm per rank: those differ)",
+                 state["world_size"], world_size, saved)
+        return
+    advice = train_state.exact_batch_advice(saved, world_size)
+    if advice.startswith("data."):
+        advice = f"keep {advice} for an exact continuation"
+    log.warning("resuming a world of %s rank(s) with %d: the data order and the global batch "
+                "differ from the interrupted run (%s)", state["world_size"], world_size, advice)
 
 
 def _end_owed(source: str, state: dict[str, Any]) -> bool:

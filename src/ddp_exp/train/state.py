@@ -140,7 +140,7 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
     epochs_done = state["epoch"] + 1
     start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
                                              trainer["epochs"], trainer["max_steps"], per_epoch)
-    inside = steps_into_epoch(cfg, state, resume)
+    inside = steps_into_epoch(cfg, state, resume, resume if resume != "auto" else None)
     if inside:  # a step checkpoint: this run's steps of the epoch in progress are done too
         start += inside
         if trainer["max_steps"] is not None:
@@ -167,12 +167,33 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
     return scheduler, interval, run_steps
 
 
-def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str) -> int:
+def exact_batch_advice(saved: int | None, world_size: int) -> str:
+    """How a run with global batch ``saved`` continues exactly in a world of ``world_size``
+    ranks, as advice that is accepted: ``data.global_batch_size=<saved>`` when the world
+    divides it (the per-rank batch and accumulation follow, whatever
+    ``data.max_batch_size_per_rank``), else the world sizes that divide it."""
+    if not saved:
+        return "resume at the checkpoint's global batch"
+    if saved % world_size == 0:
+        return f"data.global_batch_size={saved}"
+    sizes = [str(n) for n in range(1, saved + 1) if saved % n == 0]
+    listed = sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}"
+    return (f"{world_size} ranks cannot divide its global batch of {saved}: world_size="
+            f"{listed} with data.global_batch_size={saved}")
+
+
+def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str,
+                     source: str | None = None) -> int:
     """The optimizer steps a step checkpoint's epoch has taken, in this run's global batch:
     ``position / global batch`` (0 for a checkpoint at an epoch's end). The position is
     global samples consumed, the same in a world of any size with the same global batch
     (issue 30): with another global batch the rest of the epoch could not be cut into the
     same batches, so it is refused.
+
+    The refusal's advice is accepted advice: ``data.global_batch_size`` only where this
+    world divides it, else the world sizes that can (:func:`exact_batch_advice`), and a
+    checkpoint at an epoch's end only where one exists beside ``source`` (the checkpoint's
+    path; None: none named).
 
     Raises:
         ConfigError: this run's global batch differs from the step checkpoint's.
@@ -182,10 +203,14 @@ def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str) ->
         return 0
     saved, now = state.get("global_batch_size"), global_batch_size(cfg)
     if saved != now:
+        epoch_file = checkpoint.newest_epoch_file(source) if source else None
+        advice = exact_batch_advice(saved, cfg["world_size"])
+        advice = (f"resume with {advice}" if advice.startswith("data.") else advice)
+        if epoch_file:
+            advice += f"; or resume from a checkpoint at an epoch's end ({epoch_file})"
         raise ConfigError(f"trainer.resume={resume!r}: a step checkpoint inside epoch "
                           f"{state['epoch'] + 2} (global batch {saved}); this run's global "
-                          f"batch is {now}: resume with data.global_batch_size={saved}, or from "
-                          f"a checkpoint at an epoch's end (checkpoints/epoch_NNNN.pt)")
+                          f"batch is {now}: {advice}")
     return position // now
 
 
