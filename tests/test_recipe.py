@@ -284,10 +284,12 @@ def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli, compose, tmp
     assert one["test/num_samples"] == three["test/num_samples"] == 101
     assert one["test/accuracy"] == three["test/accuracy"] == correct / 101
     assert rel_close(one["test/loss"], loss, 1e-6) and rel_close(three["test/loss"], loss, 1e-6)
-    # trainer.max_steps stopped the epoch part-way: no last.pt; the new best epoch's best.pt is
-    # the whole state, marked so that continuing from it is refused (it could not be exact).
+    # trainer.max_steps stopped the epoch part-way: last.pt is the step checkpoint at step 2
+    # (test_resume_followups.py); the new best epoch's best.pt is the whole state after the
+    # partial epoch's validation, marked so that continuing from it is refused.
     folder = three_run.job_dir / "checkpoints"
-    assert sorted(os.listdir(folder)) == ["best.pt"]
+    assert sorted(os.listdir(folder)) == ["best.pt", "last.pt"]
+    assert load_ckpt(folder / "last.pt")["position"] == 2 * 96
     best = load_ckpt(folder / "best.pt")
     assert best["resumable"] is False and best["global_step"] == 2 and "optimizer" in best
     message = refused_before_ranks(compose("world_size=3", *common,

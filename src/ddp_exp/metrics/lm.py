@@ -3,8 +3,10 @@ second, model FLOP/s and MFU, and text samples in TensorBoard.
 
 * ``val/perplexity = exp(val/loss)`` (the per-token mean cross-entropy, nats);
   ``val/bits_per_byte = val/loss / ln 2`` where a token is one byte (the built-in corpus).
-* ``train/tokens_per_sec``: the counted tokens the world trained per second (for token windows
-  ``train/samples_per_sec`` counts tokens too: a window's every position is a sample).
+* ``train/tokens_per_sec``: the counted tokens the world trained per second (TensorBoard's
+  ``train/samples_per_sec`` counts tokens too; ``metrics.json``'s ``train/num_samples`` and
+  ``train/samples_per_sec`` count windows, ``train/num_tokens`` their tokens, and the epoch
+  line says tokens/s).
 * ``perf/model_flops_per_sec = train/tokens_per_sec x flops_per_token``, where the model's
   training FLOPs per token are ``6 N + 12 L d T`` (PaLM, appendix B: N parameters without the
   position embedding, L layers, width d, context T; :meth:`ddp_exp.train.gpt.GPT.flops_per_token`);
@@ -75,6 +77,19 @@ class LanguageModelReport:
         self.every = trainer.get("sample_every_n_epochs") or 0
         self.prompt = trainer.get("sample_prompt") or "\n"
         self.stream = datasets.train.stream if self.active else None
+
+    @property
+    def unit(self) -> str:
+        """What the loop's training counts count: ``tokens`` for token data (every position
+        of a window is counted), else ``samples``."""
+        return "tokens" if self.active else "samples"
+
+    def windows(self, tokens: float | None) -> float | None:
+        """Token data: the windows (samples) that ``tokens`` counted tokens make
+        (``tokens / data.block_size``: every position of a window counts); else ``tokens``."""
+        if not self.active or tokens is None:
+            return tokens
+        return tokens / self.stream.block_size
 
     def train_scalars(self, tokens_per_sec: float | None) -> dict[str, float | None]:
         """``train/tokens_per_sec`` and the model FLOP/s (and MFU) from the interval's rate."""

@@ -40,8 +40,9 @@ class Progress:
     """One epoch's progress. ``step()`` per optimizer step, ``interval(loss, rate)`` per
     logging interval, ``close()`` at the end of the epoch."""
 
-    def __init__(self, mode: str, epoch: int, epochs: int, steps: int):
+    def __init__(self, mode: str, epoch: int, epochs: int, steps: int, unit: str = "samples"):
         self.mode, self.epoch, self.epochs, self.steps = mode, epoch, epochs, steps
+        self.unit = unit  # what the rate counts: samples, or tokens (data=tokens)
         self.done = 0
         self.last_line = time.monotonic()
         self.bar = None
@@ -63,10 +64,10 @@ class Progress:
                                  refresh=False)
         elif self.mode == "log" and time.monotonic() - self.last_line >= LOG_EVERY_S:
             self.last_line = time.monotonic()
-            log.info("progress: epoch %d/%d, step %d/%d | train/loss %s | %s samples/s",
+            log.info("progress: epoch %d/%d, step %d/%d | train/loss %s | %s %s/s",
                      self.epoch + 1, self.epochs, self.done, self.steps,
                      f"{loss:.4f}" if loss is not None else "-",
-                     f"{samples_per_sec:,.0f}" if samples_per_sec else "-")
+                     f"{samples_per_sec:,.0f}" if samples_per_sec else "-", self.unit)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -84,11 +85,13 @@ class EpochResult:
     train_samples: int
     train_s: float
     val: dict[str, Any]
+    unit: str = "samples"  # what train_samples counts: samples, or tokens (data=tokens)
 
 
 def epoch_line(r: EpochResult, epochs: int) -> str:
     """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/loss ... | val/... |
-    N samples/s`` (a value that does not apply is left out)."""
+    N samples/s`` (``tokens/s`` for token data: the unit ``r.unit`` the loss counts; a value
+    that does not apply is left out)."""
     parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
     if r.train_loss is not None:
         parts.append(f"train/loss {r.train_loss:.4f}")
@@ -103,5 +106,5 @@ def epoch_line(r: EpochResult, epochs: int) -> str:
             parts.append(f"{key} {value:.4f}")
     rate = mean(r.train_samples, r.train_s)
     if rate is not None:
-        parts.append(f"{rate:,.0f} samples/s")
+        parts.append(f"{rate:,.0f} {r.unit}/s")
     return " | ".join(parts)

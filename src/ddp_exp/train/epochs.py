@@ -23,7 +23,7 @@ from typing import Any
 from ddp_exp.metrics import dashboard
 from ddp_exp.metrics.progress import EpochResult, epoch_line
 from ddp_exp.metrics.writer import mean
-from ddp_exp.train import schedule
+from ddp_exp.train import schedule, step_checkpoint
 from ddp_exp.train import state as train_state
 from ddp_exp.train.step_checkpoint import Preempted
 
@@ -38,10 +38,20 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
     last: EpochResult | None = None
     train_s, run_samples = 0.0, 0
     while loop.epoch < trainer["epochs"] and not loop.monitor.stopped_early:
+        entered, step_before = step_checkpoint.steps_entered(loop), loop.global_step
         loss_sum, samples, seconds = loop.train_epoch()
+        # trainer.max_steps stopped the epoch part-way: last.pt is the step checkpoint of
+        # where it stopped, taken before validation changes the monitor or the schedule, so
+        # a resume finds nothing left to train, or continues exactly under a larger max_steps.
+        done_in_epoch = entered + loop.global_step - step_before
+        partial = (max_steps is not None and loop.global_step >= max_steps
+                   and done_in_epoch < loop.steps_per_epoch)
+        if partial:
+            step_checkpoint.at_stop(loop, done_in_epoch, loss_sum, samples, seconds)
         train_s, run_samples = train_s + seconds, run_samples + samples
         last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
-                           seconds, loop.evaluator.validate(loop.epoch, loop.global_step))
+                           seconds, loop.evaluator.validate(loop.epoch, loop.global_step),
+                           loop.lm.unit)
         log.info(epoch_line(last, trainer["epochs"]))
         loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
@@ -55,16 +65,15 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
         loop.epoch += 1
         if loop.monitor.stopped_early:
             log.info(loop.monitor.stop_line(trainer["epochs"]))
-        # A partial epoch (trainer.max_steps): resuming it could not be exact, so no
-        # last.pt; a new best is still kept.
-        partial = max_steps is not None and loop.global_step >= max_steps
+        # A partial epoch: its last.pt is the step checkpoint above; a new best is still kept
+        # (marked not resumable: it was taken after the partial epoch's validation).
         train_state.save_checkpoint(loop, best=improved, complete=not partial,
                                     force_last=loop.preempted or loop.checkpoint_due)
         loop.cadence.written()
         if loop.preempted:
             raise Preempted(f"preempted at the end of epoch {loop.epoch} (step "
                             f"{loop.global_step}): checkpoints/last.pt holds it")
-        if partial:
+        if max_steps is not None and loop.global_step >= max_steps:
             break
         loop.writer.flush()  # the epoch's events on disk before the next epoch's loop
         if loop.monitor.stopped_early:
@@ -74,12 +83,17 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
 
 def final_metrics(loop: Any, last: EpochResult, run_samples: int, train_s: float
                   ) -> dict[str, Any]:
-    """The final global metrics of the last epoch (docs/metrics-and-tensorboard.md)."""
+    """The final global metrics of the last epoch (docs/metrics-and-tensorboard.md). For
+    token data the loop counts tokens: ``train/num_samples`` and ``train/samples_per_sec``
+    count windows, ``train/num_tokens`` and ``train/tokens_per_sec`` tokens."""
+    windows = loop.lm.windows(last.train_samples)
+    tokens = {"train/num_tokens": last.train_samples} if loop.lm.active else {}
     return {
         **last.val,
         "train/loss": last.train_loss,
-        "train/num_samples": last.train_samples,
-        "train/samples_per_sec": mean(run_samples, train_s),
+        "train/num_samples": None if windows is None else round(windows),
+        **tokens,
+        "train/samples_per_sec": loop.lm.windows(mean(run_samples, train_s)),
         **loop.lm.train_scalars(mean(run_samples, train_s)),
         "time/train_s": train_s,
         "epoch": last.epoch + 1,

@@ -211,7 +211,7 @@ class Trainer:
         self.ddp.train()
         window = self.window
         progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
-                            trainer["epochs"], self.steps_per_epoch)
+                            trainer["epochs"], self.steps_per_epoch, self.lm.unit)
         progress.done = first  # a resumed epoch's steps done
         if progress.bar is not None:
             progress.bar.update(first)

@@ -136,3 +136,31 @@ def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps:
     loop.position, loop.epoch_sums = 0, None
     loop.cadence.written()
     return loss_sum, samples, preempt
+
+
+def steps_entered(loop: Any) -> int:
+    """The optimizer steps the epoch ``loop.epoch`` has taken before the loop enters it: a
+    step checkpoint's ``loop.position`` in this run's global batch, else 0 (call before
+    ``loop.train_epoch()``, which consumes the position)."""
+    return (loop.position or 0) // global_batch_size(loop.cfg)
+
+
+def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
+    """``trainer.max_steps`` stopped the epoch after its ``steps``-th step (< its steps per
+    epoch): write ``checkpoints/last.pt`` as a step checkpoint there (every rank; the
+    epoch's world ``loss_sum``, ``samples`` and ``seconds`` so far, settled by
+    ``train_epoch``), when the run keeps a ``last.pt`` at all (``trainer.save_last`` or
+    step checkpoints on). Call after ``train_epoch`` returns and before validation: the
+    checkpoint is the loop's state at that step, so a resume under the same
+    ``trainer.max_steps`` has nothing left to train, and one under a larger one continues
+    exactly (a ``last.pt`` of an earlier step or epoch would train the last steps again)."""
+    trainer = loop.cfg["trainer"]
+    if not (trainer["save_last"] or loop.cadence.every_steps is not None
+            or loop.cadence.every_s is not None):
+        return
+    loop.writer.flush()
+    loop.position = steps * global_batch_size(loop.cfg)
+    loop.epoch_sums = (loss_sum, samples, seconds)
+    train_state.save_step_checkpoint(loop)
+    loop.position, loop.epoch_sums = 0, None
+    loop.cadence.written()
