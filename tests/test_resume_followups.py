@@ -15,6 +15,7 @@ import logging
 import shutil
 
 import pytest
+import torch
 from helpers import QUIET, folder_files, load_ckpt
 
 from ddp_exp.launch import build
@@ -46,6 +47,24 @@ def test_a_run_ended_by_max_steps_inside_an_epoch_has_nothing_left(run_cli, over
     assert "nothing left to train" in again.stderr, again.stderr
     assert "resumed from" not in again.stderr + again.stdout
     assert folder_files(first.job_dir) == before  # no step retrained, no event file added
+
+
+@pytest.mark.slow
+@pytest.mark.float_sensitive
+def test_a_larger_max_steps_continues_the_stopped_run_exactly(run_cli):
+    """The step checkpoint at max_steps=12 continued to max_steps=20 trains the weights of a
+    run that went to step 20 at once (same CPU, same order: 1e-6)."""
+    common = ("world_size=2", "trainer.epochs=1", QUIET)
+    straight = run_cli(*common, "trainer.max_steps=20", job="straight").ok()
+    run_cli(*common, "trainer.max_steps=12", job="stopped").ok()
+    resumed = run_cli(*common, "trainer.max_steps=20", "trainer.resume=auto", job="stopped").ok()
+    assert "step 12, inside epoch 1" in resumed.stdout + resumed.stderr
+    want = torch.load(straight.job_dir / "model.pt", weights_only=True)
+    got = torch.load(resumed.job_dir / "model.pt", weights_only=True)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=1e-7, msg=name)
+    assert resumed.metrics["val/loss"] == pytest.approx(straight.metrics["val/loss"], rel=1e-6)
+    assert resumed.metrics["global_step"] == 20
 
 
 # ----------------------------------------------- 4. advice that works in another world size
