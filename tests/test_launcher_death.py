@@ -73,11 +73,15 @@ def _kill_all(proc: subprocess.Popen, tag: str) -> None:
     proc.wait(30)
 
 
-def test_sigkill_to_the_launcher_alone_ends_its_ranks_and_their_workers(tmp_path):
-    proc, _, _, tag, _ = _start(tmp_path, "data.num_workers=1")
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_sigkill_to_the_launcher_alone_ends_its_ranks_and_their_workers(tmp_path, method):
+    """forkserver: the fork servers (the launcher's, each rank's) outlive whoever asked for the
+    process (every process they start holds their pipe): the rank and the worker watch."""
+    proc, _, _, tag, _ = _start(tmp_path, "data.num_workers=1",
+                                f"launcher.start_method={method}")
     try:
         time.sleep(1.0)  # the ranks' DataLoader workers run
-        assert len(tagged_processes(tag)) >= 5, "launcher, 2 ranks, 2 workers"
+        assert len(tagged_processes(tag)) >= 5, "launcher, 2 ranks, 2 workers (+ servers)"
         os.kill(proc.pid, signal.SIGKILL)  # the launcher's PID alone, not its group
         assert proc.wait(30) == -signal.SIGKILL
         assert_no_orphans(tag, grace_s=5.0)  # before: ranks and workers trained on (PPID 1)

@@ -43,7 +43,8 @@ gradient and ``train/num_samples`` (:mod:`ddp_exp.train.loop`), so training is e
 Validation is never padded: each sample is evaluated exactly once across the world.
 
 May use: :mod:`ddp_exp.data.sampling` (the shard's positions, the batches' keys),
-:mod:`ddp_exp.data.seeds`, torch; the splits it serves come from :mod:`ddp_exp.data.splits`, by
+:mod:`ddp_exp.data.seeds`, :mod:`ddp_exp.data.parent_death` (a worker ends with its rank),
+torch; the splits it serves come from :mod:`ddp_exp.data.splits`, by
 interface.
 """
 
@@ -58,6 +59,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from ddp_exp.data.parent_death import die_with_parent
 from ddp_exp.data.sampling import BatchKeys, shard_order
 from ddp_exp.data.seeds import TEST, TRAIN, VAL, batch_seed, sample_keys, seeded  # noqa: F401
 
@@ -152,6 +154,7 @@ class KeyedLoader:
         self.generator = torch.Generator()
         self.base = (seed, rank)
         if workers["num_workers"] > 0:
+            # Each worker ends with this rank, also one that started after the rank died.
             self.loader = DataLoader(self.fetch, batch_size=None, sampler=keys,
                                      generator=self.generator,
                                      worker_init_fn=partial(die_with_parent, parent=os.getpid()),
@@ -209,33 +212,6 @@ def placement(device: torch.device, num_workers: int, in_memory: bool = True
     """
     on_device = in_memory and num_workers == 0
     return not on_device and device.type != "cpu", on_device
-
-
-def die_with_parent(worker_id: int = 0, parent: int | None = None) -> None:
-    """DataLoader ``worker_init_fn`` (and a rank's first call, :mod:`ddp_exp.rank.parent`): this
-    process gets SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``; the kernel
-    sends it when the parent *thread* that started this process exits). Otherwise a killed
-    rank's workers live on until their next liveness check (5 s), holding the rank's exit pipe,
-    so the launcher waits for them.
-
-    Args:
-        worker_id: the DataLoader's worker index (unused).
-        parent: the PID this process's parent must have (``KeyedLoader`` binds its rank's): a
-            parent that died before the ``prctl`` (this process was adopted by another) ends
-            this process at once (SIGKILL). None: no check.
-    """
-    del worker_id
-    import signal
-
-    try:
-        import ctypes
-
-        if ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL)):  # SET_PDEATHSIG
-            return
-    except (OSError, AttributeError):  # not Linux: keep torch's own liveness check
-        return
-    if parent is not None and os.getppid() != parent:  # the parent is gone already
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def val_batches(x, y, rank: int, world_size: int, batch_size: int) -> Iterator:

@@ -1,33 +1,36 @@
 """A rank ends with the process that started it: no rank outlives its launcher.
 
 A launcher killed outright (SIGKILL: the OOM killer, ``kill -9 <pid>``; any signal whose
-default action ends it) cannot stop its ranks: they were reparented to init (or a subreaper),
-trained on into the job folder without the folder's lock (which died with the launcher), and at
-the end hung for good in torch elastic's ``_wrap`` (``Event.wait``: the agent that would read
-their result is gone). So every rank asks the kernel for SIGKILL when its parent dies (Linux
-``prctl(PR_SET_PDEATHSIG)``, :func:`ddp_exp.data.loaders.die_with_parent`, which the ranks'
-DataLoader workers use too: a killed rank takes its workers with it), first thing, and then
-checks that its parent is still the process it was started by: a launcher that died before the
-``prctl`` (a spawned rank imports for seconds first) leaves a rank that ends at once.
+default action ends it) cannot stop its ranks. Torch's own parent-death signal for a rank is
+SIGINT, which the ranks of a shell's background job ignore (ignored at start stays ignored,
+:mod:`ddp_exp.compat.elastic_agent`): they were adopted by init, trained on into the job folder
+without its lock (which died with the launcher), and at the end hung for good in torch
+elastic's ``_wrap`` (``Event.wait``: the agent that would read their result is gone). So every
+rank, first thing, replaces it with SIGKILL and checks that its launcher still lives
+(:func:`ddp_exp.data.parent_death.die_with_parent`, which the ranks' DataLoader workers use
+too: a killed rank takes its workers with it): a launcher that died before (a spawned rank
+imports for seconds first) leaves a rank that ends at once.
 
 The kernel sends the signal when the *thread* that started the child exits, not the process.
 The elastic agent starts its ranks from the thread that runs ``elastic_launch`` (the main
-thread; a sweep launcher's worker thread), which waits in the agent until every rank has ended,
-with ``fork`` and ``spawn`` alike (``spawn`` forks, then execs Python: the setting is made after
-the exec, in the rank). With ``forkserver`` the rank's parent is the fork server, which the
-launcher started and which exits when the launcher dies (it reads EOF on the launcher's pipe):
-the rank dies after it. Under torchrun the rank's parent is torchrun's agent (its main thread
-starts and waits for the ranks), under srun slurmstepd: the same rule holds, with the one
-check this side can make without knowing its launcher: a parent that is init means it is gone.
+thread, or a sweep launcher's worker thread), which waits in the agent until every rank has
+ended, with ``fork`` and ``spawn`` alike (``spawn`` forks, then execs Python; the setting is
+made after the exec, in the rank). With ``forkserver`` the rank's parent is the fork server,
+which outlives the launcher (each rank holds its pipe): the rank watches that the server's
+parent is still the launcher. Under torchrun the rank's parent is torchrun's agent (its main
+thread starts and waits for the ranks), under srun slurmstepd: the same rule, with the one
+check this side can make without knowing who started it: a parent that is init is gone (one
+adopted by a subreaper instead is not seen).
 
-May use: :mod:`ddp_exp.data` (``die_with_parent``).
+May use: :mod:`ddp_exp.data` (``parent_death``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
-from ddp_exp.data.loaders import die_with_parent
+from ddp_exp.data.parent_death import die_with_parent
 
 # The launcher's PID, set for the ranks it starts (ddp_exp.launch.elastic).
 LAUNCHER_PID_ENV = "DDP_EXP_LAUNCHER_PID"
@@ -43,14 +46,11 @@ def end_with_launcher(launcher: int | None) -> None:
             the fork server). None under torchrun or srun: there a parent that is init
             (PID 1) is a dead one. Does nothing where ``prctl`` is not available (not Linux).
     """
-    parent = os.getppid()
     if launcher is None:  # torchrun, srun: whoever started this rank, unless init adopted it
-        expected = parent if parent != 1 else 0  # 0: no process's parent, so: end now
-    elif parent != launcher and _parent_of(parent) == launcher:
-        expected = parent  # forkserver: the server dies with the launcher, the rank with it
-    else:
-        expected = launcher
-    die_with_parent(parent=expected)
+        launcher = os.getppid()
+        if launcher == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    die_with_parent(parent=launcher)
 
 
 def launcher_from_env() -> int | None:
@@ -59,12 +59,3 @@ def launcher_from_env() -> int | None:
     value = os.environ.pop(LAUNCHER_PID_ENV, None)
     return int(value) if value and value.isdigit() else None
 
-
-def _parent_of(pid: int) -> int | None:
-    """``pid``'s parent (``/proc/<pid>/stat``), None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[1])  # after "(comm) state"
-    except (OSError, ValueError, IndexError):
-        return None
