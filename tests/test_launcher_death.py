@@ -22,7 +22,7 @@ import time
 import uuid
 
 import pytest
-from helpers import QUIET, assert_no_orphans, cli_env, tagged_processes
+from helpers import QUIET, assert_no_orphans, cli_env, start_at_phase, tagged_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                    reason="prctl(PR_SET_PDEATHSIG) is Linux's")]
@@ -105,6 +105,25 @@ def test_usr_signal_with_preemption_off_stops_the_job_like_sigterm(tmp_path, nam
         assert_no_orphans(tag, grace_s=5.0)
     finally:
         _kill_all(proc, tag)
+
+
+def test_usr1_while_the_launcher_loads_the_data_is_recorded_as_interrupted(tmp_path):
+    """USR1 with preemption off before any rank exists (the launcher held loading the data by
+    ``phases.slow_digits``): as SIGTERM there, one line, exit 138, ``status.json``
+    interrupted. Before, the launcher died silently, leaving no record."""
+    tag, job, marker = uuid.uuid4().hex, tmp_path / "early", tmp_path / "loading"
+    proc = start_at_phase([sys.executable, "-m", "ddp_exp", "data._target_=phases.slow_digits",
+                           QUIET, f"hydra.run.dir={job}"], tmp_path, tag, marker)
+    try:
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (SIGUSR1)"], err
+    status = json.loads((job / "status.json").read_text())
+    assert status["status"] == "interrupted" and "SIGUSR1" in status["error"], status
+    assert_no_orphans(tag)
 
 
 ORPHAN = """
