@@ -9,7 +9,7 @@ rank), one epoch cut at ``trainer.max_steps`` steps, validation capped; the base
 clipping, per-rank batch, steps and intra-op threads, no framework. World size 1 and 2 (gloo).
 
 Figures: training tokens/s of the loop only (ddp_exp: ``train/tokens_per_sec`` of
-``metrics.json``, which is its ``train/samples_per_sec`` for token windows; the loop: its result
+``metrics.json`` (its ``train/samples_per_sec`` counts windows); the loop: its result
 line), the model FLOP/s of both (tokens/s x ``GPT.flops_per_token()``: ``perf/model_flops_per_sec``
 and the loop's ``model_flops_per_sec``), wall seconds, peak RSS per rank. The runs are
 interleaved pairs (ddp_exp, loop) per world size, at least :data:`PAIRS` of them (``--quick``:

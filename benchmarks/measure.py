@@ -57,7 +57,9 @@ def _read_result(v: Variant, workdir: str, row: dict) -> None:
     if v.impl == "ddp_exp":
         with open(os.path.join(workdir, "job", "metrics.json")) as fh:
             m = json.load(fh)
-        row.update(samples_per_sec=m.get("train/samples_per_sec"),
+        # Token data: a token is the sample the lm group compares (metrics.json's
+        # train/samples_per_sec counts windows there).
+        row.update(samples_per_sec=m.get("train/tokens_per_sec", m.get("train/samples_per_sec")),
                    train_s=m.get("time/train_s"), wall_s_inside=m.get("time/total_s"),
                    threads_per_rank=m.get("threads_per_rank"),
                    train_loss=m.get("train/loss"), val_loss=m.get("val/loss"),

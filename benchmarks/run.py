@@ -22,6 +22,8 @@ Groups (each one interleaved: for every repeat, every variant of the group once,
   batch 64, ``world_size=2`` with 32, ``world_size=4`` with 16 (the same global batch);
 * ``perf``: the cost of the ``perf/*`` dashboards (issue 14): ddp_exp on digits at world_size 2
   with ``trainer.perf_metrics=true`` and ``false``;
+* ``step_checkpoint`` (issue 30): ddp_exp on digits at world_size 2 with
+  ``trainer.checkpoint_every_n_steps=50`` against none (target: >= 0.97 of its samples/s);
 * ``image_folder`` (issue 11): the digits as PNG files in a temporary folder made here,
   ``data=image_folder model=cnn`` with 2 DataLoader workers per rank against the hand-written
   Pillow + DataLoader + DDP script on the same files (``benchmarks/ddp_image_folder.py``), 32
@@ -95,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 1 epoch, small compute set")
     p.add_argument("--only", default=None,
-                   help="comma-separated groups: digits,compute,startup,c17,perf,image_folder,"
-                        "lm (the default set); scaling and memory only when named")
+                   help="comma-separated groups: digits,compute,startup,c17,perf,step_checkpoint,"
+                        "image_folder,lm (the default set); scaling and memory only when named")
     p.add_argument("--impls", default=None,
                    help="comma-separated variants to keep in the chosen groups, by key suffix: "
                         "e.g. 'defaults/ddp_exp,tight' (default: all)")

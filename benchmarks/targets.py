@@ -95,6 +95,9 @@ def build_targets(groups: dict[str, list[Variant]]) -> list[Target]:
                     f"c17/ws2/b{b}/ddp_exp", f"c17/ws1/b{2 * b}/ddp_exp", sps, ">=", 0.5))
     t.append(Target("perf", "digits, ws=2: ddp_exp perf_metrics on / off, samples/s",
                     "perf/ws2/perf-true/ddp_exp", "perf/ws2/perf-false/ddp_exp", sps, ">=", 0.98))
+    t.append(Target("I30", "digits, ws=2: a step checkpoint every 50 steps / none, samples/s",
+                    "step_checkpoint/ws2/every-50/ddp_exp",
+                    "step_checkpoint/ws2/every-null/ddp_exp", sps, ">=", 0.97))
     t.append(Target("I11", "image folder, ws=2: ddp_exp / hand-written script, samples/s",
                     "image_folder/ws2/ddp_exp", "image_folder/ws2/handwritten", sps, ">=", 0.95))
     present = {v.key for vs in groups.values() for v in vs}

@@ -114,6 +114,12 @@ def build_variants(quick: bool) -> dict[str, list[Variant]]:
     groups["perf"] = [Variant("perf", "ddp_exp", "digits", 2, b, c17_epochs,
                               overrides=(f"trainer.perf_metrics={on}",), label=f"perf-{on}")
                       for on in ("true", "false")]
+    # Issue 30: a step checkpoint every 50 steps (digits: 24 steps an epoch at world_size 2,
+    # so one about every other epoch, written on the background thread) against none.
+    groups["step_checkpoint"] = [
+        Variant("step_checkpoint", "ddp_exp", "digits", 2, b, c17_epochs,
+                overrides=(f"trainer.checkpoint_every_n_steps={every}",), label=f"every-{every}")
+        for every in ("50", "null")]
     # world_size 2 only: at 1, the rank's 2 intra-op threads (cores // world_size) and its 2
     # decoding workers share 2 cores, and both implementations crawl (70-150 samples/s against
     # ~1,300 at world_size 2, 1-2 minutes a run): noise, not a comparison of the data paths.
