@@ -280,10 +280,12 @@ def test_slowed_rank_is_named_and_perf_off_trains_the_same(run_cli, tmp_path):
 
 @pytest.mark.slow
 def test_slowed_loader_shows_as_data_wait(run_cli):
-    """Must-hold 2: every item of a lazy dataset sleeps 5 ms (80 ms per batch of 16), far more
-    than the step's compute (one thread: two would make the tiny step's compute slow on a busy
-    2-core machine): perf/data_wait_fraction is high at every logging step."""
-    run = run_cli("data=dataset", "data._target_=lazy_data.Computed", "+data.sleep_s=0.005",
+    """Must-hold 2: every item of a lazy dataset sleeps 20 ms (320 ms per batch of 16), far
+    more than the step's compute, the first step's warm-up included (one thread: two would make
+    the tiny step's compute slow on a busy 2-core machine; at 5 ms an item the first interval
+    read 0.68 in a CI run beside another test's world): perf/data_wait_fraction is high at every
+    logging step."""
+    run = run_cli("data=dataset", "data._target_=lazy_data.Computed", "+data.sleep_s=0.02",
                   "data.val_size=20", "data.batch_size=16", "world_size=1",
                   "trainer.max_steps=6", "trainer.log_every_n_steps=3", *SHORT,
                   env={**tests_on_path(), "OMP_NUM_THREADS": "1"}).ok()

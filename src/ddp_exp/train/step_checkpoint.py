@@ -129,12 +129,7 @@ def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps:
         s2, n2 = settle()
         s, n = s + s2, n + n2
     loss_sum, samples = loss_sum + s, samples + n
-    loop.writer.flush()
-    loop.position = steps * global_batch_size(loop.cfg)
-    loop.epoch_sums = (loss_sum, samples, seconds)
-    train_state.save_step_checkpoint(loop)
-    loop.position, loop.epoch_sums = 0, None
-    loop.cadence.written()
+    _write(loop, steps, loss_sum, samples, seconds)
     return loss_sum, samples, preempt
 
 
@@ -158,6 +153,12 @@ def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float
     if not (trainer["save_last"] or loop.cadence.every_steps is not None
             or loop.cadence.every_s is not None):
         return
+    _write(loop, steps, loss_sum, samples, seconds)
+
+
+def _write(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
+    """Write the step checkpoint after the epoch's ``steps``-th step with the epoch's world
+    sums so far (TensorBoard's events flushed first, so a resume's ``purge_step`` sees them)."""
     loop.writer.flush()
     loop.position = steps * global_batch_size(loop.cfg)
     loop.epoch_sums = (loss_sum, samples, seconds)
