@@ -124,12 +124,13 @@ class Watched:
 
 
 def start_watched(cmd: list[str], cwd: Path, tag: str, awaited: str,
-                  stderr: int = subprocess.STDOUT) -> Watched:
+                  stderr: int = subprocess.STDOUT, preexec_fn=None) -> Watched:
     """Start ``cmd`` tagged with ``tag`` (see :func:`cli_env`), stdin closed, and read its
-    stdout in a thread that sets ``seen`` at the first line containing ``awaited``."""
+    stdout in a thread that sets ``seen`` at the first line containing ``awaited``
+    (``preexec_fn``: run in the child before its exec, as :class:`subprocess.Popen` does)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag), stdout=subprocess.PIPE,
                             stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=preexec_fn)
     lines: list[str] = []
     seen = threading.Event()
 

@@ -17,12 +17,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
-from helpers import QUIET, assert_no_orphans, cli_env, start_at_phase, tagged_processes
+from helpers import (
+    QUIET,
+    assert_no_orphans,
+    start_at_phase,
+    start_watched,
+    tagged_processes,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                    reason="prctl(PR_SET_PDEATHSIG) is Linux's")]
@@ -44,25 +49,13 @@ def _start(tmp_path, *overrides: str):
     ranks train."""
     tag = uuid.uuid4().hex
     job = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *LONG_RUN, *overrides,
-                             f"hydra.run.dir={job}"], cwd=tmp_path, env=cli_env(tag),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                            preexec_fn=_background_job)
-    lines: list[str] = []
-    seen = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if TRAINING in line:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    if not seen.wait(90):
+    run = start_watched([sys.executable, "-m", "ddp_exp", *LONG_RUN, *overrides,
+                         f"hydra.run.dir={job}"], tmp_path, tag, TRAINING,
+                        preexec_fn=_background_job)
+    proc, reader, lines = run.proc, run.reader, run.lines
+    if not run.seen.wait(90):
         _kill_all(proc, tag)
-        pytest.fail("the ranks did not start:\n" + "".join(lines)[-3000:])
+        pytest.fail("the ranks did not start:\n" + run.text[-3000:])
     return proc, reader, lines, tag, job
 
 
