@@ -731,39 +731,33 @@ def test_on_another_hydra_no_install_hint_is_read_from_its_words(other_version, 
     assert missing_plugin_hint(ours) == hint
 
 
+def _backward_with_end_callbacks() -> list[str]:
+    """A backward over two parameters whose gradient hooks each note ``hook`` and ask
+    ``compat.tensors.at_backward_end`` to note ``end``: the order they were noted in."""
+    import torch
+
+    from ddp_exp.compat.tensors import at_backward_end
+
+    seen: list[str] = []
+
+    def hook(param):
+        seen.append("hook")
+        at_backward_end(lambda: seen.append("end"))
+
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))]
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+    (params[0] * 2 + params[1] * 3).sum().backward()
+    return seen
+
+
 def test_contract_autograd_runs_a_queued_callback_after_the_backward():
     """``compat.tensors.at_backward_end`` called from each parameter's gradient hook runs after
     every hook of the backward (autograd's queue), not at the hook that called it."""
-    import torch
-
-    from ddp_exp.compat.tensors import at_backward_end
-
-    seen = []
-    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))]
-    def hook(param):
-        seen.append("hook")
-        at_backward_end(lambda: seen.append("end"))
-
-    for p in params:
-        p.register_post_accumulate_grad_hook(hook)
-    (params[0] * 2 + params[1] * 3).sum().backward()
-    assert seen == ["hook", "hook", "end", "end"]
+    assert _backward_with_end_callbacks() == ["hook", "hook", "end", "end"]
 
 
 def test_on_another_torch_the_backward_end_is_the_hooks_moment(other_version, caplog):
-    import torch
-
-    from ddp_exp.compat.tensors import at_backward_end
-
     other_version("torch")
-    seen = []
-    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))]
-    def hook(param):
-        seen.append("hook")
-        at_backward_end(lambda: seen.append("end"))
-
-    for p in params:
-        p.register_post_accumulate_grad_hook(hook)
-    (params[0] * 2 + params[1] * 3).sum().backward()
-    assert seen == ["hook", "end", "hook", "end"]
+    assert _backward_with_end_callbacks() == ["hook", "end", "hook", "end"]
     assert any("queue_callback" in line for line in compat_lines(caplog))
