@@ -48,6 +48,7 @@ def _load(path: Path) -> dict:
 
 
 @pytest.mark.parametrize(("world_size", "test_weights"), [(2, "last"), (3, "best")])
+@pytest.mark.float_sensitive
 def test_reported_metrics_are_those_of_the_saved_model(run_cli, world_size, test_weights):
     """At world_size 2 and 3 without SyncBatchNorm: val/* in metrics.json is model.pt's (and
     last.pt's) one-process evaluation, best/val/loss and the best epoch's val/accuracy are
@@ -78,6 +79,7 @@ def test_reported_metrics_are_those_of_the_saved_model(run_cli, world_size, test
     assert m["test/accuracy"] == pytest.approx(test_accuracy, abs=1e-12)
 
 
+@pytest.mark.float_sensitive
 def test_accumulated_steps_report_the_saved_model(run_cli):
     """With gradient accumulation (micro-batches inside no_sync(), where DDP copies no buffers)
     the validation metrics are still model.pt's one-process evaluation."""

@@ -96,6 +96,7 @@ def _same_outputs(job: Path, reference: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_kills_in_the_first_epoch_and_after_the_last_checkpoint_resume_exactly(
         default_run_2_epochs, tmp_path):
     """One job killed three times, each resume=auto killed again, then resumed to its end:
@@ -197,6 +198,7 @@ def test_a_killed_attempt_of_another_config_is_refused_and_of_this_one_restarted
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_a_run_that_stopped_early_killed_before_metrics_json_is_finished(run_cli, tmp_path):
     """Item 2 for a run that stopped early: killed with model.pt in place and metrics.json not
     (the last rename before it), resume=auto trains no more epochs and finishes the run as the

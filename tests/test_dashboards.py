@@ -246,6 +246,7 @@ def test_layout_perf_points_confusion_and_histograms_for_world_sizes_1_and_3(run
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_slowed_rank_is_named_and_perf_off_trains_the_same(run_cli, tmp_path):
     """Must-hold 2: rank 1's forward sleeps 50 ms per step; perf/straggler_rank names it at
     every logging step, the epoch's log line too. With trainer.perf_metrics=false the plain MLP

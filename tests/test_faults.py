@@ -134,6 +134,7 @@ def test_faulty_model_matches_mlp_and_fires_once(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------- 1. exact resume
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
     """Must-hold 1: rank 1 SIGKILLed inside epoch 3 of 4 (no restarts), then the same job folder
     rerun with ``trainer.resume=auto``: same final metrics and parameters as a run never
@@ -160,6 +161,7 @@ def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_two_epochs_then_resume_auto_to_four_is_exact(run_cli, reference):
     """Must-hold 1, the plain way: trainer.epochs=2, then the same folder with trainer.epochs=4
     trainer.resume=auto."""
@@ -171,6 +173,7 @@ def test_two_epochs_then_resume_auto_to_four_is_exact(run_cli, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_resumed_run_tensorboard_curves_equal_uninterrupted(run_cli, reference):
     """A resumed job's TensorBoard curves (all its event files, as TensorBoard reads them) show
     the same points as the uninterrupted run's: nothing lost at the resume step, no duplicate
@@ -192,6 +195,7 @@ def test_resumed_run_tensorboard_curves_equal_uninterrupted(run_cli, reference):
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_step", [STEPS_2 + STEPS_2 // 2, STEPS_2 // 2],
                          ids=["mid-epoch-2", "before-first-checkpoint"])
+@pytest.mark.float_sensitive
 def test_elastic_restart_after_rank_killed(run_cli, tmp_path, reference, kill_step):
     """Must-hold 2: ``launcher.max_restarts=1``, rank 1 SIGKILLed once mid-epoch: the world
     restarts from checkpoints/last.pt (after epoch 1: step 24), or from scratch when no epoch

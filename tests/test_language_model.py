@@ -291,6 +291,7 @@ def test_sampling_never_moves_the_global_rng(monkeypatch):
     assert a.startswith("The ") and a == report.sample(0, 10) and a != report.sample(1, 10)
 
 
+@pytest.mark.float_sensitive
 def test_preset_learns_below_the_unigram_entropy(run_cli):
     """``experiment=gpt_tokens`` (1 layer, 60 steps, 2 ranks) predicts the built-in corpus
     better than its byte frequencies do, and reports perplexity, bits per byte, tokens/s, model
@@ -427,6 +428,7 @@ def _killed_gpt(config_dir, **options) -> list[str]:
     return ["--config-dir", str(config_dir), "model=killed_gpt"]
 
 
+@pytest.mark.float_sensitive
 def test_token_run_killed_in_epoch_2_resumes_exactly(run_cli, tmp_path):
     """A token run (3 ranks, AdamW, warmup + cosine, clipping, dropout) whose rank 1 is
     SIGKILLed 3 steps into epoch 2, then started again in its folder with

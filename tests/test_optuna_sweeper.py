@@ -112,6 +112,7 @@ def test_pruned_search_states_summary_and_best(asha):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_pruned_trial_equals_a_run_of_that_many_epochs(asha, run_cli):
     """Pruning only stops: a pruned trial's weights and metrics are those of the same config
     run for the epochs it ran (scheduler=none, the default)."""
@@ -131,6 +132,7 @@ def test_pruned_trial_equals_a_run_of_that_many_epochs(asha, run_cli):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_interrupted_sweep_resumes_reproducing_the_uninterrupted_one(asha, tmp_path):
     """The same sweep in a fresh folder, stopped by Ctrl-C as its fourth trial starts, then run
     again there: the rerun starts 5 trials (the interrupted one's params first, none of the 3

@@ -240,6 +240,7 @@ RUN = ["world_size=2", "trainer.epochs=2", QUIET]  # conftest's default_run_2_ep
 STEPS_PER_EPOCH, LOG_EVERY, SIGNAL_AT = 24, 10, 25
 
 
+@pytest.mark.float_sensitive
 def test_sigusr1_mid_epoch_checkpoints_requeues_once_and_resumes_exactly(
         tmp_path, run_cli, default_run_2_epochs):
     """Must hold (issue 30, preemption): SIGUSR1 to the launcher in the middle of epoch 2 of a

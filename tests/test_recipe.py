@@ -185,6 +185,7 @@ def test_logged_lr_is_the_closed_form_cosine_with_warmup(run_cli):
 
 # -------------------------------------------------------------------------- 3. exact resume
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_resume_with_scheduler_best_and_patience_is_exact(run_cli, tmp_path):
     """Must-hold 3: 4 epochs in one go equal 2 epochs, a rank killed in epoch 3, and a resume
     to 4: weights, best/epoch, the patience counter (stopped_early after 3 bad epochs), the lr

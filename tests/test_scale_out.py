@@ -47,6 +47,7 @@ def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+@pytest.mark.float_sensitive
 def test_two_nodes_on_loopback_train_the_single_node_world(default_run_2_epochs, tmp_path,
                                                            rendezvous):
     """Two launcher processes (one rank each) meet on loopback, through c10d rendezvous (an id,
@@ -146,6 +147,7 @@ def test_submitit_local_sweep_completes(run_cli, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_slurm_layout_runs_here_through_submitit_local(run_cli, tmp_path,
                                                      default_run_2_epochs):
     """launcher=slurm_local: every job is 2 submitit tasks standing for 2 nodes (one rank each,
@@ -403,6 +405,7 @@ def _free_slurm_job_id() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 1], ids=["task-per-node", "task-per-rank"])
+@pytest.mark.float_sensitive
 def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
         default_run_2_epochs, tmp_path, nodes):
     """U03: two srun tasks of ``launcher.cluster=slurm`` faked on loopback: one task per node

@@ -107,6 +107,7 @@ def _metrics(job_dir) -> dict:
     return json.loads((job_dir / "metrics.json").read_text())
 
 
+@pytest.mark.float_sensitive
 def test_token_loss_exact_across_world_size_accumulation_padding_and_uneven_set(run_cli):
     """The same global batch of 12 variable-length sequences (3..40 tokens, padded per batch),
     four ways: world 1 batch 12, world 3 batch 4, world 1 batch 3 x 4 accumulated, world 3
@@ -154,6 +155,7 @@ def _one_process_val_loss(job_dir) -> float:
     return total / count
 
 
+@pytest.mark.float_sensitive
 def test_per_sample_training_exact_on_a_set_the_world_does_not_divide(run_cli):
     """Digits, 1499 training samples (not divisible by 3): world 3 batch 4 equals world 1
     batch 12; DistributedSampler's repeated sample counts zero (train/num_samples 1499)."""
@@ -166,6 +168,7 @@ def test_per_sample_training_exact_on_a_set_the_world_does_not_divide(run_cli):
     assert rel_close(one.metrics["train/loss"], three.metrics["train/loss"], 1e-6)
 
 
+@pytest.mark.float_sensitive
 def test_hugging_face_style_mapping_items_and_keyword_model(run_cli):
     """Items ``{"input_ids", "attention_mask", "labels"}`` (labels = input_ids, shifted by the
     run), a model of keyword arguments returning ``{"logits": ...}``: world 2 equals world 1."""

@@ -22,6 +22,7 @@ def _max_abs_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.float_sensitive
 def test_batched_path_equals_dataloader_path(run_cli):
     """num_workers=0 (batched tensor indexing) and num_workers=1 (torch DataLoader with a
     worker) train the same model: same losses, same weights."""

@@ -76,6 +76,7 @@ def kill_mid_epoch_2_and_resume(tmp_path: Path, common: list[str], every: int, h
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_digits_killed_inside_epoch_2_resumes_exactly(default_run_2_epochs, tmp_path):
     """digits, world_size=2, a step checkpoint every 5 steps (24 steps per epoch): SIGKILL of
     the whole world at step 33, after a checkpoint of epoch 2 (step 25 or 30) is on disk;
@@ -96,6 +97,7 @@ def digits_png(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_image_folder_with_workers_and_augmentation_killed_inside_an_epoch_resumes_exactly(
         digits_png, tmp_path):
     """The same with data=image_folder, two DataLoader workers per rank and data.augment=true
@@ -213,6 +215,7 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
 
 
 @pytest.mark.slow  # starts worlds of processes: make test, not test-fast
+@pytest.mark.float_sensitive
 def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path, compose):
     """One rank, digits at batch 32 (47 steps an epoch), a check every 5 steps: told of a
     preemption from step 7 on, the loop learns it at the check of step 15 (the flag rides in

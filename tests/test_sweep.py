@@ -182,6 +182,7 @@ def test_batch_size_sweep_folders_event_streams_and_summary(sequential_sweep):
 
 # ---------------------------------------------------------- 2. joblib, 2 jobs at a time
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_joblib_sweep_gives_same_summary_as_sequential(sequential_sweep, tmp_path):
     seq_proc, seq_dir = sequential_sweep
     ok(seq_proc)
@@ -433,6 +434,7 @@ def test_debug_preset_runs_end_to_end(run_cli):
 
 # ---------------------------------------------------------- 7. two sweeps at the same time
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_two_sweeps_at_once_do_not_collide(tmp_path):
     tags = [uuid.uuid4().hex, uuid.uuid4().hex]
     dirs = [tmp_path / "a", tmp_path / "b"]

@@ -44,6 +44,7 @@ def frozen_step_losses() -> list[torch.Tensor]:
 
 
 @pytest.mark.smoke
+@pytest.mark.float_sensitive
 def test_train_loss_every_n_steps_epoch_loss_and_hparams_equal_metrics_json(run_cli):
     """U02: points at 4, 8, ..., 28 (the one at 16 averages steps 13-15 of epoch 1 and step 16
     of epoch 2), the epoch means at steps 15 and 30. U01: the HParams table's val/loss,

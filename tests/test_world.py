@@ -250,6 +250,7 @@ def _single_job_dir(root: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_path,
                                                                  default_run_2_epochs):
     """C01: a ${now:...%f} run dir is created once per job, launched by ddp_exp and by torchrun."""
@@ -407,6 +408,7 @@ def test_threads_per_rank_default_and_user_value(run_cli, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_every_start_method_trains_the_same_model(run_cli, default_run_1_epoch):
     """Regression: under spawn/forkserver the model reached the ranks in shared memory, so all
     ranks stepped one set of parameters (an effective lr x world_size, racy). Every start
