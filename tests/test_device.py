@@ -13,6 +13,7 @@ import yaml
 
 from ddp_exp.config.checks import check_precision
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.schema import DataConfig
 from ddp_exp.data.loaders import loader_options, placement
 from ddp_exp.distributed import process_group as distributed
 from ddp_exp.distributed.process_group import resolve_placement
@@ -81,7 +82,7 @@ def test_fp16_needs_cuda_bf16_does_not():
 def test_data_path_placement(device, workers, in_memory, expected, pinned):
     """(move each batch to the device, keep the set on the device), and data.pin_memory=auto"""
     assert placement(device, workers, in_memory) == expected
-    options = loader_options({"num_workers": workers, "pin_memory": "auto"}, device)
+    options = loader_options(DataConfig(num_workers=workers, pin_memory="auto"), device)
     assert options["pin_memory"] is pinned
 
 

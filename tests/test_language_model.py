@@ -24,6 +24,8 @@ from helpers import QUIET, load_ckpt, refused_before_ranks, rel_close, tests_on_
 from torch.nn import functional as F
 
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.schema import DataConfig, TokensDataConfig, TrainerConfig
+from ddp_exp.config.view import section
 from ddp_exp.data import tokens as tk
 from ddp_exp.data.loaders import RankData
 from ddp_exp.train.gpt import GPT
@@ -46,7 +48,7 @@ def _stream(n: int = 10_000, block: int = 16, vocab: int = 50) -> tk.TokenStream
 
 def _global_batches(datasets, world_size: int, epoch: int, steps: int, batch: int = 4):
     """The windows' start offsets of the first ``steps`` global batches, each a sorted list."""
-    ranks = [RankData(datasets, _data_cfg(batch_size=batch), 3, r, world_size,
+    ranks = [RankData(datasets, DataConfig(**_data_cfg(batch_size=batch)), 3, r, world_size,
                       torch.device("cpu")) for r in range(world_size)]
     for rank in ranks:
         rank.train.set_epoch(epoch)
@@ -131,7 +133,7 @@ def test_global_batches_hold_the_same_windows_for_any_world_size():
     for world in (1, 2, 3):
         seen = []
         for r in range(world):
-            rank = RankData(d, _data_cfg(), 0, r, world, torch.device("cpu"))
+            rank = RankData(d, DataConfig(**_data_cfg()), 0, r, world, torch.device("cpu"))
             seen += [int(v) for xb, _ in rank.val_batches(0) for v in xb[:, 0]]
         assert sorted(seen) == sorted(int(v) for v in d.val.batch(range(20))[0][:, 0])
 
@@ -283,8 +285,8 @@ def test_sampling_never_moves_the_global_rng(monkeypatch):
     d = tk.split_stream(stream, 10, 0, 0)
     torch.manual_seed(0)
     model = GPT((32,), 256, n_layer=1, n_head=2, n_embd=16)
-    cfg = {"seed": 0, "trainer": {"sample_every_n_epochs": 1, "sample_prompt": "The "}}
-    report = lm.LanguageModelReport(cfg, d, model, 1, True, writer=None)
+    trainer = TrainerConfig(sample_every_n_epochs=1, sample_prompt="The ")
+    report = lm.LanguageModelReport(trainer, 0, d, model, 1, True, writer=None)
     state = torch.get_rng_state()
     a = report.sample(0, 10)
     assert torch.equal(torch.get_rng_state(), state) and model.training
@@ -500,7 +502,7 @@ def test_a_sparse_4gb_file_is_served_with_little_memory(sparse_4gb):
            "dtype": "uint16", "vocab_size": 50304, "block_size": 128, "val_size": None,
            "test_size": 0, **_data_cfg(batch_size=8)}
     datasets = load(cfg, 0, 2)
-    rank = RankData(datasets, cfg, 0, 1, 2, torch.device("cpu"))
+    rank = RankData(datasets, section(TokensDataConfig, cfg), 0, 1, 2, torch.device("cpu"))
     rank.train.set_epoch(0)
     shapes, grown = [], 0.0
     for _, (x, _) in zip(range(20), rank.train, strict=False):  # measured while iterating

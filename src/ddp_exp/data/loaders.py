@@ -54,7 +54,7 @@ import math
 import os
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -62,6 +62,9 @@ from torch.utils.data import DataLoader
 from ddp_exp.data.parent_death import die_with_parent
 from ddp_exp.data.sampling import BatchKeys, shard_order
 from ddp_exp.data.seeds import TEST, TRAIN, VAL, batch_seed, sample_keys, seeded  # noqa: F401
+
+if TYPE_CHECKING:
+    from ddp_exp.config.schema import DataConfig
 
 EVAL_BATCH_SIZE = 512  # in-memory validation: larger batches, same per-sample losses
 LOADER_STREAM = 2**32 - 1  # batch_seed's "batch" for the loader's own generator
@@ -181,22 +184,22 @@ class KeyedLoader:
             yield self.fetch[key]
 
 
-def loader_options(data_cfg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def loader_options(data: DataConfig, device: torch.device) -> dict[str, Any]:
     """DataLoader keyword arguments from ``data.num_workers``, ``data.persistent_workers``
     (null: true with workers), ``data.prefetch_factor`` (null: torch's default, 2) and
     ``data.pin_memory`` (``auto``: on CUDA only; page-locked batches make the step's
     ``non_blocking=True`` copies asynchronous)."""
-    workers = data_cfg["num_workers"]
+    workers = data.num_workers
     options: dict[str, Any] = {"num_workers": workers}
-    pin = data_cfg.get("pin_memory", "auto")
+    pin = data.pin_memory
     # Pinning is the workers' job (their batches are copied into page-locked memory by the
     # loader's pin thread); without workers batches are made in the step's own thread.
     options["pin_memory"] = workers > 0 and device.type == "cuda" and pin in ("auto", True)
     if workers > 0:
-        persistent = data_cfg.get("persistent_workers")
+        persistent = data.persistent_workers
         options["persistent_workers"] = True if persistent is None else bool(persistent)
-        if data_cfg.get("prefetch_factor") is not None:
-            options["prefetch_factor"] = data_cfg["prefetch_factor"]
+        if data.prefetch_factor is not None:
+            options["prefetch_factor"] = data.prefetch_factor
     return options
 
 
@@ -228,7 +231,8 @@ class RankData:
 
     Args:
         datasets: the training/validation split (:class:`ddp_exp.data.splits.Datasets`).
-        data_cfg: ``cfg.data`` as plain data.
+        data: ``cfg.data``, typed (:class:`ddp_exp.config.schema.DataConfig`: the keys every
+            dataset has).
         seed: the run's seed (sampler permutations, batch seeds).
         rank, world_size: this rank's place.
         device: the rank's device.
@@ -239,17 +243,17 @@ class RankData:
         move_batches: True when the step must copy batches to ``device``.
     """
 
-    def __init__(self, datasets, data_cfg: dict[str, Any], seed: int, rank: int,
+    def __init__(self, datasets, data: DataConfig, seed: int, rank: int,
                  world_size: int, device: torch.device):
         from torch.utils.data import DistributedSampler
 
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.batch_size = data_cfg["batch_size"]
+        self.batch_size = data.batch_size
         train = datasets.train
         make = getattr(train, "make_sampler", None)  # data=tokens: an order computed per batch
-        self.sampler = (make(world_size, rank, data_cfg["shuffle"], seed) if make is not None
+        self.sampler = (make(world_size, rank, data.shuffle, seed) if make is not None
                         else DistributedSampler(range(len(train)), num_replicas=world_size,
-                                                rank=rank, shuffle=data_cfg["shuffle"], seed=seed,
+                                                rank=rank, shuffle=data.shuffle, seed=seed,
                                                 drop_last=False))
         # DistributedSampler repeats the start of the epoch's order to fill the last ranks'
         # shards: this rank's last sample is such a duplicate (counted zero for per-element
@@ -257,7 +261,7 @@ class RankData:
         total = self.sampler.total_size
         self.padded = total - len(train)  # the world's repeated samples per epoch
         self.duplicate_last = total > len(train) and rank + total - world_size >= len(train)
-        self.move_batches, on_device = placement(device, data_cfg["num_workers"],
+        self.move_batches, on_device = placement(device, data.num_workers,
                                                  datasets.in_memory)
         self.val_loader = None
         if on_device:  # one synchronous copy of each split; none per step
@@ -265,9 +269,9 @@ class RankData:
             self.train: Any = TrainLoader(x, y, self.sampler, self.batch_size)
         else:
             keys = BatchKeys(self.sampler, self.batch_size, seed, rank, train.random)
-            self.train = KeyedLoader(train, keys, loader_options(data_cfg, device), seed, rank)
+            self.train = KeyedLoader(train, keys, loader_options(data, device), seed, rank)
         self.in_memory, self.seed, self.options = (datasets.in_memory, seed,
-                                                   loader_options(data_cfg, device))
+                                                   loader_options(data, device))
         val = datasets.val
         if datasets.in_memory:  # on the device once: validated every epoch
             self.val_x, self.val_y = (torch.from_numpy(a).to(device)

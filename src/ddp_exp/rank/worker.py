@@ -28,8 +28,8 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_exp.compat import elastic_agent as agent
-from ddp_exp.config.checks import global_batch_size
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.view import RankConfig, rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.distributed.process_group import (
     World,
@@ -59,7 +59,9 @@ class RankInputs:
     """Everything a rank needs, as picklable data built once by the launching process.
 
     Attributes:
-        cfg: the resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
+        cfg: the resolved config (``OmegaConf.to_container(cfg, resolve=True)``): the
+            stored and transmitted form; the rank reads its typed view
+            (:func:`ddp_exp.config.view.rank_config`, built once in :func:`run_rank`).
         job_dir: absolute path of the job's output folder (rank 0 writes there).
         log_file: the job's log file to append to, or None.
         device: the resolved device type, ``cpu`` or ``cuda`` (rank ``r`` on
@@ -92,26 +94,31 @@ def set_threads(world: World, num_workers: int = 0) -> int:
     return threads
 
 
-def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any] | None:
+def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig | None = None
+               ) -> dict[str, Any] | None:
     """Run the loop on this rank (process group already up); rank 0 writes the outputs.
+
+    Args:
+        cfg: the typed view of ``inputs.cfg`` (:func:`ddp_exp.config.view.rank_config`);
+            None: built here.
 
     Returns:
         The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks;
         on every rank :func:`ddp_exp.rank.preemption.stopped` when the loop stopped for a
         preemption (``trainer.preempt_signal``).
     """
-    cfg = inputs.cfg
+    cfg = cfg or rank_config(inputs.cfg)
     device = device_for(inputs.device, world.local_rank)
     data = inputs.datasets
-    global_batch = global_batch_size(cfg)
+    global_batch = cfg.global_batch_size
     n_train = len(data.train)
     padded = -n_train % world.world_size
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    source = checkpoint.find_resume(inputs.job_dir, cfg["trainer"]["resume"], attempt > 0)
+    source = checkpoint.find_resume(inputs.job_dir, cfg.trainer.resume, attempt > 0)
     state = checkpoint.load(source, map_location=device) if source else None
     if attempt > 0 and world.is_main:
         # torchrun's --max-restarts where torchrun started the world
-        limit = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg["launcher"]["max_restarts"]))
+        limit = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", cfg.launcher.max_restarts))
         log.warning("%s", restart_line(attempt, limit, source, state))
     # A world of another size than the checkpoint's (a node left or joined, a requeued job on
     # other nodes) is said in one line where the run is prepared (launch.build).
@@ -119,7 +126,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
     log.info("world: %d rank(s) x %d thread(s), backend %s, device %s; global batch %d "
              "(%d per rank x %d accumulated); %d training / %d validation samples",
              world.world_size, threads, inputs.backend, device.type, global_batch,
-             cfg["data"]["batch_size"], cfg["trainer"]["accumulate_grad_batches"], n_train,
+             cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, n_train,
              len(data.val))
     if padded:
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
@@ -129,7 +136,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
                     if data.test is not None and len(data.test) else [])
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
                            purge_step=state["global_step"] + 1 if state else None,
-                           recipe_metrics=recipe_hparam_metrics(cfg["trainer"]["monitor"],
+                           recipe_metrics=recipe_hparam_metrics(cfg.trainer.monitor,
                                                                 test_metrics))
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
@@ -148,7 +155,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int) -> dict[str, Any]
         final.update({
             "perf/max_rss_mb": float(peak.item()),  # the largest peak over the ranks
             "world_size": world.world_size,
-            "batch_size": cfg["data"]["batch_size"],
+            "batch_size": cfg.data.batch_size,
             "global_batch_size": global_batch,
             "threads_per_rank": threads,
             "backend": inputs.backend,
@@ -219,27 +226,27 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()
     # The scheduler's warning (trainer.preempt_signal) notes a stop for the loop's next check.
-    preemption.install(preemption.signal_number(inputs.cfg["trainer"].get("preempt_signal"),
-                                                inputs.cfg["launcher"].get("cluster")))
+    # The typed view of the config, built once; the dict stays inputs.cfg (the stored form).
+    cfg = rank_config(inputs.cfg)
+    preemption.install(preemption.signal_number(cfg.trainer.preempt_signal, cfg.launcher.cluster))
     world = World.from_env()
     configure_logging(world.rank, inputs.log_file)
-    threads = set_threads(world, inputs.cfg["data"]["num_workers"])
+    threads = set_threads(world, cfg.data.num_workers)
     # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
     # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
     inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
-    init_process_group(inputs.backend, world, inputs.cfg["distributed"]["timeout_s"],
-                       inputs.device)
+    init_process_group(inputs.backend, world, cfg.distributed.timeout_s, inputs.device)
     try:
-        if inputs.cfg["launcher"]["nnodes"] > 1:
+        if cfg.launcher.nnodes > 1:
             check_nodes_agree(inputs, world)
-        return train_rank(inputs, world, threads)
+        return train_rank(inputs, world, threads, cfg)
     except Exception as exc:
         if is_peer_failure(exc):
             # Our collective broke because another rank died first. Exit after it, so that the
             # launcher reports that rank's error as the root cause (it stops us when it sees it).
             time.sleep(PEER_FAILURE_GRACE_S)
-        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < inputs.cfg["launcher"][
-                "max_restarts"]:  # the agent restarts the world and raises nothing: say why here
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < cfg.launcher.max_restarts:
+            # the agent restarts the world and raises nothing: say why here
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             log.error("rank %d failed: %s: %s", world.rank, type(exc).__name__, first)
         named = naming_the_disk(exc, inputs.job_dir)

@@ -33,11 +33,11 @@ log = logging.getLogger("ddp_exp.train")
 def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
     """The epochs of :meth:`ddp_exp.train.loop.Trainer.fit`: returns the last epoch's result
     (None if none ran), the seconds in the training loops and the samples trained."""
-    trainer = loop.cfg["trainer"]
-    max_steps = trainer["max_steps"]
+    trainer = loop.cfg.trainer
+    max_steps = trainer.max_steps
     last: EpochResult | None = None
     train_s, run_samples = 0.0, 0
-    while loop.epoch < trainer["epochs"] and not loop.monitor.stopped_early:
+    while loop.epoch < trainer.epochs and not loop.monitor.stopped_early:
         entered, step_before = step_checkpoint.steps_entered(loop), loop.global_step
         loss_sum, samples, seconds = loop.train_epoch()
         # trainer.max_steps stopped the epoch part-way: last.pt is the step checkpoint of
@@ -52,19 +52,19 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
         last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
                            seconds, loop.evaluator.validate(loop.epoch, loop.global_step),
                            loop.lm.unit)
-        log.info(epoch_line(last, trainer["epochs"]))
+        log.info(epoch_line(last, trainer.epochs))
         loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
         if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
             loop.perf.end_epoch(loop.epoch)
         dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
-                                   trainer["log_histograms_every_n_epochs"])
+                                   trainer.log_histograms_every_n_epochs)
         improved = loop.monitor.update(last.val, loop.epoch)  # the reduced value: all agree
         if loop.scheduler is not None and loop.step_scheduler is None:  # per epoch
             schedule.step_epoch(loop.scheduler, last.val, loop.monitor.metric)
         loop.epoch += 1
         if loop.monitor.stopped_early:
-            log.info(loop.monitor.stop_line(trainer["epochs"]))
+            log.info(loop.monitor.stop_line(trainer.epochs))
         # A partial epoch: its last.pt is the step checkpoint above; a new best is still kept
         # (marked not resumable: it was taken after the partial epoch's validation).
         train_state.save_checkpoint(loop, best=improved, complete=not partial,

@@ -94,13 +94,15 @@ class Linear(nn.Module):
         return self.net(x)
 
 
-def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs: int) -> nn.Module:
-    """Instantiate ``cfg`` (a ``_target_`` node) with the dataset's sizes.
+def build_model(node: DictConfig | dict, input_shape: Sequence[int], num_outputs: int
+                ) -> nn.Module:
+    """Instantiate ``node`` (``cfg.model``, a ``_target_`` node as ``instantiate`` takes it;
+    the launching process builds the model) with the dataset's sizes.
 
     Raises:
         ConfigError: the target cannot be imported or does not build an ``nn.Module``.
     """
-    target = cfg["_target_"]
+    target = node["_target_"]
     factory = locate(target, "model._target_")
     try:
         params = inspect.signature(factory).parameters
@@ -108,8 +110,8 @@ def build_model(cfg: DictConfig | dict, input_shape: Sequence[int], num_outputs:
     except (TypeError, ValueError):
         params, takes_any = {}, True
     sizes = {"input_shape": tuple(input_shape), "num_outputs": int(num_outputs)}
-    kwargs = {k: v for k, v in sizes.items() if k not in cfg and (takes_any or k in params)}
-    model = instantiate_node(cfg, "model", **kwargs)
+    kwargs = {k: v for k, v in sizes.items() if k not in node and (takes_any or k in params)}
+    model = instantiate_node(node, "model", **kwargs)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_={target!r} built a {type(model).__name__}, "
                           "not a torch.nn.Module")

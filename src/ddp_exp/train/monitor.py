@@ -72,12 +72,14 @@ class Monitor:
 
     Args:
         metric: the monitored key of the validation results, or None (off).
-        mode: ``min`` or ``max``.
+        mode: ``min`` or ``max`` (a str, or a :class:`ddp_exp.config.choices.MonitorMode`).
         patience: epochs without improvement before stopping, or None (never).
     """
 
     def __init__(self, metric: str | None, mode: str | None, patience: int | None):
-        self.metric, self.mode, self.patience = metric, mode or "min", patience
+        # the plain value (trainer.monitor_mode is an Enum): it goes into checkpoints, which
+        # load with weights_only=True, and into the log
+        self.metric, self.mode, self.patience = metric, str(mode or "min"), patience
         self.best: float | None = None
         self.best_epoch: int | None = None  # 0-based
         self.bad_epochs = 0

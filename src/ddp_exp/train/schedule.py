@@ -61,6 +61,7 @@ import torch
 
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.targets import instantiate_node, locate
+from ddp_exp.config.view import RankConfig, as_rank_config
 
 OWN_KEYS = ("interval",)  # ours, not arguments of the scheduler
 
@@ -254,21 +255,22 @@ def step_epoch(scheduler: Any, val: Mapping[str, Any], metric: str | None) -> No
         scheduler.step()
 
 
-def check(cfg: Mapping[str, Any], run_steps: int) -> None:
+def check(cfg: RankConfig | Mapping[str, Any], run_steps: int) -> None:
     """Relations of ``cfg.scheduler`` to the run that need the data's size (called by the
-    launcher before any rank starts).
+    launcher before any rank starts, with its resolved dict, which is viewed typed, and by a
+    resuming rank with its :class:`ddp_exp.config.view.RankConfig`).
 
     Raises:
         ConfigError: ``scheduler.warmup_steps`` not shorter than the run, ``interval=epoch``
             with ``cosine``, ``ReduceLROnPlateau`` per step or without a monitored metric.
     """
-    node = cfg.get("scheduler") or {}
-    target = node.get("_target_")
+    cfg = as_rank_config(cfg)
+    target = cfg.scheduler._target_
     if target is None:
         return
-    interval = node.get("interval")  # step | epoch: checked by ddp_exp.config.checks.validate
+    interval = cfg.scheduler.interval  # step | epoch: checked by ddp_exp.config.ranges
     if target == "ddp_exp.train.schedule.warmup_cosine":
-        warmup = node.get("warmup_steps", 0)
+        warmup = getattr(cfg.scheduler, "warmup_steps", 0)  # CosineSchedulerConfig's
         if interval != "step":
             raise ConfigError("scheduler.interval=epoch is invalid with scheduler=cosine: its "
                               "warmup and decay count optimizer steps (interval: step)")
@@ -277,6 +279,6 @@ def check(cfg: Mapping[str, Any], run_steps: int) -> None:
                               f"{run_steps} optimizer step(s), so 0..{run_steps - 1} (warmup "
                               "must end before the cosine decay's last step)")
     if target.endswith("ReduceLROnPlateau"):
-        if interval != "epoch" or not cfg["trainer"].get("monitor"):
+        if interval != "epoch" or not cfg.trainer.monitor:
             raise ConfigError("scheduler._target_=ReduceLROnPlateau needs scheduler.interval="
                               "epoch and a trainer.monitor (it steps with the monitored value)")

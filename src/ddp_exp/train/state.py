@@ -18,12 +18,14 @@ resumed run's schedule) and :mod:`ddp_exp.config` (errors, the learning rate).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ddp_exp.config.checks import effective_lr, global_batch_size
+from ddp_exp.config.checks import effective_lr
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.view import RankConfig, as_rank_config, batch_and_world
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
 
@@ -64,7 +66,7 @@ def state_dict(loop: Any) -> dict[str, Any]:
         "position": getattr(loop, "position", 0),
         "epoch_sums": (list(loop.epoch_sums) if getattr(loop, "epoch_sums", None) is not None
                        else None),
-        "global_batch_size": global_batch_size(loop.cfg),
+        "global_batch_size": loop.cfg.global_batch_size,
         # The run's length as its schedule saw it (a resume names what changed).
         "steps_per_epoch": loop.steps_per_epoch,
         "run_steps": loop.run_steps,
@@ -73,7 +75,7 @@ def state_dict(loop: Any) -> dict[str, Any]:
         "train_interval": [loop.window.interval_sum, loop.window.interval_count,
                            loop.window.interval_s],
         "rng": ranks_rng,
-        "config": loop.cfg,
+        "config": loop.cfg.stored,  # the dict: loaded with weights_only=True
         # The last epoch's train loss and samples: metrics.json of a run resumed after its final
         # epoch (only the end left to do) reports them as the uninterrupted run does.
         "last_train": list(loop.last_train),
@@ -93,7 +95,7 @@ def check_resumable(state: dict[str, Any], source: str) -> None:
                           f"resume from that run's checkpoints/last.pt")
 
 
-def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
+def resume_optimizer(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
                      optimizer: torch.optim.Optimizer, per_epoch: int, resume: str
                      ) -> tuple[Any, str, int]:
     """Continue the checkpoint's optimizer under this run's config and enter this run's
@@ -103,7 +105,7 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
     Loads ``state["optimizer"]`` (its moments and step counts, and its param groups' other
     hyper-parameters), then gives every param group this run's learning rate
     (:func:`ddp_exp.config.checks.effective_lr`: ``optim.lr`` scaled by the global batch, which a
-    world of another size changes) and rebuilds ``cfg["scheduler"]`` over this run's length,
+    world of another size changes) and rebuilds ``cfg.scheduler`` over this run's length,
     entered at :func:`ddp_exp.train.schedule.resume_steps`'s start
     (:func:`ddp_exp.train.schedule.enter`;
     the checkpoint's scheduler state is not loaded, so the new config's scheduler keys govern).
@@ -111,7 +113,9 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
     learning rate to the checkpoint's.
 
     Args:
-        cfg: this run's resolved config (its ``world_size`` the running world's).
+        cfg: this run's config, typed (:class:`ddp_exp.config.view.RankConfig`; the
+            launching process's resolved dict is viewed so), its ``world_size`` the running
+            world's.
         state: the checkpoint (:func:`state_dict`).
         optimizer: built from ``cfg`` over the model's parameters.
         per_epoch: this run's optimizer steps per epoch.
@@ -125,30 +129,31 @@ def resume_optimizer(cfg: dict[str, Any], state: dict[str, Any],
             scheduler does not fit this run (:func:`ddp_exp.train.schedule.check`,
             :func:`ddp_exp.train.schedule.check_length`) or raises while it is entered.
     """
+    cfg = as_rank_config(cfg)
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
-                          f"not fit optim ({cfg['optim']['_target_']}; {type(exc).__name__}: "
+                          f"not fit optim ({cfg.optim._target_}; {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200]})") from None
     reached = [group["lr"] for group in optimizer.param_groups]
-    base = effective_lr(cfg)
+    base = cfg.effective_lr
     for group in optimizer.param_groups:  # a fresh scheduler takes its base from "lr"
         group.pop("initial_lr", None)
         group["lr"] = base
-    trainer = cfg["trainer"]
+    trainer = cfg.trainer
     epochs_done = state["epoch"] + 1
     start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
-                                             trainer["epochs"], trainer["max_steps"], per_epoch)
+                                             trainer.epochs, trainer.max_steps, per_epoch)
     inside = steps_into_epoch(cfg, state, resume, resume if resume != "auto" else None)
     if inside:  # a step checkpoint: this run's steps of the epoch in progress are done too
         start += inside
-        if trainer["max_steps"] is not None:
+        if trainer.max_steps is not None:
             run_steps = schedule.total_steps(
-                trainer["epochs"], start + trainer["max_steps"] - state["global_step"],
+                trainer.epochs, start + trainer.max_steps - state["global_step"],
                 per_epoch)
     schedule.check(cfg, run_steps)
-    scheduler, interval = schedule.build_scheduler(cfg.get("scheduler"), optimizer, run_steps,
+    scheduler, interval = schedule.build_scheduler(cfg.targets.scheduler, optimizer, run_steps,
                                                    per_epoch)
     if scheduler is None:
         return None, interval, run_steps
@@ -182,7 +187,7 @@ def exact_batch_advice(saved: int | None, world_size: int) -> str:
             f"{listed} with data.global_batch_size={saved}")
 
 
-def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str,
+def steps_into_epoch(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any], resume: str,
                      source: str | None = None) -> int:
     """The optimizer steps a step checkpoint's epoch has taken, in this run's global batch:
     ``position / global batch`` (0 for a checkpoint at an epoch's end). The position is
@@ -195,16 +200,20 @@ def steps_into_epoch(cfg: dict[str, Any], state: dict[str, Any], resume: str,
     checkpoint at an epoch's end only where one exists beside ``source`` (the checkpoint's
     path; None: none named).
 
+    Args:
+        cfg: this run's typed config, or the launching process's mapping of ``data``,
+            ``trainer`` and ``world_size`` (:func:`ddp_exp.config.view.batch_and_world`).
+
     Raises:
         ConfigError: this run's global batch differs from the step checkpoint's.
     """
     position = state.get("position") or 0
     if not position:
         return 0
-    saved, now = state.get("global_batch_size"), global_batch_size(cfg)
+    (now, world_size), saved = batch_and_world(cfg), state.get("global_batch_size")
     if saved != now:
         epoch_file = checkpoint.newest_epoch_file(source) if source else None
-        advice = exact_batch_advice(saved, cfg["world_size"])
+        advice = exact_batch_advice(saved, world_size)
         advice = (f"resume with {advice}" if advice.startswith("data.") else advice)
         if epoch_file:
             advice += f"; or resume from a checkpoint at an epoch's end ({epoch_file})"
@@ -278,17 +287,17 @@ def save_checkpoint(loop: Any, best: bool = False, complete: bool = True,
     ``force_last``: ``last.pt`` whatever ``trainer.save_last`` (a step checkpoint was due at
     the epoch's last step, or a preemption).
     """
-    trainer = loop.cfg["trainer"]
-    every = trainer["checkpoint_every_n_epochs"]
+    trainer = loop.cfg.trainer
+    every = trainer.checkpoint_every_n_epochs
     keep_epoch_file = complete and every > 0 and loop.epoch % every == 0
-    last = complete and (trainer["save_last"] or force_last)
+    last = complete and (trainer.save_last or force_last)
     if not (last or keep_epoch_file or best):
         return
     state = state_dict(loop)  # a collective: every rank
     if not complete:
         state["resumable"] = False
     if loop.world.is_main:
-        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer["keep_checkpoints"],
+        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer.keep_checkpoints,
                         loop.checkpoint_files, last=last, best=best)
 
 
@@ -299,5 +308,5 @@ def save_step_checkpoint(loop: Any) -> None:
     """
     state = state_dict(loop)  # a collective: every rank
     if loop.world.is_main:
-        checkpoint.save(loop.writer.job_dir, state, False, loop.cfg["trainer"]["keep_checkpoints"],
+        checkpoint.save(loop.writer.job_dir, state, False, loop.cfg.trainer.keep_checkpoints,
                         loop.checkpoint_files, last=True, best=False)
