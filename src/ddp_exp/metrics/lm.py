@@ -22,13 +22,16 @@ May use: torch, :mod:`ddp_exp.data.tokens`.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from ddp_exp.data.tokens import TokenSplit
+
+if TYPE_CHECKING:
+    from ddp_exp.config.schema import TrainerConfig
 
 SAMPLE_TOKENS = 120  # new tokens per sample
 SAMPLE_TEMPERATURE = 0.8
@@ -57,25 +60,25 @@ class LanguageModelReport:
     """The loop's language-model numbers; inactive (every method a no-op) for other data.
 
     Args:
-        cfg: the run's config (plain): ``trainer.peak_flops``, ``trainer.sample_every_n_epochs``,
-            ``trainer.sample_prompt``, ``seed``.
+        trainer: ``cfg.trainer``, typed: ``peak_flops``, ``sample_every_n_epochs``,
+            ``sample_prompt``.
+        seed: the run's ``seed``.
         datasets: the splits (token data when ``datasets.train`` is a token split).
         model: the unwrapped model (``flops_per_token`` and ``generate`` if it has them).
         world_size, is_main: the world; only rank 0 samples.
         writer: the run's :class:`ddp_exp.metrics.writer.MetricsWriter`.
     """
 
-    def __init__(self, cfg: dict[str, Any], datasets: Any, model: nn.Module, world_size: int,
-                 is_main: bool, writer: Any):
-        trainer = cfg["trainer"]
+    def __init__(self, trainer: TrainerConfig, seed: int, datasets: Any, model: nn.Module,
+                 world_size: int, is_main: bool, writer: Any):
         self.active = is_token_data(datasets.train)
-        self.model, self.writer, self.is_main, self.seed = model, writer, is_main, cfg["seed"]
+        self.model, self.writer, self.is_main, self.seed = model, writer, is_main, seed
         counter = getattr(model, "flops_per_token", None)
         self.flops = counter() if self.active and callable(counter) else None
-        peak = trainer.get("peak_flops")
+        peak = trainer.peak_flops
         self.peak_world = peak * world_size if peak else None
-        self.every = trainer.get("sample_every_n_epochs") or 0
-        self.prompt = trainer.get("sample_prompt") or "\n"
+        self.every = trainer.sample_every_n_epochs or 0
+        self.prompt = trainer.sample_prompt or "\n"
         self.stream = datasets.train.stream if self.active else None
 
     @property

@@ -57,13 +57,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_exp.config.view import RankConfig, as_rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed.process_group import World
@@ -91,7 +92,8 @@ class Trainer:
     """The loop of one rank: built from the resolved config, the data and the seeded model.
 
     Args:
-        cfg: the resolved config as plain data (see ``conf/config.yaml``).
+        cfg: the run's typed config (:class:`ddp_exp.config.view.RankConfig`); the resolved
+            dict (``conf/config.yaml``) is viewed so (:func:`ddp_exp.config.view.rank_config`).
         world: this rank's place; the default process group is initialised.
         datasets: the train/validation split, identical on every rank.
         model: the seeded, unwrapped model (DDP broadcasts rank 0's parameters at wrap time).
@@ -104,60 +106,60 @@ class Trainer:
             :class:`ddp_exp.train.step_checkpoint.Preempted`. None: never.
     """
 
-    def __init__(self, cfg: dict[str, Any], world: World, datasets: Datasets, model: nn.Module,
-                 objective: Objective, device: torch.device, writer: MetricsWriter,
-                 preempt_requested: Callable[[], bool] | None = None):
+    def __init__(self, cfg: RankConfig | Mapping[str, Any], world: World, datasets: Datasets,
+                 model: nn.Module, objective: Objective, device: torch.device,
+                 writer: MetricsWriter, preempt_requested: Callable[[], bool] | None = None):
+        cfg = as_rank_config(cfg)
         self.cfg, self.world, self.datasets, self.device, self.writer = (
             cfg, world, datasets, device, writer)
-        trainer, data_cfg, ddp_cfg = cfg["trainer"], cfg["data"], cfg["ddp"]
-        self.precision = trainer["precision"]
-        self.accumulate = trainer["accumulate_grad_batches"]
+        trainer, ddp_cfg = cfg.trainer, cfg.ddp
+        self.precision = trainer.precision
+        self.accumulate = trainer.accumulate_grad_batches
         self.objective = objective
         # The data path (ddp_exp.data.loaders): in-memory batches are cut on the device from one
         # copy of the set; DataLoader workers and lazy datasets serve host batches, pinned on CUDA
         # so that each step's copy is asynchronous (non_blocking=True in _step).
-        self.data = RankData(datasets, data_cfg, cfg["seed"], world.rank, world.world_size,
-                             device)
+        self.data = RankData(datasets, cfg.data, cfg.seed, world.rank, world.world_size, device)
         self.loader = self.data.train
         self.move_batches = self.data.move_batches
         # In-memory arrays: one float tensor in, one tensor out (the fast path, no dispatch).
         self.plain_batches = datasets.in_memory
-        if ddp_cfg.get("sync_batchnorm"):  # before DDP wraps it (torch's SyncBatchNorm docs)
+        if ddp_cfg.sync_batchnorm:  # before DDP wraps it (torch's SyncBatchNorm docs)
             model = convert_sync_batchnorm(model, device.type)
         self.model = model.to(device)
         self.ddp = DistributedDataParallel(
             self.model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=ddp_cfg["bucket_cap_mb"],
-            gradient_as_bucket_view=ddp_cfg["gradient_as_bucket_view"],
-            static_graph=ddp_cfg["static_graph"],
-            find_unused_parameters=ddp_cfg["find_unused_parameters"])
+            bucket_cap_mb=ddp_cfg.bucket_cap_mb,
+            gradient_as_bucket_view=ddp_cfg.gradient_as_bucket_view,
+            static_graph=ddp_cfg.static_graph,
+            find_unused_parameters=ddp_cfg.find_unused_parameters)
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
-        self.forward = torch.compile(self.ddp) if trainer["compile"] else self.ddp
+        self.forward = torch.compile(self.ddp) if trainer.compile else self.ddp
         self.optimizer = build_optimizer(cfg, self.ddp.parameters())
         self.scaler = grad_scaler(self.precision, device)  # 16-mixed only: loss scaling
         self.autocast = autocast(device, self.precision)
         # The recipe (issue 15). Each feature that is off costs the hot path nothing: no
         # scheduler object is called, no norm is computed.
-        self.run_steps = schedule.total_steps(trainer["epochs"], trainer["max_steps"],
+        self.run_steps = schedule.total_steps(trainer.epochs, trainer.max_steps,
                                               self.steps_per_epoch)
         self.scheduler, interval = schedule.build_scheduler(
-            cfg.get("scheduler"), self.optimizer, self.run_steps, self.steps_per_epoch)
+            cfg.targets.scheduler, self.optimizer, self.run_steps, self.steps_per_epoch)
         self.step_scheduler = self.scheduler if interval == "step" else None
         self.step_lr = self.optimizer.param_groups[0]["lr"]  # the lr the last step used
         # Unscaling, clipping or the train/grad_norm measure, optimizer.step()
         # (ddp_exp.train.optimizer).
         self.optim_step = OptimizerStep(self.optimizer, self.scaler,
-                                        trainer.get("gradient_clip_val"),
+                                        trainer.gradient_clip_val,
                                         [p for p in self.model.parameters() if p.requires_grad])
         self.grad_norm: torch.Tensor | None = None  # the last step's norm, before clipping
-        self.log_every = trainer["log_every_n_steps"]
-        self.monitor = Monitor(trainer.get("monitor"), trainer.get("monitor_mode"),
-                               trainer.get("early_stopping_patience"))
+        self.log_every = trainer.log_every_n_steps
+        self.monitor = Monitor(trainer.monitor, trainer.monitor_mode,
+                               trainer.early_stopping_patience)
         self.monitor.trial = pruning.link_trial(world.is_main, device)  # hydra/sweeper=ddp_optuna
-        torch.manual_seed(cfg["seed"] + world.rank)  # dropout and other randomness per rank
+        torch.manual_seed(cfg.seed + world.rank)  # dropout and other randomness per rank
         # Dashboards (ddp_exp.metrics.perf, ddp_exp.metrics.dashboard): the step timer exists only
         # with trainer.perf_metrics, so that without it the step does no extra work at all.
-        self.perf = StepTimer(world, device) if trainer["perf_metrics"] else None
+        self.perf = StepTimer(world, device) if trainer.perf_metrics else None
         if self.perf is not None:
             self.perf.attach(self.model)  # stamps the end of each backward graph
         # Validation and the test split (ddp_exp.train.evaluation), through the unwrapped model.
@@ -165,8 +167,8 @@ class Trainer:
                                    self.precision, writer)
         self.layout_written = False
         # data=tokens: tokens/s, model FLOP/s, MFU and text samples (ddp_exp.metrics.lm).
-        self.lm = LanguageModelReport(cfg, datasets, self.model, world.world_size, world.is_main,
-                                      writer)
+        self.lm = LanguageModelReport(trainer, cfg.seed, datasets, self.model, world.world_size,
+                                      world.is_main, writer)
         # Rank 0's checkpoint files, written on a background thread (ddp_exp.io.files): the loop
         # does not wait for the disk.
         self.checkpoint_files = BackgroundWriter()
@@ -204,14 +206,14 @@ class Trainer:
         Raises:
             Preempted: a rank was told of a preemption; the step checkpoint is written.
         """
-        trainer = self.cfg["trainer"]
-        max_steps, log_every = trainer["max_steps"], trainer["log_every_n_steps"]
+        trainer = self.cfg.trainer
+        max_steps, log_every = trainer.max_steps, trainer.log_every_n_steps
         self.loader.set_epoch(self.epoch)
         first, (loss_sum, samples, seconds_before) = step_checkpoint.enter_position(self)
         self.ddp.train()
         window = self.window
-        progress = Progress(resolve_mode(trainer["progress"], self.world.is_main), self.epoch,
-                            trainer["epochs"], self.steps_per_epoch, self.lm.unit)
+        progress = Progress(resolve_mode(trainer.progress.value, self.world.is_main), self.epoch,
+                            trainer.epochs, self.steps_per_epoch, self.lm.unit)
         progress.done = first  # a resumed epoch's steps done
         if progress.bar is not None:
             progress.bar.update(first)
@@ -284,7 +286,7 @@ class Trainer:
         """Train until ``trainer.epochs`` or ``trainer.max_steps``; returns the final global
         metrics (``metrics.json``: docs/metrics-and-tensorboard.md). The checkpoints submitted
         to the background writer are on disk when it returns or raises."""
-        trainer = self.cfg["trainer"]
+        trainer = self.cfg.trainer
         try:
             last, train_s, run_samples = run_epochs(self)
         except BaseException:
@@ -304,5 +306,5 @@ class Trainer:
         final.update(self.monitor.results())
         if self.datasets.test is not None and len(self.datasets.test):
             final.update(self.evaluator.evaluate_split(
-                "test", trainer["test_weights"] or "last", self.monitor))
+                "test", str(trainer.test_weights or "last"), self.monitor))
         return final

@@ -27,11 +27,13 @@ docstrings name (this module does not import the loop).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ddp_exp.config.checks import global_batch_size
 from ddp_exp.train import state as train_state
+
+if TYPE_CHECKING:
+    from ddp_exp.config.schema import TrainerConfig
 
 CLOCK, PREEMPT = 0, 1  # the flags' places in the all-reduce (LossWindow.flags)
 
@@ -52,17 +54,17 @@ class Cadence:
     """The step checkpoints' cadence on one rank.
 
     Args:
-        trainer: ``cfg["trainer"]`` (``checkpoint_every_n_steps``, ``checkpoint_every_n_minutes``;
+        trainer: ``cfg.trainer`` (``checkpoint_every_n_steps``, ``checkpoint_every_n_minutes``;
             null: off).
         is_main: this rank is rank 0 (its clock decides the minutes).
         preempt_requested: True once this rank was told of a preemption (called at each
             check); None: never.
     """
 
-    def __init__(self, trainer: Mapping[str, Any], is_main: bool,
+    def __init__(self, trainer: TrainerConfig, is_main: bool,
                  preempt_requested: Callable[[], bool] | None = None):
-        self.every_steps = trainer.get("checkpoint_every_n_steps")
-        minutes = trainer.get("checkpoint_every_n_minutes")
+        self.every_steps = trainer.checkpoint_every_n_steps
+        minutes = trainer.checkpoint_every_n_minutes
         self.every_s = None if minutes is None else 60.0 * float(minutes)
         self.is_main = is_main
         self.last = time.monotonic()
@@ -101,7 +103,7 @@ def enter_position(loop: Any) -> tuple[int, tuple[float, int, float]]:
     sample ``P / W``). Call after the loader's ``set_epoch``."""
     if not loop.position:
         return 0, (0.0, 0, 0.0)
-    first = loop.position // global_batch_size(loop.cfg)
+    first = loop.position // loop.cfg.global_batch_size
     loop.loader.set_start(loop.position // loop.world.world_size)
     sums = loop.epoch_sums or (0.0, 0, 0.0)
     loop.position, loop.epoch_sums = 0, None  # a step checkpoint sets them again
@@ -137,7 +139,7 @@ def steps_entered(loop: Any) -> int:
     """The optimizer steps the epoch ``loop.epoch`` has taken before the loop enters it: a
     step checkpoint's ``loop.position`` in this run's global batch, else 0 (call before
     ``loop.train_epoch()``, which consumes the position)."""
-    return (loop.position or 0) // global_batch_size(loop.cfg)
+    return (loop.position or 0) // loop.cfg.global_batch_size
 
 
 def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
@@ -149,8 +151,7 @@ def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float
     checkpoint is the loop's state at that step, so a resume under the same
     ``trainer.max_steps`` has nothing left to train, and one under a larger one continues
     exactly (a ``last.pt`` of an earlier step or epoch would train the last steps again)."""
-    trainer = loop.cfg["trainer"]
-    if not (trainer["save_last"] or loop.cadence.every_steps is not None
+    if not (loop.cfg.trainer.save_last or loop.cadence.every_steps is not None
             or loop.cadence.every_s is not None):
         return
     _write(loop, steps, loss_sum, samples, seconds)
@@ -160,7 +161,7 @@ def _write(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float)
     """Write the step checkpoint after the epoch's ``steps``-th step with the epoch's world
     sums so far (TensorBoard's events flushed first, so a resume's ``purge_step`` sees them)."""
     loop.writer.flush()
-    loop.position = steps * global_batch_size(loop.cfg)
+    loop.position = steps * loop.cfg.global_batch_size
     loop.epoch_sums = (loss_sum, samples, seconds)
     train_state.save_step_checkpoint(loop)
     loop.position, loop.epoch_sums = 0, None
