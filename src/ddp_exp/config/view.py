@@ -67,7 +67,8 @@ def schema_for(group: str, values: Mapping[str, Any] | None, base: type | None) 
 class Targets:
     """The sections that name a ``_target_``, as plain dicts, as ``instantiate`` takes them:
     the target's own arguments beside the keys every one has (which the typed sections of
-    :class:`RankConfig` hold). The same objects as :attr:`RankConfig.stored`'s sections."""
+    :class:`RankConfig` hold); the same objects as :attr:`RankConfig.stored`'s sections
+    (``metrics`` an empty dict where the config has none)."""
 
     data: dict[str, Any]
     model: dict[str, Any]
