@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUIET, kill_when_held, refused_before_ranks, run_tagged
+import yaml
+from helpers import QUIET, refused_before_ranks, run_tagged
 from helpers import tests_on_path as on_path
-from resume_support import global_order, served, write_holding_yaml
+from resume_support import HoldingMLP, global_order, mid_epoch, served
 
 NUM_TRAIN = 256  # divisible by 1, 2 and 4 ranks: no padding duplicate in any world
 GLOBAL_BATCH = 32
@@ -92,43 +94,70 @@ def run(job: Path, cwd: Path, *args: str) -> None:
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
+class SavingMLP(HoldingMLP):
+    """:class:`resume_support.HoldingMLP` that, where that one holds rank 0 for the test to
+    kill the world, copies the step checkpoint of the middle of an epoch it waited for to
+    ``marker`` (the world saved mid-epoch) and trains on: the run is also the uninterrupted
+    one. A test's class, reached by the ranks as ``test_resume_world_size.SavingMLP``."""
+
+    def _hold(self) -> None:
+        deadline = time.monotonic() + 120
+        state = None
+        while state is None or state["epoch"] != self.epoch:
+            assert time.monotonic() < deadline, f"no step checkpoint at {self.checkpoint}"
+            time.sleep(0.01)
+            state = mid_epoch(self.checkpoint)
+        torch.save(state, self.marker)
+
+
+def saving_args(config_dir: Path, hold_call: int = 0, checkpoint: str | None = None,
+                saved: str | None = None) -> list[str]:
+    """Write ``<config_dir>/model/saving.yaml`` (``model=mlp``'s sizes, :class:`SavingMLP`
+    copying the step checkpoint inside epoch 2 to ``saved`` at rank 0's ``hold_call``-th step;
+    0: a plain MLP) and return the overrides selecting it."""
+    node = {"_target_": "test_resume_world_size.SavingMLP", "hidden_sizes": [128],
+            "dropout": 0.0, "hold_call": hold_call, "checkpoint": checkpoint, "epoch": 0,
+            "marker": saved}
+    (config_dir / "model").mkdir(parents=True, exist_ok=True)
+    (config_dir / "model" / "saving.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
+    return ["--config-dir", str(config_dir), "model=saving"]
+
+
 @pytest.mark.slow
 def test_saved_at_two_ranks_mid_epoch_resumes_at_one_and_four(tmp_path, compose):
     """A lazy dataset that records the samples it serves, data.global_batch_size=32, 8 steps
-    per epoch: the world_size=2 run is SIGKILLed once a step checkpoint inside epoch 2 is on
-    disk, then resumed at world_size=1 and (a copy) at world_size=4. The global order of the
-    samples served, the final weights and val/* equal the uninterrupted run's."""
-    conf = tmp_path / "conf"
-    model = write_holding_yaml(conf)
-    reference = tmp_path / "reference"
-    run(reference, tmp_path, *model, *recording_args(tmp_path / "rec_ref", 2))
+    per epoch, a step checkpoint every 3: the world_size=2 run, uninterrupted, has its step
+    checkpoint inside epoch 2 copied aside as rank 0 reaches step 14 (the kill of a world is
+    test_step_checkpoints.py's: here, what another world makes of the checkpoint); resumed
+    from it at world_size=1 and at world_size=4, the global order of the samples served
+    equals the uninterrupted run's exactly, the final weights and val/* to 1e-5."""
+    reference, saved = tmp_path / "reference", tmp_path / "mid_epoch_2.pt"
+    model = saving_args(tmp_path / "conf", 14, str(reference / "checkpoints" / "last.pt"),
+                        str(saved))
+    run(reference, tmp_path, *model, *recording_args(tmp_path / "rec_ref", 2),
+        "trainer.checkpoint_every_n_steps=3")
     want = global_order(served(tmp_path / "rec_ref", 2))
     assert len(want) == 2 * NUM_TRAIN and sorted(want[:NUM_TRAIN]) == list(range(NUM_TRAIN))
-
-    job, marker = tmp_path / "ws2", tmp_path / "held"
-    last = job / "checkpoints" / "last.pt"
-    held = write_holding_yaml(conf, 14, str(last), 0, str(marker))
-    kill_when_held(job, tmp_path, [*held, *recording_args(tmp_path / "rec_2", 2),
-                                   "trainer.checkpoint_every_n_steps=3"], marker)
-    state = torch.load(last, weights_only=True)
+    state = torch.load(saved, weights_only=True)
     assert state["epoch"] == 0 and state["global_step"] in (9, 12), state["global_step"]
     position = state["position"]
     assert position == (state["global_step"] - 8) * GLOBAL_BATCH
-    before = global_order(served(tmp_path / "rec_2", 2), NUM_TRAIN + position)
-    write_holding_yaml(conf)
 
     # Another global batch cannot continue inside the epoch: one line, before any rank.
     message = refused_before_ranks(compose(
         "world_size=1", "data=dataset", "data._target_=resume_support.recording_pair",
         f"+data.record_dir={tmp_path / 'rec_x'}", "data.global_batch_size=64",
-        "trainer.resume=auto", "trainer.epochs=2"), job)
+        f"trainer.resume={saved}", "trainer.epochs=2"), tmp_path / "refused")
     assert "data.global_batch_size" in message and "32" in message, message
 
-    shutil.copytree(job, tmp_path / "ws4", symlinks=True)
-    for world, folder in ((1, job), (4, tmp_path / "ws4")):
-        record = tmp_path / f"rec_{world}_resumed"
-        run(folder, tmp_path, *model, *recording_args(record, world), "trainer.resume=auto")
-        assert before + global_order(served(record, world)) == want, world
+    plain = saving_args(tmp_path / "conf")
+    for world in (1, 4):
+        record, folder = tmp_path / f"rec_{world}_resumed", tmp_path / f"ws{world}"
+        copy = folder / "checkpoints" / saved.name  # the checkpoint taken to the new job
+        copy.parent.mkdir(parents=True)
+        shutil.copy(saved, copy)
+        run(folder, tmp_path, *plain, *recording_args(record, world), f"trainer.resume={copy}")
+        assert want[:NUM_TRAIN + position] + global_order(served(record, world)) == want, world
         got = json.loads((folder / "metrics.json").read_text())
         ref = json.loads((reference / "metrics.json").read_text())
         for key in ("val/loss", "val/accuracy", "train/loss"):
