@@ -156,3 +156,73 @@ def test_a_best_epoch_is_written_once_under_every_name_it_is_due(tmp_path):
     with pytest.raises(ValueError, match="neither"):
         checkpoint.save(str(tmp_path), _state(3.0, 2), keep_epoch_file=False, keep=3,
                         last=False)
+
+
+def _gather_rng_rank(rank: int, world_size: int, port: int, out) -> None:
+    """One rank of a gloo world: its own RNG stream (seed 100 + rank, advanced by rank + 1
+    draws), then every rank's states gathered; puts (rank, own state, the gathered list)."""
+    from ddp_exp.distributed.process_group import (
+        World,
+        destroy_process_group,
+        gather_rng_states,
+        init_process_group,
+    )
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    init_process_group("gloo", World.from_env(), 60)
+    torch.manual_seed(100 + rank)
+    torch.rand(rank + 1)
+    own = torch.get_rng_state()
+    gathered = gather_rng_states(torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), own)  # gathering draws nothing
+    out.put((rank, own, gathered))
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_every_ranks_rng_state_is_gathered_in_rank_order():
+    """A step checkpoint holds every rank's RNG states (one all_gather of one byte tensor per
+    rank, not all_gather_object's pickles): in a world of 3, each rank's list holds rank r's
+    own CPU state at index r, as separate tensors (not views of one buffer, which torch.save
+    would store whole), and no CUDA state on the CPU."""
+    import torch.multiprocessing as mp
+    from helpers import free_port
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_gather_rng_rank, args=(r, 3, port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    results = sorted((out.get(timeout=120) for _ in procs), key=lambda item: item[0])
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    owns = [own for _, own, _ in results]
+    assert not torch.equal(owns[0], owns[1])  # the streams differ: the check can fail
+    for _, _, gathered in results:
+        assert len(gathered) == 3
+        for r, states in enumerate(gathered):
+            assert torch.equal(states["torch"], owns[r]) and states["cuda"] is None
+            assert states["torch"].untyped_storage().nbytes() == owns[r].numel()
+
+
+def test_before_write_runs_on_the_writer_thread_before_the_file_lands(tmp_path):
+    """A step checkpoint's TensorBoard events must be in their file before the checkpoint is
+    (a resume's purge_step reads them): ``before_write`` runs on the background writer, and
+    the checkpoint file does not exist yet while it runs."""
+    seen = []
+    writer = BackgroundWriter()
+
+    def before() -> None:
+        seen.append((threading.current_thread() is threading.main_thread(),
+                     os.path.exists(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)),
+                                                 "last.pt"))))
+
+    checkpoint.save(str(tmp_path), {"epoch": 0}, False, 1, writer, last=True,
+                    before_write=before)
+    writer.wait()
+    assert seen == [(False, False)]
+    assert os.path.exists(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), "last.pt"))

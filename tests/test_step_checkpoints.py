@@ -205,8 +205,8 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
         clock = trainer("clock", minutes)
         steps = []
         save = train_state.save_step_checkpoint
-        train_state.save_step_checkpoint = lambda loop: (steps.append(loop.global_step),
-                                                         save(loop))
+        train_state.save_step_checkpoint = lambda loop, **kw: (steps.append(loop.global_step),
+                                                               save(loop, **kw))
         clock.fit()
         results["clock_steps"] = steps
         out.put(results)

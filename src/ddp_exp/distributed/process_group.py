@@ -233,3 +233,28 @@ def broadcast_buffers_from_main(module: torch.nn.Module) -> None:
             for b in buffers:
                 b.copy_(flat[offset:offset + b.numel()].view_as(b))
                 offset += b.numel()
+
+
+def gather_rng_states(device: torch.device) -> list[dict[str, torch.Tensor | None]]:
+    """Every rank's random-number-generator states, in rank order, on every rank: ``[{"torch":
+    torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) or None}, ...]`` (CPU uint8
+    tensors; the CPU generator's state is 5,056 bytes, CUDA's 16). Every rank must call it.
+
+    One ``all_gather`` of the states laid end to end in one uint8 tensor (on ``device``: NCCL
+    gathers device tensors), not ``all_gather_object``, which pickles and runs two
+    collectives (sizes, then bytes): a step checkpoint gathers them every few hundred
+    milliseconds of digits' steps (docs/benchmarks.md, issue 30's cost). Every rank's states
+    have the same sizes (the same torch build and device type), so rank ``r``'s part is its
+    own slice. Outside a process group: this rank's states alone.
+    """
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [{"torch": cpu, "cuda": cuda}]
+    mine = cpu if cuda is None else torch.cat([cpu, cuda])
+    mine = mine.to(device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    n = cpu.numel()
+    return [{"torch": p[:n].cpu().clone(), "cuda": None if cuda is None else p[n:].cpu().clone()}
+            for p in parts]

@@ -86,7 +86,8 @@ def _run(job: Callable[[], object], writer: BackgroundWriter | None) -> None:
 
 
 def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
-         writer: BackgroundWriter | None = None, last: bool = True, best: bool = False) -> str:
+         writer: BackgroundWriter | None = None, last: bool = True, best: bool = False,
+         before_write: Callable[[], object] | None = None) -> str:
     """Write ``state`` once under each name it is due: its epoch file (``keep_epoch_file``),
     ``last.pt`` (``last``, and always with an epoch file) and ``best.pt`` (``best``: the epoch
     is the monitor's new best); then delete all but the newest ``keep`` epoch files. Call on
@@ -99,6 +100,8 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
 
     ``state`` is serialized before this returns; with ``writer``, the files are written on its
     thread, after every write submitted before (call ``writer.wait()`` before reading them).
+    ``before_write()``, if given, runs just before the file is written (on that thread): what
+    must be on disk before the checkpoint is (a step checkpoint's TensorBoard events).
 
     Returns:
         The path written (the epoch file, else ``last.pt``, else ``best.pt``).
@@ -120,6 +123,8 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
         # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
         # writes have finished (one thread, in order).
         remove_partial(folder)
+        if before_write is not None:
+            before_write()
         _write_bytes(path, data)
         for name in links:  # a second name of the same complete file: no second write
             tmp = temp_name(name)

@@ -223,7 +223,19 @@ class MetricsWriter:
         epoch instead of every 120 s."""
         if self.writer is not None:
             self.write_queued()
-            self.writer.flush()
+            self.flush_events()
+
+    def flush_events(self) -> None:
+        """Wait until every event added so far is in the event file (not what
+        :meth:`write_queued` still holds). Safe on another thread than the one adding events
+        (TensorBoard's ``AsyncWriter`` locks both): a step checkpoint's job on the background
+        writer calls it before the checkpoint file lands, so the loop does not wait for it.
+        A no-op off rank 0."""
+        writer = self.writer
+        if writer is not None:
+            # a snapshot: add_hparams may add a writer on the loop's thread meanwhile
+            for file_writer in list(writer.all_writers.values()):
+                file_writer.flush()
 
     @property
     def enabled(self) -> bool:

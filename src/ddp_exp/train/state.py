@@ -11,14 +11,14 @@ writes, loading, the split check) are :mod:`ddp_exp.io.checkpoint`'s.
 Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer` (read through the attributes
 named in its docstring; this module does not import the loop), but :func:`resume_optimizer`,
 which the launcher's check shares. Uses :mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.train.schedule`
-(a
-resumed run's schedule) and :mod:`ddp_exp.config` (errors, the learning rate).
+(a resumed run's schedule), :mod:`ddp_exp.distributed.process_group` (the ranks' RNG states)
+and :mod:`ddp_exp.config` (errors, the learning rate).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ import torch
 from ddp_exp.config.checks import effective_lr
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.view import RankConfig, as_rank_config, batch_and_world
+from ddp_exp.distributed.process_group import gather_rng_states
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
 
@@ -42,16 +43,7 @@ def state_dict(loop: Any) -> dict[str, Any]:
     progress has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss
     sum, samples and seconds so far).
     """
-    import torch.distributed as dist
-
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state(loop.device) if loop.device.type == "cuda"
-           else None}
-    ranks_rng: list[Any] = [None] * loop.world.world_size
-    if dist.is_initialized() and loop.world.world_size > 1:
-        dist.all_gather_object(ranks_rng, rng)
-    else:
-        ranks_rng = [rng]
+    ranks_rng = gather_rng_states(loop.device)  # a collective: every rank
     return {
         "model": loop.model.state_dict(),
         "optimizer": loop.optimizer.state_dict(),
@@ -301,12 +293,13 @@ def save_checkpoint(loop: Any, best: bool = False, complete: bool = True,
                         loop.checkpoint_files, last=last, best=best)
 
 
-def save_step_checkpoint(loop: Any) -> None:
+def save_step_checkpoint(loop: Any, before_write: Callable[[], object] | None = None) -> None:
     """Every rank calls it at the same step inside an epoch (``loop.position`` > 0, the
     epoch's sums settled: :mod:`ddp_exp.train.step_checkpoint`); rank 0 writes ``last.pt``
-    (never an epoch file or ``best.pt``: the epoch is not done) on the loop's writer thread.
+    (never an epoch file or ``best.pt``: the epoch is not done) on the loop's writer thread,
+    after ``before_write()`` ran there.
     """
     state = state_dict(loop)  # a collective: every rank
     if loop.world.is_main:
         checkpoint.save(loop.writer.job_dir, state, False, loop.cfg.trainer.keep_checkpoints,
-                        loop.checkpoint_files, last=True, best=False)
+                        loop.checkpoint_files, last=True, best=False, before_write=before_write)

@@ -159,10 +159,13 @@ def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float
 
 def _write(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
     """Write the step checkpoint after the epoch's ``steps``-th step with the epoch's world
-    sums so far (TensorBoard's events flushed first, so a resume's ``purge_step`` sees them)."""
-    loop.writer.flush()
+    sums so far. TensorBoard's events up to this step are in the event file before the
+    checkpoint file is, so a resume's ``purge_step`` sees them: the queued scalars are added
+    here, and the background writer's job waits for the event file before it writes
+    (``MetricsWriter.flush_events``), not the loop (issue 30's cost)."""
+    loop.writer.write_queued()
     loop.position = steps * loop.cfg.global_batch_size
     loop.epoch_sums = (loss_sum, samples, seconds)
-    train_state.save_step_checkpoint(loop)
+    train_state.save_step_checkpoint(loop, before_write=loop.writer.flush_events)
     loop.position, loop.epoch_sums = 0, None
     loop.cadence.written()
