@@ -124,6 +124,7 @@ def saving_args(config_dir: Path, hold_call: int = 0, checkpoint: str | None = N
 
 
 @pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_saved_at_two_ranks_mid_epoch_resumes_at_one_and_four(tmp_path, compose):
     """A lazy dataset that records the samples it serves, data.global_batch_size=32, 8 steps
     per epoch, a step checkpoint every 3: the world_size=2 run, uninterrupted, has its step
