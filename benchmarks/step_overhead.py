@@ -32,18 +32,20 @@ import common  # noqa: E402
 import ddp_tight  # noqa: E402
 
 
-def trainer_cfg(overrides: list[str]) -> dict:
+def trainer_cfg(overrides: list[str]):
+    """The typed config a rank's Trainer takes (``ddp_exp.config.view.RankConfig``)."""
     import hydra
     from omegaconf import OmegaConf
 
     from ddp_exp.config.compose import register_configs
+    from ddp_exp.config.view import rank_config
 
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         cfg = hydra.compose("config", overrides=["world_size=1", "optim=sgd", "optim.lr=0.05",
                                                  "optim.momentum=0.9", "trainer.progress=log",
                                                  *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return rank_config(OmegaConf.to_container(cfg, resolve=True))
 
 
 def _after_loop(method, seconds: list[float], clock):

@@ -58,19 +58,21 @@ def _params() -> torch.nn.ParameterList:
 def _loop(cfg: dict) -> SimpleNamespace:
     """What the rank's loop (ddp_exp.train.loop.Trainer) holds of the optimizer and the schedule,
     built as it builds them from ``cfg``, for :func:`ddp_exp.train.state.load_state_dict`."""
+    from ddp_exp.config.view import rank_config
     from ddp_exp.train import schedule
     from ddp_exp.train.monitor import Monitor
     from ddp_exp.train.optimizer import build_optimizer
 
     per_epoch = PER_EPOCH[cfg["world_size"]]
     model = _params()
-    optimizer = build_optimizer(cfg, model.parameters())
+    view = rank_config(cfg)
+    optimizer = build_optimizer(view, model.parameters())
     run_steps = schedule.total_steps(cfg["trainer"]["epochs"], cfg["trainer"]["max_steps"],
                                      per_epoch)
     scheduler, interval = schedule.build_scheduler(cfg["scheduler"], optimizer, run_steps,
                                                    per_epoch)
     return SimpleNamespace(
-        cfg=cfg, model=model, optimizer=optimizer, scheduler=scheduler,
+        cfg=view, model=model, optimizer=optimizer, scheduler=scheduler,
         step_scheduler=scheduler if interval == "step" else None, run_steps=run_steps,
         steps_per_epoch=per_epoch, scaler=None, monitor=Monitor(None, None, None), epoch=0,
         global_step=0, world=SimpleNamespace(world_size=cfg["world_size"], rank=0),
@@ -87,7 +89,7 @@ def _run_epochs(loop: SimpleNamespace, epochs: int, metric: float) -> list[float
         if loop.scheduler is not None and loop.step_scheduler is None:
             lrs.append(loop.optimizer.param_groups[0]["lr"])
         for _ in range(loop.steps_per_epoch):
-            if loop.global_step == loop.cfg["trainer"]["max_steps"]:
+            if loop.global_step == loop.cfg.trainer.max_steps:
                 return lrs
             if loop.step_scheduler is not None or loop.scheduler is None:
                 lrs.append(loop.optimizer.param_groups[0]["lr"])

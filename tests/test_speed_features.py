@@ -53,6 +53,7 @@ def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir:
     """One rank: build ddp_exp's Trainer, wrap DDP's all-reduce in a counting comm hook, fit."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    from ddp_exp.config.view import rank_config
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
     from ddp_exp.metrics.writer import MetricsWriter
@@ -70,7 +71,8 @@ def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir:
         datasets = build_datasets(load_digits(), 297, 0, world_size)
         torch.manual_seed(0)
         model = MLP((1, 8, 8), 10, [128])
-        trainer = Trainer(cfg, world, datasets, model, Objective(10), torch.device("cpu"),
+        trainer = Trainer(rank_config(cfg), world, datasets, model, Objective(10),
+                          torch.device("cpu"),
                           MetricsWriter(job_dir, {}, enabled=False))
         calls = [0]
 

@@ -152,6 +152,7 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
     a preemption at its 7th step, which must stop with a step checkpoint at the check that
     carries the flag; (3) a fresh loop resumed from it, fitted to the end; (4) a run whose
     minutes cadence is always due. Puts the results on ``out``."""
+    from ddp_exp.config.view import rank_config
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed.process_group import (
         World,
@@ -175,7 +176,8 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
     def trainer(run: str, conf: dict, preempt=None) -> Trainer:
         torch.manual_seed(0)
         model = MLP((1, 8, 8), 10, [128])
-        return Trainer(conf, world, datasets, model, Objective(10), torch.device("cpu"),
+        return Trainer(rank_config(conf), world, datasets, model, Objective(10),
+                       torch.device("cpu"),
                        MetricsWriter(os.path.join(job_dir, run), {}, enabled=False), preempt)
 
     def weights(t: Trainer) -> dict:  # NumPy: pickled by value (a tensor would pass an fd)

@@ -153,23 +153,6 @@ def rank_config(cfg: Mapping[str, Any]) -> RankConfig:
         stored=dict(cfg))
 
 
-def as_rank_config(cfg: RankConfig | Mapping[str, Any]) -> RankConfig:
-    """``cfg`` itself if it is a :class:`RankConfig`, else its view (:func:`rank_config`):
-    for the functions that ranks call with the view and the launching process (or a test)
-    with the resolved dict it holds."""
-    return cfg if isinstance(cfg, RankConfig) else rank_config(cfg)
-
-
-def batch_and_world(cfg: RankConfig | Mapping[str, Any]) -> tuple[int, int]:
-    """``(global batch size, world_size)`` of the view, or of a mapping with ``data``,
-    ``trainer`` and ``world_size`` (the launching process's view of a world it is about to
-    start)."""
-    if isinstance(cfg, RankConfig):
-        return cfg.global_batch_size, cfg.world_size
-    return (cfg["data"]["batch_size"] * cfg["world_size"]
-            * cfg["trainer"]["accumulate_grad_batches"], cfg["world_size"])
-
-
 def _check_top(self: Any) -> None:
     ranges.top(vars(self))
 

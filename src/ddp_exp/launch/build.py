@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp import data as data_module
 from ddp_exp.config.checks import apply_global_batch, effective_lr, global_batch_size
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.view import RankConfig, rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
@@ -121,10 +122,11 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     note = monitor.resolve(plain, objective.metrics, len(datasets.val))
     if note:
         log.info(note)
-    optimizer = build_optimizer(plain, model.parameters())  # a bad optim fails here, not in ranks
-    scheduler = _build_scheduler(plain, optimizer, len(datasets.train), world_size)
+    view = rank_config(plain)  # what every rank will read (typed), checked here first
+    optimizer = build_optimizer(view, model.parameters())  # a bad optim fails here, not in ranks
+    scheduler = _build_scheduler(view, optimizer, len(datasets.train))
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
-        _load_optimizer_states(cfg.trainer.resume, plain, state, optimizer, scheduler,
+        _load_optimizer_states(cfg.trainer.resume, view, state, optimizer, scheduler,
                                len(datasets.train))
         if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
             checkpoint.repair_best(source, state)
@@ -172,8 +174,8 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
                               "continue); the job folder is unchanged")
     # A step checkpoint continues only at its global batch: refused here, before any line
     # says the run resumes.
-    train_state.steps_into_epoch(_world_view(cfg, world_size), state, cfg.trainer.resume,
-                                 source)
+    train_state.steps_into_epoch(global_batch_size(_world_view(cfg, world_size)), world_size,
+                                 state, cfg.trainer.resume, source)
     if owed and (state["epoch"] + 1 >= cfg.trainer.epochs
                  or (state.get("monitor") or {}).get("stopped_early")):
         log.info("trainer.resume=%s: %s has trained every epoch, but the run was stopped before "
@@ -245,8 +247,7 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
     objective.check(model, probe_x, probe_y)
 
 
-def _build_scheduler(plain: dict[str, Any], optimizer: torch.optim.Optimizer, n_train: int,
-                     world_size: int) -> Any:
+def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train: int) -> Any:
     """The learning-rate scheduler over the run's optimizer steps, or None; built here so that
     a bad scheduler fails before the ranks start.
 
@@ -254,17 +255,17 @@ def _build_scheduler(plain: dict[str, Any], optimizer: torch.optim.Optimizer, n_
         ConfigError: as :func:`ddp_exp.train.schedule.check` /
         :func:`ddp_exp.train.schedule.build_scheduler`.
     """
-    t = plain["trainer"]
-    per_epoch = schedule.steps_per_epoch(n_train, world_size, plain["data"]["batch_size"],
-                                         t["accumulate_grad_batches"])
-    run_steps = schedule.total_steps(t["epochs"], t["max_steps"], per_epoch)
-    schedule.check(plain, run_steps)
-    scheduler, _ = schedule.build_scheduler(plain.get("scheduler"), optimizer, run_steps,
+    t = view.trainer
+    per_epoch = schedule.steps_per_epoch(n_train, view.world_size, view.data.batch_size,
+                                         t.accumulate_grad_batches)
+    run_steps = schedule.total_steps(t.epochs, t.max_steps, per_epoch)
+    schedule.check(view, run_steps)
+    scheduler, _ = schedule.build_scheduler(view.targets.scheduler, optimizer, run_steps,
                                             per_epoch)
     return scheduler
 
 
-def _load_optimizer_states(resume: str, plain: dict[str, Any], state: dict[str, Any],
+def _load_optimizer_states(resume: str, view: RankConfig, state: dict[str, Any],
                            optimizer: torch.optim.Optimizer, scheduler: Any, n_train: int
                            ) -> None:
     """Check, before any rank starts, that the checkpoint's optimizer state fits this run's
@@ -282,18 +283,17 @@ def _load_optimizer_states(resume: str, plain: dict[str, Any], state: dict[str, 
         ConfigError: written by another optimizer (SGD state for AdamW), or a schedule that
             does not fit this run.
     """
-    t = plain["trainer"]
-    per_epoch = schedule.steps_per_epoch(n_train, plain["world_size"],
-                                         plain["data"]["batch_size"],
-                                         t["accumulate_grad_batches"])
-    _, interval, run_steps = train_state.resume_optimizer(plain, state, optimizer, per_epoch,
+    t = view.trainer
+    per_epoch = schedule.steps_per_epoch(n_train, view.world_size, view.data.batch_size,
+                                         t.accumulate_grad_batches)
+    _, interval, run_steps = train_state.resume_optimizer(view, state, optimizer, per_epoch,
                                                           resume)
     was = (state.get("steps_per_epoch"), state.get("run_steps"))
     if scheduler is not None and None not in was and was != (per_epoch, run_steps):
-        start, _ = schedule.resume_steps(state["epoch"] + 1, state["global_step"], t["epochs"],
-                                         t["max_steps"], per_epoch)
+        start, _ = schedule.resume_steps(state["epoch"] + 1, state["global_step"], t.epochs,
+                                         t.max_steps, per_epoch)
         where = (f"step {start} of {run_steps}" if interval == "step" else
-                 f"epoch {state['epoch'] + 1} of {t['epochs']}")
+                 f"epoch {state['epoch'] + 1} of {t.epochs}")
         log.info("trainer.resume: this run has %d optimizer steps, %d per epoch (the "
                  "checkpoint's run: %d, %d per epoch): the schedule is this run's, continued "
                  "at %s, as in an uninterrupted run with these settings", run_steps, per_epoch,

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp.config.checks import check_precision, validate
 from ddp_exp.config.compose import task_overrides
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.view import rank_config
 from ddp_exp.distributed.process_group import (
     World,
     destroy_process_group,
@@ -167,7 +168,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         if world.is_main and cfg.print_config:
             log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
         try:
-            result = train_rank(inputs, world, threads)
+            result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
         except Exception as exc:  # recorded as the built-in launcher records a failed rank
             raise record_rank_failure(exc, world.rank, job_dir) from None
         stop = preemption.preempted_in({world.rank: result})

@@ -94,20 +94,18 @@ def set_threads(world: World, num_workers: int = 0) -> int:
     return threads
 
 
-def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig | None = None
+def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
                ) -> dict[str, Any] | None:
     """Run the loop on this rank (process group already up); rank 0 writes the outputs.
 
     Args:
-        cfg: the typed view of ``inputs.cfg`` (:func:`ddp_exp.config.view.rank_config`);
-            None: built here.
+        cfg: the typed view of ``inputs.cfg`` (:func:`ddp_exp.config.view.rank_config`).
 
     Returns:
         The final metrics on rank 0 (as written to ``metrics.json``), None on other ranks;
         on every rank :func:`ddp_exp.rank.preemption.stopped` when the loop stopped for a
         preemption (``trainer.preempt_signal``).
     """
-    cfg = cfg or rank_config(inputs.cfg)
     device = device_for(inputs.device, world.local_rank)
     data = inputs.datasets
     global_batch = cfg.global_batch_size

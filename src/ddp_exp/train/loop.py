@@ -57,14 +57,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp.config.view import RankConfig, as_rank_config
+from ddp_exp.config.view import RankConfig
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed.process_group import World
@@ -92,8 +92,8 @@ class Trainer:
     """The loop of one rank: built from the resolved config, the data and the seeded model.
 
     Args:
-        cfg: the run's typed config (:class:`ddp_exp.config.view.RankConfig`); the resolved
-            dict (``conf/config.yaml``) is viewed so (:func:`ddp_exp.config.view.rank_config`).
+        cfg: the run's typed config (:class:`ddp_exp.config.view.RankConfig`, the view
+            :func:`ddp_exp.config.view.rank_config` makes of the resolved dict).
         world: this rank's place; the default process group is initialised.
         datasets: the train/validation split, identical on every rank.
         model: the seeded, unwrapped model (DDP broadcasts rank 0's parameters at wrap time).
@@ -106,10 +106,9 @@ class Trainer:
             :class:`ddp_exp.train.step_checkpoint.Preempted`. None: never.
     """
 
-    def __init__(self, cfg: RankConfig | Mapping[str, Any], world: World, datasets: Datasets,
+    def __init__(self, cfg: RankConfig, world: World, datasets: Datasets,
                  model: nn.Module, objective: Objective, device: torch.device,
                  writer: MetricsWriter, preempt_requested: Callable[[], bool] | None = None):
-        cfg = as_rank_config(cfg)
         self.cfg, self.world, self.datasets, self.device, self.writer = (
             cfg, world, datasets, device, writer)
         trainer, ddp_cfg = cfg.trainer, cfg.ddp

@@ -17,8 +17,7 @@ Uses :mod:`ddp_exp.config` (errors, the effective learning rate) and torch only;
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 
@@ -26,7 +25,7 @@ from ddp_exp.compat.tensors import tensor_norms
 from ddp_exp.config.checks import OPTIM_OWN_KEYS
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.targets import instantiate_node
-from ddp_exp.config.view import RankConfig, as_rank_config
+from ddp_exp.config.view import RankConfig
 
 AUTOCAST_DTYPES = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -53,18 +52,17 @@ def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor | None:
     return torch.linalg.vector_norm(torch.stack(tensor_norms(grads)))  # ddp_exp.compat
 
 
-def build_optimizer(cfg: RankConfig | Mapping[str, Any], params: Iterable[torch.nn.Parameter]
+def build_optimizer(cfg: RankConfig, params: Iterable[torch.nn.Parameter]
                     ) -> torch.optim.Optimizer:
     """``cfg.optim``'s ``_target_`` over ``params``, at the effective (scaled) learning rate.
 
     Args:
-        cfg: the run's typed config (the launching process's resolved dict is viewed so):
-            the optimizer's arguments are ``cfg.targets.optim``, as ``instantiate`` takes them.
+        cfg: the run's typed config: the optimizer's arguments are ``cfg.targets.optim``, as
+            ``instantiate`` takes them.
 
     Raises:
         ConfigError: the optimizer cannot be imported or rejects its arguments.
     """
-    cfg = as_rank_config(cfg)
     args = {k: v for k, v in cfg.targets.optim.items() if k not in OPTIM_OWN_KEYS}
     args["lr"] = cfg.effective_lr
     factory = instantiate_node(args, "optim")

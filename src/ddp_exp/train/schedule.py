@@ -61,7 +61,7 @@ import torch
 
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.targets import instantiate_node, locate
-from ddp_exp.config.view import RankConfig, as_rank_config
+from ddp_exp.config.view import RankConfig
 
 OWN_KEYS = ("interval",)  # ours, not arguments of the scheduler
 
@@ -255,16 +255,14 @@ def step_epoch(scheduler: Any, val: Mapping[str, Any], metric: str | None) -> No
         scheduler.step()
 
 
-def check(cfg: RankConfig | Mapping[str, Any], run_steps: int) -> None:
+def check(cfg: RankConfig, run_steps: int) -> None:
     """Relations of ``cfg.scheduler`` to the run that need the data's size (called by the
-    launcher before any rank starts, with its resolved dict, which is viewed typed, and by a
-    resuming rank with its :class:`ddp_exp.config.view.RankConfig`).
+    launcher before any rank starts and by a resuming rank, each with its typed config).
 
     Raises:
         ConfigError: ``scheduler.warmup_steps`` not shorter than the run, ``interval=epoch``
             with ``cosine``, ``ReduceLROnPlateau`` per step or without a monitored metric.
     """
-    cfg = as_rank_config(cfg)
     target = cfg.scheduler._target_
     if target is None:
         return

@@ -18,14 +18,14 @@ and :mod:`ddp_exp.config` (errors, the learning rate).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ddp_exp.config.checks import effective_lr
 from ddp_exp.config.errors import ConfigError
-from ddp_exp.config.view import RankConfig, as_rank_config, batch_and_world
+from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.process_group import gather_rng_states
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
@@ -87,7 +87,7 @@ def check_resumable(state: dict[str, Any], source: str) -> None:
                           f"resume from that run's checkpoints/last.pt")
 
 
-def resume_optimizer(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
+def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
                      optimizer: torch.optim.Optimizer, per_epoch: int, resume: str
                      ) -> tuple[Any, str, int]:
     """Continue the checkpoint's optimizer under this run's config and enter this run's
@@ -105,9 +105,8 @@ def resume_optimizer(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
     learning rate to the checkpoint's.
 
     Args:
-        cfg: this run's config, typed (:class:`ddp_exp.config.view.RankConfig`; the
-            launching process's resolved dict is viewed so), its ``world_size`` the running
-            world's.
+        cfg: this run's typed config (:class:`ddp_exp.config.view.RankConfig`), its
+            ``world_size`` the running world's.
         state: the checkpoint (:func:`state_dict`).
         optimizer: built from ``cfg`` over the model's parameters.
         per_epoch: this run's optimizer steps per epoch.
@@ -121,7 +120,6 @@ def resume_optimizer(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
             scheduler does not fit this run (:func:`ddp_exp.train.schedule.check`,
             :func:`ddp_exp.train.schedule.check_length`) or raises while it is entered.
     """
-    cfg = as_rank_config(cfg)
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
@@ -137,7 +135,8 @@ def resume_optimizer(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
     epochs_done = state["epoch"] + 1
     start, run_steps = schedule.resume_steps(epochs_done, state["global_step"],
                                              trainer.epochs, trainer.max_steps, per_epoch)
-    inside = steps_into_epoch(cfg, state, resume, resume if resume != "auto" else None)
+    inside = steps_into_epoch(cfg.global_batch_size, cfg.world_size, state, resume,
+                              resume if resume != "auto" else None)
     if inside:  # a step checkpoint: this run's steps of the epoch in progress are done too
         start += inside
         if trainer.max_steps is not None:
@@ -179,7 +178,7 @@ def exact_batch_advice(saved: int | None, world_size: int) -> str:
             f"{listed} with data.global_batch_size={saved}")
 
 
-def steps_into_epoch(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any], resume: str,
+def steps_into_epoch(global_batch: int, world_size: int, state: dict[str, Any], resume: str,
                      source: str | None = None) -> int:
     """The optimizer steps a step checkpoint's epoch has taken, in this run's global batch:
     ``position / global batch`` (0 for a checkpoint at an epoch's end). The position is
@@ -193,8 +192,8 @@ def steps_into_epoch(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
     path; None: none named).
 
     Args:
-        cfg: this run's typed config, or the launching process's mapping of ``data``,
-            ``trainer`` and ``world_size`` (:func:`ddp_exp.config.view.batch_and_world`).
+        global_batch: this run's global batch (samples per optimizer step over the world).
+        world_size: this run's world size.
 
     Raises:
         ConfigError: this run's global batch differs from the step checkpoint's.
@@ -202,7 +201,7 @@ def steps_into_epoch(cfg: RankConfig | Mapping[str, Any], state: dict[str, Any],
     position = state.get("position") or 0
     if not position:
         return 0
-    (now, world_size), saved = batch_and_world(cfg), state.get("global_batch_size")
+    now, saved = global_batch, state.get("global_batch_size")
     if saved != now:
         epoch_file = checkpoint.newest_epoch_file(source) if source else None
         advice = exact_batch_advice(saved, world_size)
