@@ -196,7 +196,7 @@ def test_model_option_builds_for_each_dataset(composed, small_csv, option):
             assert "\n" not in str(info.value)
             continue
         x = torch.from_numpy(datasets.train.features[:5])
-        if option == "gpt":  # token ids only (data=tokens: test_language_model)
+        if option == "gpt":  # token ids only (data=tokens: test_token_data)
             with pytest.raises(ConfigError, match="model=gpt takes") as info:
                 build_model(model_cfg, input_shape, num_outputs)(x)
             assert "\n" not in str(info.value)

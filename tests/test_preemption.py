@@ -309,3 +309,15 @@ def test_sigterm_as_the_preempt_signal_is_not_an_interrupt(tmp_path, run_cli):
     assert json.loads((run.job_dir / "status.json").read_text())["status"] == "preempted"
     state = torch.load(run.job_dir / "checkpoints" / "last.pt", weights_only=True)
     assert SIGNAL_AT <= state["global_step"] <= SIGNAL_AT + 2 * LOG_EVERY, state["global_step"]
+
+
+def test_world_sizes_are_recorded_in_a_job_folder_without_checkpoints_yet(tmp_path):
+    """A resume from another run's checkpoint (``trainer.resume=<path>``) at another world
+    size, into a fresh job folder: rank 0 records the sizes before any checkpoint of this
+    run exists, so ``checkpoints/`` is not there yet. It failed with FileNotFoundError on the
+    temp file; every atomic write now makes its folder."""
+    history = preemption.world_sizes(str(tmp_path), 3, {"world_size": 2}, write=True)
+    assert history == [2, 3]
+    path = tmp_path / "checkpoints" / preemption.WORLDS_FILE
+    assert json.loads(path.read_text()) == [2, 3]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")]

@@ -77,6 +77,8 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(fh)`` on a temp file beside ``path``, fsync it, then ``os.replace`` it onto
     ``path``; a reader sees the old file or the complete new one, never part of one (POSIX
     rename is atomic within a file system). The temp file is removed if ``write`` fails.
+    ``path``'s folder is made first if it does not exist (a resume from another run's
+    checkpoint into a fresh job folder wrote ``checkpoints/`` files before any checkpoint).
 
     Raises:
         DiskFull: the disk (or quota) that holds ``path`` is full; ``path`` keeps what it held.
@@ -85,6 +87,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                    dir=folder)
         with os.fdopen(fd, "wb") as fh:
