@@ -226,3 +226,29 @@ def test_before_write_runs_on_the_writer_thread_before_the_file_lands(tmp_path):
     writer.wait()
     assert seen == [(False, False)]
     assert os.path.exists(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), "last.pt"))
+
+
+def test_a_background_checkpoint_holds_the_state_of_when_it_was_saved(tmp_path):
+    """``checkpoint.save`` with the background writer serializes on the writer's thread, after
+    the loop has trained on: what it writes must be the state at the call (tensors cloned,
+    containers rebuilt), not the live parameters of a later step."""
+    release = threading.Event()
+    writer = BackgroundWriter()
+    writer.submit(release.wait)  # the writer is busy: the save below waits behind it
+    model = MLP((1, 8, 8), 10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    groups = [{"lr": 0.1, "params": [0, 1]}]
+    checkpoint.save(str(tmp_path), {"epoch": 0, "model": model.state_dict(),
+                                    "optimizer": {"param_groups": groups}}, False, 1, writer)
+    with torch.no_grad():  # the loop's next steps, before the file is written
+        for p in model.parameters():
+            p.add_(1.0)
+    groups[0]["lr"] = 0.5
+    release.set()
+    writer.wait()
+    saved = checkpoint.load(os.path.join(checkpoint.checkpoint_dir(str(tmp_path)), "last.pt"))
+    first = next(iter(before))
+    assert not torch.equal(saved["model"][first], model.state_dict()[first])  # it moved on
+    for key, value in before.items():
+        assert torch.equal(saved["model"][key], value), key
+    assert saved["optimizer"]["param_groups"][0]["lr"] == 0.1

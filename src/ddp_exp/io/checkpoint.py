@@ -39,6 +39,7 @@ import io
 import logging
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -66,11 +67,29 @@ def epoch_path(job_dir: str, epoch: int) -> str:
 
 
 def _serialized(payload: dict[str, Any]) -> memoryview:
-    """``torch.save(payload)`` in memory: a snapshot of the tensors now, which the loop may
-    change while it is being written (a view of the buffer, not a second copy of it)."""
+    """``torch.save(payload)`` in memory (a view of the buffer, not a second copy of it)."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getbuffer()
+
+
+def snapshot(value: Any) -> Any:
+    """``value`` as it is now, safe to serialize later while the loop trains on: every tensor
+    cloned, every dict, list and tuple rebuilt (a state dict's tensors are the live parameters
+    and optimizer buffers; its containers may be the scheduler's own). Other values are
+    immutable here (numbers, strings, None). Cloning ~80 KB of digits' state takes ~0.07 ms
+    where ``torch.save`` takes ~0.7 ms, which the loop thread no longer waits for."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):  # an OrderedDict stays one (a module's state dict)
+        kind = OrderedDict if isinstance(value, OrderedDict) else dict
+        return kind((k, snapshot(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [snapshot(v) for v in value]
+    if isinstance(value, tuple):
+        items = [snapshot(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
 
 
 def _write_bytes(path: str, data: memoryview) -> None:
@@ -98,8 +117,9 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
     many names (an epoch that is the new best used to write its weights a second time). A
     later write of ``last.pt`` replaces that name only; ``best.pt`` keeps its file.
 
-    ``state`` is serialized before this returns; with ``writer``, the files are written on its
-    thread, after every write submitted before (call ``writer.wait()`` before reading them).
+    With ``writer``, ``state`` is snapshotted before this returns (:func:`snapshot`) and
+    serialized and written on its thread, after every write submitted before (call
+    ``writer.wait()`` before reading the files); without, all of it happens here.
     ``before_write()``, if given, runs just before the file is written (on that thread): what
     must be on disk before the checkpoint is (a step checkpoint's TensorBoard events).
 
@@ -116,13 +136,14 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
     if not names:
         raise ValueError("checkpoint.save: neither an epoch file, last.pt nor best.pt is due")
     os.makedirs(folder, exist_ok=True)
-    data = _serialized({"format": FORMAT, **state})
+    payload = {"format": FORMAT, **(state if writer is None else snapshot(state))}
     path, links = names[0], names[1:]
 
     def write() -> None:
         # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
         # writes have finished (one thread, in order).
         remove_partial(folder)
+        data = _serialized(payload)
         if before_write is not None:
             before_write()
         _write_bytes(path, data)

@@ -161,8 +161,8 @@ class BackgroundWriter:
     renamed into place (:func:`atomic_write`), so a reader, a killed run or a power cut sees
     the previous complete file or the new one.
 
-    The caller builds what a job writes before submitting it (e.g. the serialized checkpoint
-    bytes: a snapshot of the tensors at that moment, held in memory until written). A job's
+    The caller snapshots what a job writes before submitting it (e.g. a checkpoint's tensors
+    cloned at that moment, held in memory until serialized and written there). A job's
     exception is raised by the next :meth:`submit` or by :meth:`wait` (e.g. ``OSError`` for a
     full disk): one epoch later than a synchronous write, never lost.
     """
