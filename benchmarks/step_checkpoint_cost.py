@@ -113,8 +113,8 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
                  "ratio": rate["every-50"] / rate["none"], "step_checkpoints": written,
                  "ms_per_checkpoint": 1000 * (seconds["every-50"] - seconds["none"])
                  / max(1, written), "steps": steps, "block_seconds": blocks,
-                 # rank 0, every-50: wall seconds inside step_checkpoint.take (the loop
-                 # waits for them) and CPU seconds of the background writer's jobs
+                 # rank 0, every-50: wall (and CPU) seconds in the loop's step-checkpoint
+                 # calls (the loop waits for them), CPU seconds of the writer's jobs
                  "take_s": spent["take"], "take_cpu_s": spent["take_cpu"],
                  "writer_cpu_s": spent["writer_cpu"],
                  "direct_cost": (spent["take"] + spent["writer_cpu"]) / seconds["every-50"],
@@ -125,23 +125,30 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
 
 
 def _time_checkpoint_work() -> dict[str, float]:
-    """Wrap ``step_checkpoint.take`` (wall seconds: the loop waits for all of it) and the
-    background writer's jobs (CPU seconds of its thread: serialization, TensorBoard's flush,
-    the file) to add up what this process spends on step checkpoints: a ratio within one
-    run, which the machine's slow and fast stretches move together."""
+    """Wrap the loop's step-checkpoint calls (``step_checkpoint.begin`` and ``complete``, and
+    ``take`` for the clock and preemption: wall seconds, the loop waits for all of it, and this
+    thread's CPU seconds) and the background writer's jobs (CPU seconds of its thread:
+    serialization, TensorBoard's flush, the file) to add up what this process spends on step
+    checkpoints: a ratio within one run, which the machine's slow and fast stretches move
+    together."""
     from ddp_exp.io.files import BackgroundWriter
     from ddp_exp.train import step_checkpoint
 
     spent = {"take": 0.0, "take_cpu": 0.0, "writer_cpu": 0.0}
-    take, submit = step_checkpoint.take, BackgroundWriter.submit
 
-    def timed_take(*args, **kwargs):
-        t, c = time.perf_counter(), time.thread_time()
-        try:
-            return take(*args, **kwargs)
-        finally:
-            spent["take"] += time.perf_counter() - t
-            spent["take_cpu"] += time.thread_time() - c
+    def timed(function):
+        def wrapper(*args, **kwargs):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent["take"] += time.perf_counter() - t
+                spent["take_cpu"] += time.thread_time() - c
+        return wrapper
+
+    for name in ("begin", "complete", "take"):
+        setattr(step_checkpoint, name, timed(getattr(step_checkpoint, name)))
+    submit = BackgroundWriter.submit
 
     def timed_submit(self, job):
         def timed_job():
@@ -152,7 +159,6 @@ def _time_checkpoint_work() -> dict[str, float]:
                 spent["writer_cpu"] += time.thread_time() - t
         return submit(self, timed_job)
 
-    step_checkpoint.take = timed_take
     BackgroundWriter.submit = timed_submit
     return spent
 

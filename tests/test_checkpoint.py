@@ -178,7 +178,11 @@ def _gather_rng_rank(rank: int, world_size: int, port: int, out) -> None:
     own = torch.get_rng_state()
     gathered = gather_rng_states(torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), own)  # gathering draws nothing
-    out.put((rank, own, gathered))
+    # bytes, pickled by value (a tensor would pass a file descriptor that dies with this
+    # process); the storage size says whether each state is its own tensor
+    out.put((rank, own.numpy().tobytes(),
+             [(s["torch"].numpy().tobytes(), s["torch"].untyped_storage().nbytes(), s["cuda"])
+              for s in gathered]))
     destroy_process_group()
 
 
@@ -201,12 +205,12 @@ def test_every_ranks_rng_state_is_gathered_in_rank_order():
         p.join(timeout=60)
         assert p.exitcode == 0
     owns = [own for _, own, _ in results]
-    assert not torch.equal(owns[0], owns[1])  # the streams differ: the check can fail
+    assert owns[0] != owns[1]  # the streams differ: the check can fail
     for _, _, gathered in results:
         assert len(gathered) == 3
-        for r, states in enumerate(gathered):
-            assert torch.equal(states["torch"], owns[r]) and states["cuda"] is None
-            assert states["torch"].untyped_storage().nbytes() == owns[r].numel()
+        for r, (state, nbytes, cuda) in enumerate(gathered):
+            assert state == owns[r] and cuda is None
+            assert nbytes == len(owns[r])
 
 
 def test_before_write_runs_on_the_writer_thread_before_the_file_lands(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -236,25 +237,49 @@ def broadcast_buffers_from_main(module: torch.nn.Module) -> None:
 
 
 def gather_rng_states(device: torch.device) -> list[dict[str, torch.Tensor | None]]:
-    """Every rank's random-number-generator states, in rank order, on every rank: ``[{"torch":
-    torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) or None}, ...]`` (CPU uint8
-    tensors; the CPU generator's state is 5,056 bytes, CUDA's 16). Every rank must call it.
+    """Every rank's random-number-generator states, in rank order, on every rank:
+    :func:`start_rng_gather` waited for at once. Every rank must call it."""
+    return start_rng_gather(device).wait()
+
+
+class RngGather:
+    """Every rank's RNG states as they were when :func:`start_rng_gather` ran, on every rank,
+    once :meth:`wait` returns; the collective runs meanwhile."""
+
+    def __init__(self, parts: list[torch.Tensor] | None, work: Any, own: dict, cpu_bytes: int):
+        self._parts, self._work, self._own, self._n = parts, work, own, cpu_bytes
+
+    def wait(self) -> list[dict[str, torch.Tensor | None]]:
+        """``[{"torch": CPU generator state, "cuda": CUDA generator state or None}, ...]`` in
+        rank order (CPU uint8 tensors, each its own storage)."""
+        if self._parts is None:
+            return [self._own]
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        n, has_cuda = self._n, self._own["cuda"] is not None
+        return [{"torch": p[:n].cpu().clone(), "cuda": p[n:].cpu().clone() if has_cuda else None}
+                for p in self._parts]
+
+
+def start_rng_gather(device: torch.device) -> RngGather:
+    """Start gathering every rank's random-number-generator states (this rank's as they are
+    now: ``torch.get_rng_state()``, 5,056 bytes, and on CUDA ``torch.cuda.get_rng_state``, 16)
+    without waiting (``async_op``); :meth:`RngGather.wait` returns them. Every rank must call
+    it, at the same point of its collectives.
 
     One ``all_gather`` of the states laid end to end in one uint8 tensor (on ``device``: NCCL
     gathers device tensors), not ``all_gather_object``, which pickles and runs two
     collectives (sizes, then bytes): a step checkpoint gathers them every few hundred
-    milliseconds of digits' steps (docs/benchmarks.md, issue 30's cost). Every rank's states
-    have the same sizes (the same torch build and device type), so rank ``r``'s part is its
-    own slice. Outside a process group: this rank's states alone.
+    milliseconds of digits' steps (issue 30's cost). Every rank's states have the same sizes
+    (the same torch build and device type), so rank ``r``'s part is its own slice. Outside a
+    process group: this rank's states alone.
     """
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    own = {"torch": cpu, "cuda": cuda}
     if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return [{"torch": cpu, "cuda": cuda}]
-    mine = cpu if cuda is None else torch.cat([cpu, cuda])
-    mine = mine.to(device)
+        return RngGather(None, None, own, cpu.numel())
+    mine = (cpu if cuda is None else torch.cat([cpu, cuda])).to(device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    n = cpu.numel()
-    return [{"torch": p[:n].cpu().clone(), "cuda": None if cuda is None else p[n:].cpu().clone()}
-            for p in parts]
+    return RngGather(parts, dist.all_gather(parts, mine, async_op=True), own, cpu.numel())

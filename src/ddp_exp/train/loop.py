@@ -224,22 +224,32 @@ class Trainer:
             # A training set the world does not divide: the epoch's last step holds
             # DistributedSampler's duplicates, which count zero (steps.padded_step).
             padded_step = self.steps_per_epoch - 1 if self.data.padded else -1
+            deferred = None  # a cadence step checkpoint begun at the step before
             for k, group in enumerate(steps.groups(batches, self.accumulate), start=first):
                 if k == padded_step:
                     steps.padded_step(self, group, window)
                 else:
                     steps.train_step(self, group, window)
                 progress.step()
+                carried = False  # a preemption the completed checkpoint's check carried
+                if deferred is not None:
+                    t_checkpoint = time.perf_counter()
+                    loss_sum, samples, carried = step_checkpoint.complete(
+                        self, window, lambda: settle(self, window, progress), deferred,
+                        loss_sum, samples)
+                    deferred = None
+                    t_mark += time.perf_counter() - t_checkpoint  # not training time
                 stop = max_steps is not None and self.global_step >= max_steps
                 log_now = self.global_step % log_every == 0
                 # A logging step or the epoch's last: one all-reduce of (loss sum, count).
                 last = stop or progress.done == progress.steps
-                clock = preempt = False
+                clock, preempt = False, carried
                 if log_now or last:
                     # The logging step before: its all-reduce has run during the steps since.
                     s, n = settle(self, window, progress)
                     loss_sum, samples = loss_sum + s, samples + n
                     clock, preempt = decided(window.flags)
+                    preempt = preempt or carried
                     now = time.perf_counter()
                     window.interval_s += now - t_mark
                     t_mark = now
@@ -255,7 +265,21 @@ class Trainer:
                         self.preempted = preempt or end_preempt
                         self.checkpoint_due = (clock or end_clock
                                                or self.cadence.step_due(self.global_step))
-                if not last and (clock or preempt or self.cadence.step_due(self.global_step)):
+                if not (last or clock or preempt) and self.cadence.step_due(self.global_step):
+                    # The cadence's checkpoint waits for no collective here: the next step
+                    # completes it (step_checkpoint.begin), unless a preemption says stop now.
+                    t_checkpoint = time.perf_counter()
+                    loss_sum, samples, preempt, deferred = step_checkpoint.begin(
+                        self, window, lambda: settle(self, window, progress), log_now, k + 1,
+                        loss_sum, samples, seconds_before + t_checkpoint - t_epoch)
+                    if preempt:
+                        loss_sum, samples, _ = step_checkpoint.complete(
+                            self, window, lambda: settle(self, window, progress), deferred,
+                            loss_sum, samples)
+                        raise Preempted(f"preempted at step {self.global_step} (epoch "
+                                        f"{self.epoch + 1}): checkpoints/last.pt holds it")
+                    t_mark += time.perf_counter() - t_checkpoint  # not training time
+                elif not last and (clock or preempt):
                     sums = step_checkpoint.take(
                         self, window, lambda: settle(self, window, progress), k + 1, loss_sum,
                         samples, seconds_before + time.perf_counter() - t_epoch)
@@ -266,6 +290,10 @@ class Trainer:
                                         f"{self.epoch + 1}): checkpoints/last.pt holds it")
                 if stop:
                     break
+            if deferred is not None:  # the loader ended after a due step (a user loader)
+                loss_sum, samples, _ = step_checkpoint.complete(
+                    self, window, lambda: settle(self, window, progress), deferred, loss_sum,
+                    samples)
             if len(window):  # steps_per_epoch was off (a user loader): count the rest
                 s, n = settle(self, window, progress)
                 loss_sum, samples = loss_sum + s, samples + n

@@ -33,8 +33,9 @@ from ddp_exp.train import schedule
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
 
-def state_dict(loop: Any) -> dict[str, Any]:
-    """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG).
+def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG),
+    unless ``rng`` gives the ranks' RNG states (or a placeholder the caller fills in).
 
     Reads the loop's ``model``, ``optimizer``, ``scheduler``, ``monitor``, ``scaler``,
     ``epoch`` (the next one to run, or the one in progress), ``global_step``, ``window`` (the
@@ -43,7 +44,7 @@ def state_dict(loop: Any) -> dict[str, Any]:
     progress has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss
     sum, samples and seconds so far).
     """
-    ranks_rng = gather_rng_states(loop.device)  # a collective: every rank
+    ranks_rng = gather_rng_states(loop.device) if rng is None else rng  # a collective
     return {
         "model": loop.model.state_dict(),
         "optimizer": loop.optimizer.state_dict(),
@@ -298,7 +299,13 @@ def save_step_checkpoint(loop: Any, before_write: Callable[[], object] | None = 
     (never an epoch file or ``best.pt``: the epoch is not done) on the loop's writer thread,
     after ``before_write()`` ran there.
     """
-    state = state_dict(loop)  # a collective: every rank
+    write_step_checkpoint(loop, state_dict(loop), before_write)  # a collective: every rank
+
+
+def write_step_checkpoint(loop: Any, state: dict[str, Any],
+                          before_write: Callable[[], object] | None = None) -> None:
+    """Rank 0 hands the step checkpoint ``state`` (:func:`state_dict`'s, inside an epoch) to
+    its background writer as ``last.pt``, ``before_write()`` run there first; others: nothing."""
     if loop.world.is_main:
         checkpoint.save(loop.writer.job_dir, state, False, loop.cfg.trainer.keep_checkpoints,
                         loop.checkpoint_files, last=True, best=False, before_write=before_write)
