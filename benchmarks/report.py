@@ -107,6 +107,10 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
     for t in targets:
         ratio = f"{t.ratio:.3f}" if t.ratio is not None else "n/a"
         md.append(f"| {t.name} | {t.what} | {ratio} | {t.op} {t.bound:g} | {t.verdict} |")
+    if info.get("in_world"):
+        md += ["", "I30 measured inside one world (`benchmarks/step_checkpoint_cost.py`; the "
+               "pairs of runs above cannot resolve 3% on this machine):", ""]
+        md += [f"- {line}" for line in info["in_world"]]
     skipped = sorted({r["note"] for r in rows if r["status"] == "skipped"})
     if skipped:
         md += ["", "Lightning Trainer: " + "; ".join(skipped) + " (`pip install -e \".[bench]\"`,"

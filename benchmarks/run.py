@@ -91,6 +91,34 @@ def compare_startup(repeats: int) -> int:
     return 0
 
 
+def step_checkpoint_in_world(quick: bool, timeout: float) -> list[str]:
+    """Issue 30's cost measured inside one world (``benchmarks/step_checkpoint_cost.py``: the
+    pairs of whole runs cannot resolve 3% on a machine whose speed drifts by +-20% between
+    runs): the share of the blocks' time the checkpoints took (the loop's wait in them plus the
+    writer thread's CPU), as the throughput kept against the bound 0.97, and the blocks'
+    ratio. Lines for the report; one line saying why where the script failed."""
+    import json
+    import subprocess
+
+    script = os.path.join(common.BENCH, "step_checkpoint_cost.py")
+    argv = [sys.executable, script, "--rounds", "4" if quick else "40",
+            "--epochs-per-block", "2" if quick else "4"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout).stdout
+        r = json.loads(out.rsplit("BENCH_RESULT ", 1)[1])
+    except (subprocess.TimeoutExpired, IndexError, ValueError) as exc:
+        return [f"in one world: n/a ({type(exc).__name__})"]
+    kept = 1.0 - r["direct_cost"]
+    n = max(1, r["step_checkpoints"])
+    cpu = (r["take_cpu_s"] + r["writer_cpu_s"]) / r["seconds"]["every-50"]
+    return [f"in one world ({n} step checkpoints, blocks of {r['epochs_per_block']} epochs "
+            f"alternated {r['rounds']} times): throughput kept {kept:.3f} (bound >= 0.97: "
+            f"{'PASS' if kept >= 0.97 else 'MISS'}); per checkpoint the loop waits "
+            f"{1000 * r['take_s'] / n:.2f} ms (its CPU {1000 * r['take_cpu_s'] / n:.2f} ms) and "
+            f"the writer thread uses {1000 * r['writer_cpu_s'] / n:.2f} ms of CPU; CPU share "
+            f"{100 * cpu:.2f}%; the blocks' ratio (with / without) {r['ratio']:.3f}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5, help="interleaved runs per variant")
@@ -146,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
     info.update(more)
+    if "step_checkpoint" in groups:
+        info["in_world"] = step_checkpoint_in_world(args.quick, args.timeout)
     targets = build_targets(groups) + lm_group.targets(groups)
     for t in targets:
         t.evaluate(rows)
@@ -161,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if lm_group.GROUP in groups:
         for ws in lm_group.WORLD_SIZES:
             print(f"  I29  {lm_group.ratio_line(rows, ws)}")
+    for line in info.get("in_world", []):
+        print(f"  I30  {line}")
     failed = [r for r in rows if r["status"] in ("failed", "timeout")]
     if failed:
         print(f"{len(failed)} run(s) failed: see the note column of {args.csv}")
