@@ -139,8 +139,12 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)
+        # The loop listens for a preemption only where trainer.preempt_signal is on (its
+        # checks then decide at once: a stop within one logging interval).
+        watch = preemption.signal_number(cfg.trainer.preempt_signal,
+                                         cfg.launcher.cluster) is not None
         trainer = Trainer(cfg, world, data, inputs.model, inputs.objective, device, writer,
-                          preempt_requested=preemption.requested)
+                          preempt_requested=preemption.requested if watch else None)
         if state is not None:
             train_state.load_state_dict(trainer, state, source)
         try:

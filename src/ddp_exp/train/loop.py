@@ -265,6 +265,11 @@ class Trainer:
                         self.preempted = preempt or end_preempt
                         self.checkpoint_due = (clock or end_clock
                                                or self.cadence.step_due(self.global_step))
+                    elif self.cadence.decide_now:  # a preemption stops within one interval
+                        s, n = settle(self, window, progress)
+                        loss_sum, samples = loss_sum + s, samples + n
+                        now_clock, now_preempt = decided(window.flags)
+                        clock, preempt = clock or now_clock, preempt or now_preempt
                 if not (last or clock or preempt) and self.cadence.step_due(self.global_step):
                     # The cadence's checkpoint waits for no collective here: the next step
                     # completes it (step_checkpoint.begin), unless a preemption says stop now.

@@ -2,7 +2,8 @@
 stops for a preemption: the decision every rank must take at the same optimizer step (issue 30).
 
 * ``trainer.checkpoint_every_n_steps``: due at every global step that is a multiple of it; every
-  rank counts the same steps, so no communication is needed.
+  rank counts the same steps, so no communication is needed. Begun at that step without
+  waiting for a collective, completed at the next (:func:`begin`, :func:`complete`).
 * ``trainer.checkpoint_every_n_minutes``: rank 0's clock alone decides (a clock per rank would
   disagree, and gathering the state is a collective that every rank must enter); its "due" flag
   rides in the logging interval's all-reduce (:meth:`ddp_exp.metrics.train_loss.LossWindow.start`,
@@ -11,7 +12,9 @@ stops for a preemption: the decision every rank must take at the same optimizer 
   steps of the clock's moment (the check is finished one logging interval after it starts).
 * Preemption: each rank's ``preempt_requested()`` (the loop's argument of that name: the rank's
   signal handler's flag, ``ddp_exp.rank.preemption.requested``, which the rank hands down: the
-  train layer imports nothing of the rank layer) rides in the same all-reduce; when any rank
+  train layer imports nothing of the rank layer) rides in the same all-reduce, which the loop
+  then settles at the step that starts it (:attr:`Cadence.decide_now`: within
+  ``trainer.log_every_n_steps`` steps of the signal); when any rank
   was told, every rank writes a step checkpoint at that check's step and raises
   :class:`Preempted` (at an epoch's last step: after the epoch's own checkpoint, which is then
   ``last.pt`` whatever ``trainer.save_last``).
@@ -58,7 +61,10 @@ class Cadence:
             null: off).
         is_main: this rank is rank 0 (its clock decides the minutes).
         preempt_requested: True once this rank was told of a preemption (called at each
-            check); None: never.
+            check); None: not listened for (``trainer.preempt_signal`` off). Given, every
+            logging check is settled at its own step (:attr:`decide_now`) instead of at the
+            next one: a stop within one logging interval, for one collective's wait every
+            interval.
     """
 
     def __init__(self, trainer: TrainerConfig, is_main: bool,
@@ -68,6 +74,9 @@ class Cadence:
         self.every_s = None if minutes is None else 60.0 * float(minutes)
         self.is_main = is_main
         self.last = time.monotonic()
+        # A preemption is listened for: each logging check is then settled where it starts,
+        # so every rank stops within trainer.log_every_n_steps steps of the signal (issue 30).
+        self.decide_now = preempt_requested is not None
         self.preempt_requested = preempt_requested or never
 
     def flags(self) -> tuple[float, float]:
