@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import QUIET, load_ckpt, rel_close, tests_on_path
+from helpers import QUIET, load_ckpt, rel_close, tensorboard_series, tests_on_path
 from torch.nn import functional as F
 
 from ddp_exp.config.errors import ConfigError
@@ -132,6 +132,12 @@ def test_preset_learns_below_the_unigram_entropy(run_cli):
     # samples are windows of 128 tokens (test_resume_followups.py: the units of data=tokens)
     assert rel_close(m["train/tokens_per_sec"], 128 * m["train/samples_per_sec"], 1e-12)
     assert m["train/tokens_per_sec"] > 0
+    # the same units in TensorBoard (its train/samples_per_sec counted tokens)
+    windows = tensorboard_series(run.job_dir, "train/samples_per_sec")
+    tokens = tensorboard_series(run.job_dir, "train/tokens_per_sec")
+    assert windows and [s for s, _ in windows] == [s for s, _ in tokens]
+    for (_, w), (_, t) in zip(windows, tokens, strict=True):
+        assert rel_close(t, 128 * w, 1e-6)
     flops = m["perf/model_flops_per_sec"] / m["train/tokens_per_sec"]
     assert rel_close(m["perf/mfu"], m["perf/model_flops_per_sec"] / (2 * 1e12), 1e-9)
     model = GPT((128,), 256, n_layer=1, n_head=4, n_embd=128)

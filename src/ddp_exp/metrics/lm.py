@@ -3,10 +3,10 @@ second, model FLOP/s and MFU, and text samples in TensorBoard.
 
 * ``val/perplexity = exp(val/loss)`` (the per-token mean cross-entropy, nats);
   ``val/bits_per_byte = val/loss / ln 2`` where a token is one byte (the built-in corpus).
-* ``train/tokens_per_sec``: the counted tokens the world trained per second (TensorBoard's
-  ``train/samples_per_sec`` counts tokens too; ``metrics.json``'s ``train/num_samples`` and
-  ``train/samples_per_sec`` count windows, ``train/num_tokens`` their tokens, and the epoch
-  line says tokens/s).
+* ``train/tokens_per_sec``: the counted tokens the world trained per second; in TensorBoard
+  and ``metrics.json`` alike ``train/samples_per_sec`` (and ``metrics.json``'s
+  ``train/num_samples``) count windows, ``train/num_tokens`` their tokens; the epoch line
+  says tokens/s.
 * ``perf/model_flops_per_sec = train/tokens_per_sec x flops_per_token``, where the model's
   training FLOPs per token are ``6 N + 12 L d T`` (PaLM, appendix B: N parameters without the
   position embedding, L layers, width d, context T; :meth:`ddp_exp.train.gpt.GPT.flops_per_token`);

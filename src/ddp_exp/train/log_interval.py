@@ -50,7 +50,7 @@ def write_interval(loop: Any, window: LossWindow, progress: Progress,
     scalars = {
         "train/loss": loss,
         "train/lr": lr,
-        "train/samples_per_sec": rate,
+        "train/samples_per_sec": loop.lm.windows(rate),  # data=tokens: windows, as metrics.json
         "train/grad_norm": grad_norm,
         **loop.lm.train_scalars(rate),
     }
