@@ -318,3 +318,17 @@ def test_forked_ranks_pass_the_gate_only_once_every_rank_is_forked(monkeypatch,
         assert passed == [] and all(os.WTERMSIG(e) == signal.SIGTERM for e in ends), ends
     else:
         assert len(passed) == 3 and min(passed) >= forked_all[0], (passed, forked_all)
+
+
+def test_oversubscription_warning_promises_this_worlds_results(monkeypatch):
+    """3 ranks on 2 cores: the warning said "slower than with 2 rank(s) (same results)", but 2
+    ranks at the same per-rank batch train another global batch; the results are those of the
+    same world on enough cores (a fresh user's finding)."""
+    from ddp_exp.distributed import process_group
+
+    monkeypatch.setattr(process_group.os, "sched_getaffinity", lambda pid: {0, 1})
+    line = process_group.oversubscription_warning(3)
+    assert line is not None and "\n" not in line
+    assert "slower than on 3 cores (the same results as there)" in line
+    assert "2 rank(s)" not in line
+    assert process_group.oversubscription_warning(2) is None

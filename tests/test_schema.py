@@ -155,7 +155,11 @@ SECTION_RANGES = [
      "data.channels=2 is invalid: 1 (grey) or 3 (RGB)"),
     (schema.MLPConfig, {"hidden_sizes": [0]},
      "model.hidden_sizes=[0] is invalid: positive layer widths"),
-    (schema.SGDConfig, {"lr": -1.0}, "optim.lr=-1.0 is invalid: a non-negative learning rate"),
+    (schema.SGDConfig, {"lr": -1.0},
+     "optim.lr=-1.0 is invalid: a finite, non-negative learning rate"),
+    # inf passed, and every weight became nan at the second step, in the ranks (a fresh user)
+    (schema.AdamWConfig, {"lr": float("inf")},
+     "optim.lr=inf is invalid: a finite, non-negative learning rate"),
     (schema.CosineSchedulerConfig, {"warmup_steps": -1},
      "scheduler.warmup_steps=-1 is invalid: 0 or a positive number of optimizer steps"),
     (schema.DistributedConfig, {"timeout_s": 0.0},

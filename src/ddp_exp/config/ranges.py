@@ -14,6 +14,7 @@ Uses :mod:`ddp_exp.config.choices` and :mod:`ddp_exp.config.errors`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,7 +102,8 @@ def model(m: Mapping[str, Any]) -> None:
 def optim(o: Mapping[str, Any]) -> None:
     """``optim.lr`` and ``optim.lr_scaling``."""
     if _given(o, "lr"):
-        _check(o["lr"] >= 0, "optim.lr", o["lr"], "a non-negative learning rate")
+        _check(math.isfinite(o["lr"]) and o["lr"] >= 0, "optim.lr", o["lr"],
+               "a finite, non-negative learning rate")
     scaling = o.get("lr_scaling", "none")
     _check(scaling in LR_SCALINGS, "optim.lr_scaling", scaling,
            f"one of {', '.join(LR_SCALINGS)}")

@@ -137,14 +137,15 @@ def oversubscription_warning(ranks_on_host: int) -> str | None:
 
     Each rank then gets one thread and the ranks take turns on the cores; every step waits
     for the rank that is off its core, so a step runs slower than with one rank per core (the
-    results are the same); ``make bench`` measures it (world_size=4 on 2 cores).
+    results are those of this world on enough cores); ``make bench`` measures it
+    (world_size=4 on 2 cores).
     """
     cores = len(os.sched_getaffinity(0))
     if ranks_on_host <= cores:
         return None
     return (f"{ranks_on_host} ranks on this machine's {cores} CPU core(s): the ranks take "
             f"turns on the cores and every step waits for the slowest, so training runs "
-            f"slower than with {cores} rank(s) (same results)")
+            f"slower than on {ranks_on_host} cores (the same results as there)")
 
 
 def init_process_group(backend: str, world: World, timeout_s: float,
