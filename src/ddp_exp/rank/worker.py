@@ -126,6 +126,11 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
              world.world_size, threads, inputs.backend, device.type, global_batch,
              cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, n_train,
              len(data.val))
+    if global_batch > n_train:  # e.g. world_size=100 at the default per-rank batch
+        log.warning("the global batch of %d is larger than the %d training samples: each "
+                    "optimizer step takes the whole training set (%d per rank), not %d "
+                    "(data.global_batch_size, or fewer ranks)", global_batch, n_train,
+                    -(-n_train // world.world_size), global_batch)
     if padded:
         log.info("training set of %d is not divisible by %d ranks: DistributedSampler repeats "
                  "%d sample(s) per epoch, which count zero: each of the %d samples counts once",
