@@ -696,3 +696,12 @@ def test_a_changed_split_is_refused_before_the_ranks_unless_forced(compose, tmp_
     assert f"{key}={value} differs from the checkpoint's {key}={before} " \
            "(trainer.resume_allow_changes=true)" in caplog.text
     assert folder_files(job) == kept
+
+
+def test_a_resume_value_that_is_no_file_names_the_valid_values(compose, tmp_path):
+    """``trainer.resume=yes`` said only "'.../yes': no such checkpoint file" (a fresh user):
+    the line now also says what the key takes."""
+    message = refused_before_ranks(compose("world_size=2", "trainer.resume=yes", QUIET),
+                                   tmp_path / "run")
+    assert "no such checkpoint file; trainer.resume takes auto" in message, message
+    assert "null, or a checkpoint file's path" in message and "\n" not in message

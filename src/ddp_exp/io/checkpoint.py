@@ -202,7 +202,9 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
             the config key the path came from.
     """
     if not os.path.isfile(path):
-        raise ConfigError(f"{key}={path!r}: no such checkpoint file")
+        valid = ("; trainer.resume takes auto (the job folder's last.pt, if any), null, or a "
+                 "checkpoint file's path") if key == "trainer.resume" else ""
+        raise ConfigError(f"{key}={path!r}: no such checkpoint file{valid}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
