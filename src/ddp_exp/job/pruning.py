@@ -164,4 +164,5 @@ def plot_curves(ax: Any, record: dict[str, dict[str, Any]]) -> None:
             ax.plot(xs[-1], ys[-1], marker="x", markersize=9, color=line.get_color())
     ax.set_title(f"{metric} per epoch (x: pruned)")
     ax.set_xlabel("epoch")
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # no trial reported an epoch: no legend to draw
+        ax.legend(fontsize=6)

@@ -170,7 +170,9 @@ class DDPOptunaSweeper(Sweeper):
         if self.sampler_spec.get("name") != "grid":
             return todo
         left, points = study_trials.grid_points_left(trials, dists)
-        if left < todo:
+        if left == 0:
+            log.info("grid search: all %d points of the grid have run: nothing to run", points)
+        elif left < todo:
             log.info("grid search: %d of the grid's %d points left to run; the search stops "
                      "when the grid is exhausted, before hydra.sweeper.n_trials=%d",
                      left, points, self.n_trials)
