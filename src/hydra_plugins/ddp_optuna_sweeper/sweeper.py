@@ -31,21 +31,20 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.ddp_optuna_sweeper import trials as study_trials
-from hydra_plugins.ddp_optuna_sweeper.checks import (  # noqa: F401 (the names as before)
+from hydra_plugins.ddp_optuna_sweeper.checks import (
     SweepRefused,
     check_counts,
     check_storage,
     direction_of,
 )
-from hydra_plugins.ddp_optuna_sweeper.results import RESULTS, write_results  # noqa: F401
-from hydra_plugins.ddp_optuna_sweeper.space import (  # noqa: F401 (the names as before)
-    SAMPLERS,
+from hydra_plugins.ddp_optuna_sweeper.results import write_results
+from hydra_plugins.ddp_optuna_sweeper.space import (
     build_sampler,
     distributions,
     override_of,
     quoted,
 )
-from hydra_plugins.ddp_optuna_sweeper.trials import job_outcome  # noqa: F401
+from hydra_plugins.ddp_optuna_sweeper.trials import job_outcome
 
 log = logging.getLogger("ddp_exp")
 
