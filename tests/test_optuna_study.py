@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -236,7 +237,7 @@ def test_string_grid_killed_inside_a_trial_finishes_and_exits_0(tmp_path):
                             "#1 :")
     assert watched.seen.wait(120), watched.text
     while not (sweep_dir / "1" / "tensorboard").exists() and watched.proc.poll() is None:
-        watched.seen.wait(0.05)  # inside trial 1: its world has started writing
+        time.sleep(0.05)  # inside trial 1 once its world has started writing
     os.killpg(watched.proc.pid, signal.SIGKILL)
     watched.proc.wait(30)
     assert_no_orphans(tag)
