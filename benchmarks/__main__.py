@@ -32,7 +32,6 @@ import time
 
 from benchmarks import common
 from benchmarks.harness import report, results
-from benchmarks.harness.group import Group
 from benchmarks.harness.measure import run_groups, warm_up
 from benchmarks.harness.stats import threads_check
 from benchmarks.harness.variant import Variant
@@ -89,13 +88,6 @@ def chosen(args: argparse.Namespace) -> dict[str, list[Variant]]:
     return groups
 
 
-def reproduce(g: Group, args: argparse.Namespace) -> str:
-    """The command that measures ``g`` as this run did."""
-    extra = (f" --impls {args.impls}" if args.impls else "") + (
-        f" --repeats {args.repeats}" if args.repeats != 5 else "")
-    return f'make bench ARGS="--only {g.name}{extra}"'
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.list:
@@ -144,17 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     written = write_rows(rows, groups, args)
     report.write_markdown(args.markdown, rows, groups, targets, info, args, GROUPS)
     measured = not (args.quick or args.csv)
-    if measured and not args.no_docs:
-        group_of = {t.name: n for n, vs in groups.items() for t in GROUPS[n].targets()}
-        lines = {}
-        for t in targets:
-            if t.ratio is not None:
-                runs = results.when_measured(rows, t)[1]
-                lines[t.name] = results.target_row(t, when, runs,
-                                                   reproduce(GROUPS[group_of[t.name]], args))
-        if lines:
-            results.update_docs_table(lines)
-            written.append(os.path.relpath(results.DOCS, common.ROOT))
+    if measured and not args.no_docs and docs_rows(list(groups)):
+        results.update_docs_table(docs_rows(list(groups)))
+        written.append(os.path.relpath(results.DOCS, common.ROOT))
     print(f"\n{len(rows)} runs in {time.time() - t0:.0f} s; wrote {', '.join(written)} and "
           f"{args.markdown}")
     for t in targets:
@@ -171,17 +155,25 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def table(args: argparse.Namespace) -> int:
-    """``--table``: every target of the chosen groups recomputed from its group's results file,
-    its row written into docs/benchmarks.md (printed with ``--no-docs``)."""
+def docs_rows(names: list[str]) -> dict[str, str]:
+    """docs/benchmarks.md's row of every target of the groups ``names`` that their results files
+    can compute (``benchmarks/results/<group>.csv``: after a run, its rows and the variants it
+    did not run), by target key."""
     lines = {}
-    for n in args.groups:
+    for n in names:
         rows = results.load_rows(n)
         for t in GROUPS[n].targets():
             t.evaluate(rows)
             if t.ratio is not None:
                 when, runs = results.when_measured(rows, t)
                 lines[t.name] = results.target_row(t, when, runs, GROUPS[n].command())
+    return lines
+
+
+def table(args: argparse.Namespace) -> int:
+    """``--table``: every target of the chosen groups recomputed from its group's results file,
+    its row written into docs/benchmarks.md (printed only, with ``--no-docs``)."""
+    lines = docs_rows(args.groups)
     print("\n".join(lines.values()))
     if not args.no_docs:
         results.update_docs_table(lines)

@@ -72,10 +72,11 @@ TEXT = {"measured", "commit", "group", "variant", "impl", "workload", "status", 
 INTEGER = {"world_size", "batch_size", "epochs", "repeat", "rc", "ranks_seen", "threads_per_rank"}
 
 
-def load_rows(group: str, folder: str = RESULTS) -> list[dict]:
-    """``folder/<group>.csv`` as the runner's rows: numbers as numbers, empty cells as None."""
+def load_rows(group: str, folder: str | None = None) -> list[dict]:
+    """``folder/<group>.csv`` (default :data:`RESULTS`) as the runner's rows: numbers as
+    numbers, empty cells as None."""
     rows = []
-    for r in read_csv(os.path.join(folder, f"{group}.csv")):
+    for r in read_csv(os.path.join(folder or RESULTS, f"{group}.csv")):
         row: dict = {}
         for k, v in r.items():
             if k in TEXT:
@@ -97,10 +98,11 @@ def when_measured(rows: list[dict], t: Target) -> tuple[dict[str, str], int]:
     return {"measured": latest["measured"], "commit": latest["commit"]}, n
 
 
-def merge_group_csv(group: str, rows: list[dict], folder: str = RESULTS) -> str:
-    """Write ``rows`` (one group's) into ``folder/<group>.csv`` in place of the rows of the same
-    variants, keeping the other variants' rows; returns the path."""
-    path = os.path.join(folder, f"{group}.csv")
+def merge_group_csv(group: str, rows: list[dict], folder: str | None = None) -> str:
+    """Write ``rows`` (one group's) into ``folder/<group>.csv`` (default :data:`RESULTS`) in
+    place of the rows of the same variants, keeping the other variants' rows; returns the
+    path."""
+    path = os.path.join(folder or RESULTS, f"{group}.csv")
     ran = {r["variant"] for r in rows}
     kept = [r for r in read_csv(path) if r.get("variant") not in ran]
     write_csv(kept + rows, path)
@@ -117,11 +119,12 @@ def target_row(t: Target, measured: dict[str, str], runs: int, reproduce: str) -
             f"`{reproduce}` |")
 
 
-def update_docs_table(rows_by_key: dict[str, str], path: str = DOCS) -> list[str]:
+def update_docs_table(rows_by_key: dict[str, str], path: str | None = None) -> list[str]:
     """Replace the rows of ``rows_by_key``'s targets in the table between :data:`BEGIN` and
     :data:`END` of ``path`` (a target not there yet is added at the table's end), leaving every
-    other line as it is; returns the keys written. Raises ValueError if the markers are
-    missing."""
+    other line as it is (``path``: default :data:`DOCS`); returns the keys written. Raises
+    ValueError if the markers are missing."""
+    path = path or DOCS
     with open(path) as fh:
         lines = fh.read().splitlines()
     try:
