@@ -161,3 +161,20 @@ def test_results_are_named_by_group(monkeypatch):
             rows = list(csv.DictReader(fh))
         assert rows and {r["group"] for r in rows} == {name}, name
         assert all(r["measured"] and r["commit"] for r in rows), name
+
+
+def test_the_command_line_takes_groups_by_name_and_refuses_others(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT))
+    main = importlib.import_module("benchmarks.__main__")
+    registry = importlib.import_module("benchmarks.registry")
+    default = main.parse([]).groups
+    assert default and all(not registry.GROUPS[n].opt_in for n in default)
+    assert {"scaling", "memory", "step_overhead"} <= set(registry.GROUPS) - set(default)
+    assert main.parse(["--only", "c17,lm"]).groups == ["threads", "lm"]  # the old name too
+    assert main.parse(["--quick"]).repeats == 1 and main.parse(["--quick", "--repeats", "2"]
+                                                                ).repeats == 2
+    with pytest.raises(SystemExit) as stop:
+        main.parse(["--only", "digits,nope"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown group(s) ['nope']" in err and "digits" in err
