@@ -101,10 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     if load > 1.0:
         print(f"warning: load average {load:.2f} on {common.cores()} cores: other work is "
               "running, the figures will be noisy", flush=True)
-    folders = [GROUPS[n].prepare(vs) for n, vs in groups.items() if GROUPS[n].prepare]
+    folders: list[str | None] = []
     info: dict = {"extra": {}}
     t0 = time.time()
     try:
+        for n, vs in groups.items():  # each group's data, deleted below even if one fails
+            if GROUPS[n].prepare:
+                folders.append(GROUPS[n].prepare(vs))
         checked = [what for n, vs in groups.items() for what in GROUPS[n].check(vs)]
         info["data_check"] = ("benchmark data identical to ddp_exp.data's for "
                               + ", ".join(dict.fromkeys(checked)) + "." if checked else "")
@@ -136,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     written = write_rows(rows, groups, args)
     report.write_markdown(args.markdown, rows, groups, targets, info, args, GROUPS)
     measured = not (args.quick or args.csv)
-    if measured and not args.no_docs and docs_rows(list(groups)):
-        results.update_docs_table(docs_rows(list(groups)))
+    lines = docs_rows(list(groups)) if measured and not args.no_docs else {}
+    if lines:
+        results.update_docs_table(lines)
         written.append(os.path.relpath(results.DOCS, common.ROOT))
     print(f"\n{len(rows)} runs in {time.time() - t0:.0f} s; wrote {', '.join(written)} and "
           f"{args.markdown}")
