@@ -32,6 +32,7 @@ import time
 
 from benchmarks import common
 from benchmarks.harness import report, results
+from benchmarks.harness.group import ProbeFailed
 from benchmarks.harness.measure import run_groups, warm_up
 from benchmarks.harness.stats import threads_check
 from benchmarks.harness.variant import Variant
@@ -124,10 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
     info.update(more)
+    probes_failed = []
     for n in groups:
         if GROUPS[n].extra:
             print(f"== {n}: measured apart from the runs", flush=True)
-            info["extra"][n] = GROUPS[n].extra(args.quick, args.timeout)
+            try:
+                info["extra"][n] = GROUPS[n].extra(args.quick, args.timeout)
+            except ProbeFailed as exc:
+                info["extra"][n] = [f"failed: {exc}"]
+                probes_failed.append(n)
     targets = [t for n, vs in groups.items() for t in GROUPS[n].targets()
                if {t.num, t.den} <= {v.key for v in vs}]
     for t in targets:
@@ -156,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows if r["status"] in ("failed", "timeout")]
     if failed:
         print(f"{len(failed)} run(s) failed: see the note column of {', '.join(written)}")
-    return 1 if failed else 0
+    if probes_failed:
+        print(f"the measurement apart from the runs failed in: {', '.join(probes_failed)}")
+    return 1 if failed or probes_failed else 0
 
 
 def docs_rows(names: list[str]) -> dict[str, str]:

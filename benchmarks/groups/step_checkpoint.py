@@ -21,7 +21,7 @@ import json
 import subprocess
 
 from benchmarks import common, workloads
-from benchmarks.harness.group import Group
+from benchmarks.harness.group import Group, ProbeFailed
 from benchmarks.harness.stats import Target
 from benchmarks.harness.variant import PY, Variant
 
@@ -47,15 +47,18 @@ def targets() -> list[Target]:
 def in_world(quick: bool, timeout_s: float) -> list[str]:
     """The probe's result as one line: throughput kept (1 - the checkpoints' share of the
     blocks' time) against :data:`BOUND`, the loop's wait and the writer's CPU per checkpoint (ms),
-    the CPU share and the blocks' ratio; one line saying why where the probe failed."""
+    the CPU share and the blocks' ratio. Raises ProbeFailed where the probe gave no result."""
     argv = [PY, "-m", PROBE, "--rounds", "4" if quick else "40",
             "--epochs-per-block", "2" if quick else "4"]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                             cwd=common.ROOT).stdout
-        r = json.loads(out.rsplit("BENCH_RESULT ", 1)[1])
-    except (subprocess.TimeoutExpired, IndexError, ValueError) as exc:
-        return [f"in one world: n/a ({type(exc).__name__})"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                              cwd=common.ROOT)
+        r = json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+    except subprocess.TimeoutExpired:
+        raise ProbeFailed(f"{PROBE}: no result within {timeout_s:g} s") from None
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeFailed(f"{PROBE}: exit {done.returncode}, no result ({tail[:200]})") from None
     kept = 1.0 - r["direct_cost"]
     n = max(1, r["step_checkpoints"])
     cpu = (r["take_cpu_s"] + r["writer_cpu_s"]) / r["seconds"]["every-50"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 
 from benchmarks import common
-from benchmarks.harness.group import Group
+from benchmarks.harness.group import Group, ProbeFailed
 from benchmarks.harness.variant import PY
 
 PROBE = "benchmarks.probes.step_overhead"
@@ -22,17 +22,17 @@ EPOCHS, QUICK_EPOCHS = 30, 2
 
 def in_one_process(quick: bool, timeout_s: float) -> list[str]:
     """The probe's table (per-step CPU time of each loop, ddp_exp's addition over the tight
-    loop), one line per loop; one line saying why where it failed."""
+    loop), one line per loop. Raises ProbeFailed where the probe failed."""
     argv = [PY, "-m", PROBE, "--epochs", str(QUICK_EPOCHS if quick else EPOCHS)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               cwd=common.ROOT)
     except subprocess.TimeoutExpired:
-        return ["in one process: n/a (TimeoutExpired)"]
+        raise ProbeFailed(f"{PROBE}: no result within {timeout_s:g} s") from None
     lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return [f"in one process: n/a (exit {done.returncode}: {tail[:200]})"]
+        raise ProbeFailed(f"{PROBE}: exit {done.returncode} ({tail[:200]})")
     return lines
 
 

@@ -15,6 +15,10 @@ from benchmarks.harness.stats import Target
 from benchmarks.harness.variant import Variant
 
 
+class ProbeFailed(RuntimeError):
+    """A group's ``extra`` measured nothing: the message says why in one line."""
+
+
 def _no_targets() -> list[Target]:
     return []
 
@@ -34,6 +38,7 @@ class Group:
       ddp_exp reads; returns what was checked, for the report;
     * ``extra(quick, timeout_s)``: a measurement that is not a set of interleaved runs (a probe
       in one process, ``benchmarks/probes/``), as lines for the report; run after the runs;
+      raises :class:`ProbeFailed` when it measured nothing (the run then exits 1);
     * ``ratios``: ``(num, den, field, what)`` of other ratios worth printing, no bound;
     * ``min_repeats``: interleaved repeats at least (not with ``--quick``); ``opt_in``: run
       only when ``--only`` names it (it takes too long for every ``make bench``);

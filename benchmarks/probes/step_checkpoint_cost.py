@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 
@@ -120,6 +121,7 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
     for trainer in trainers.values():
         trainer.writer.close()
     destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)  # the checkpoints and event files
 
 
 def _time_checkpoint_work() -> dict[str, float]:

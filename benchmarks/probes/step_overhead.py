@@ -17,6 +17,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import shutil
 import statistics
 import tempfile
 import time
@@ -120,7 +121,7 @@ def main() -> None:
     x = torch.from_numpy(datasets.train.features)
     y = torch.from_numpy(datasets.train.targets)
     sampler = DistributedSampler(range(len(x)), num_replicas=1, rank=0, shuffle=True, seed=0)
-    batch = cfg["data"]["batch_size"]
+    batch = cfg.data.batch_size
     xv = torch.from_numpy(datasets.val.features)
     yv = torch.from_numpy(datasets.val.targets)
 
@@ -175,6 +176,7 @@ def main() -> None:
         else:
             stats.sort_stats("tottime").print_stats(25)
     dist.destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)  # the writers' event files
 
 
 if __name__ == "__main__":
