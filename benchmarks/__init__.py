@@ -3,18 +3,18 @@ nanoGPT-style loop, and what its own features cost. docs/benchmarks.md holds the
 results, one row per target, with the command that measures each.
 
 The layout, each package importing only those listed after it (``tests/test_benchmarks_layout.py``
-holds the import graph free of cycles):
+holds the import graph to this order, free of cycles):
 
 * ``__main__.py``: the command line (``--only``, ``--quick``, ``--repeats``, ``--impls``, ...);
 * ``registry.py``: every group, by name;
 * ``groups/``: one module per workload: what it runs, interleaved, and its targets (digits and
   compute against the hand-written scripts and Lightning, start-up, threads, perf, step
   checkpoints, image folder, language model, scaling, memory, step overhead);
-* ``harness/``: the machinery, the same for every group: a variant and its command line, one
-  timed process, a run -> one row, medians and targets, the results files and the report;
 * ``probes/``: measurements inside one process (per-step overhead, the step checkpoint's cost
   in one world, two runs side by side on two cores): run by a group or alone
   (``python -m benchmarks.probes.NAME --help``);
+* ``harness/``: the machinery, the same for every group: a variant and its command line, one
+  timed process, a run -> one row, medians and targets, the results files and the report;
 * ``baselines/``: the hand-written programs ddp_exp is measured against, each run as its own
   process (``python -m benchmarks.baselines.NAME``);
 * ``common.py`` (what the scripts share: arguments, a rank's set-up, the result line, paths)
