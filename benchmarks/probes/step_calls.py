@@ -7,7 +7,7 @@ A function's *calls per step* is exact whatever the machine's load; its *own tim
 ``step_overhead``'s median) but their order is right. A function the tight loop calls too
 appears with the difference of the two loops' counts and times.
 
-May use: the standard library only.
+May use: ``benchmarks.harness.results`` (the stamp), the standard library.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 import pstats
 from dataclasses import dataclass
 
-FIELDS = ("function", "where", "calls_per_step", "tight_calls_per_step", "us_per_step",
-          "tight_us_per_step", "added_us_per_step")
+FIELDS = ("measured", "commit", "group", "function", "where", "calls_per_step",
+          "tight_calls_per_step", "us_per_step", "tight_us_per_step", "added_us_per_step")
 
 
 @dataclass
@@ -78,13 +78,25 @@ a negative added time), most added time first. ``steps``: the number of
     return sorted(rows, key=lambda r: -r.added_us)
 
 
+def calls_per_step(profile, steps: int) -> float:
+    """All function calls (Python and C) per step in ``profile``, which covers ``steps``
+    steps: the load-proof total."""
+    return pstats.Stats(profile).total_calls / steps  # type: ignore[attr-defined]
+
+
 def write_csv(path: str, rows: list[Row]) -> None:
-    """``rows`` as CSV (:data:`FIELDS`), replacing ``path``."""
+    """``rows`` as CSV (:data:`FIELDS`), replacing ``path``; each row stamped with when and at
+    which commit it was measured and the group ``step_overhead`` (benchmarks/results/'s
+    layout: ``benchmarks/results/step_overhead.csv``)."""
+    from benchmarks.harness.results import stamp
+
+    when = stamp()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(FIELDS)
-        out.writerows(row.values() for row in rows)
+        out.writerows((when["measured"], when["commit"], "step_overhead", *row.values())
+                      for row in rows)
 
 
 def table(rows: list[Row], limit: int = 40) -> str:

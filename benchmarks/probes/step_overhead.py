@@ -76,7 +76,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--calls", default=None, metavar="CSV",
                    help="profile both loops and write the calls ddp_exp's step adds (per step) "
-                        "to CSV, e.g. benchmarks/results/step_calls.csv")
+                        "to CSV, e.g. benchmarks/results/step_overhead.csv")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
     p.add_argument("overrides", nargs="*",
@@ -187,6 +187,9 @@ def main() -> None:
         rows = step_calls.added_calls(prof, tight_prof, steps * args.epochs)
         step_calls.write_csv(args.calls, rows)
         print(step_calls.table(rows, limit=40))
+        print(f"function calls per step: ddp_exp "
+              f"{step_calls.calls_per_step(prof, steps * args.epochs):.2f}, tight "
+              f"{step_calls.calls_per_step(tight_prof, steps * args.epochs):.2f}")
     elif prof:
         stats = pstats.Stats(prof)
         if args.only:
