@@ -86,8 +86,9 @@ def calls_per_step(profile, steps: int) -> float:
 
 def write_csv(path: str, rows: list[Row]) -> None:
     """``rows`` as CSV (:data:`FIELDS`), replacing ``path``; each row stamped with when and at
-    which commit it was measured and the group ``step_overhead`` (benchmarks/results/'s
-    layout: ``benchmarks/results/step_overhead.csv``)."""
+    which commit it was measured and the group ``step_overhead``. Kept as
+    ``benchmarks/results/step_overhead/calls.csv``: the folder of the group's details, beside
+    the ``<group>.csv`` files of runs."""
     from benchmarks.harness.results import stamp
 
     when = stamp()

@@ -76,7 +76,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--calls", default=None, metavar="CSV",
                    help="profile both loops and write the calls ddp_exp's step adds (per step) "
-                        "to CSV, e.g. benchmarks/results/step_overhead.csv")
+                        "to CSV, e.g. benchmarks/results/step_overhead/calls.csv")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
     p.add_argument("overrides", nargs="*",
