@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from benchmarks.groups import (
     digits,
+    epoch_checkpoint,
     image_folder,
     lm,
     memory,
@@ -38,6 +39,7 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     scaling.SCALING,
     memory.MEMORY,
     step_overhead.STEP_OVERHEAD,
+    epoch_checkpoint.EPOCH_CHECKPOINT,
 )}
 
 ALIASES = {"c17": "threads"}  # the group's name before it was named by what it measures

@@ -48,17 +48,8 @@ def in_world(quick: bool, timeout_s: float) -> list[str]:
     """The probe's result as one line: throughput kept (1 - the checkpoints' share of the
     blocks' time) against :data:`BOUND`, the loop's wait and the writer's CPU per checkpoint (ms),
     the CPU share and the blocks' ratio. Raises ProbeFailed where the probe gave no result."""
-    argv = [PY, "-m", PROBE, "--rounds", "4" if quick else "40",
-            "--epochs-per-block", "2" if quick else "4"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              cwd=common.ROOT)
-        r = json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
-    except subprocess.TimeoutExpired:
-        raise ProbeFailed(f"{PROBE}: no result within {timeout_s:g} s") from None
-    except (IndexError, ValueError):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ProbeFailed(f"{PROBE}: exit {done.returncode}, no result ({tail[:200]})") from None
+    r = probe_result(PROBE, ["--rounds", "4" if quick else "40",
+                             "--epochs-per-block", "2" if quick else "4"], timeout_s)
     kept = 1.0 - r["direct_cost"]
     n = max(1, r["step_checkpoints"])
     cpu = (r["take_cpu_s"] + r["writer_cpu_s"]) / r["seconds"]["every-50"]
@@ -68,6 +59,20 @@ def in_world(quick: bool, timeout_s: float) -> list[str]:
             f"{1000 * r['take_s'] / n:.2f} ms (its CPU {1000 * r['take_cpu_s'] / n:.2f} ms) and "
             f"the writer thread uses {1000 * r['writer_cpu_s'] / n:.2f} ms of CPU; CPU share "
             f"{100 * cpu:.2f}%; the blocks' ratio (with / without) {r['ratio']:.3f}"]
+
+
+def probe_result(probe: str, args: list[str], timeout_s: float) -> dict:
+    """Run ``python -m probe *args`` and return its ``BENCH_RESULT`` JSON. Raises ProbeFailed
+    where it gave none within ``timeout_s`` seconds."""
+    try:
+        done = subprocess.run([PY, "-m", probe, *args], capture_output=True, text=True,
+                              timeout=timeout_s, cwd=common.ROOT)
+        return json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+    except subprocess.TimeoutExpired:
+        raise ProbeFailed(f"{probe}: no result within {timeout_s:g} s") from None
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeFailed(f"{probe}: exit {done.returncode}, no result ({tail[:200]})") from None
 
 
 STEP_CHECKPOINT = Group("step_checkpoint", "Step checkpoints: every 50 steps against none "

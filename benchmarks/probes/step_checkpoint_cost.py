@@ -35,9 +35,10 @@ from benchmarks import common  # noqa: E402
 EVERY = 50  # steps between step checkpoints (the bound's cadence)
 
 
-def trainer_config(every: int | None, job_dir: str):
+def trainer_config(every: int | None, job_dir: str, *overrides: str):
     """The default digits run at world_size 2 as ddp_exp composes it (``conf/``), with step
-    checkpoints every ``every`` steps (None: off), typed as a rank receives it."""
+    checkpoints every ``every`` steps (None: off) and ``overrides``, typed as a rank receives
+    it."""
     import hydra
     from omegaconf import OmegaConf
 
@@ -48,7 +49,8 @@ def trainer_config(every: int | None, job_dir: str):
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         cfg = hydra.compose("config", overrides=[
             "world_size=2", "backend=gloo", "trainer.progress=off",
-            f"trainer.checkpoint_every_n_steps={'null' if every is None else every}"])
+            f"trainer.checkpoint_every_n_steps={'null' if every is None else every}",
+            *overrides])
     plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     return rank_config(plain)
 
@@ -126,13 +128,21 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
 
 def _time_checkpoint_work() -> dict[str, float]:
     """Wrap the loop's step-checkpoint calls (``step_checkpoint.begin`` and ``complete``, and
-    ``take`` for the clock and preemption: wall seconds, the loop waits for all of it, and this
-    thread's CPU seconds) and the background writer's jobs (CPU seconds of its thread:
-    serialization, TensorBoard's flush, the file) to add up what this process spends on step
-    checkpoints: a ratio within one run, which the machine's slow and fast stretches move
-    together."""
-    from ddp_exp.io.files import BackgroundWriter
+    ``take`` for the clock and preemption) and the background writer's jobs: see
+    :func:`time_checkpoint_work`."""
     from ddp_exp.train import step_checkpoint
+
+    return time_checkpoint_work(step_checkpoint, ("begin", "complete", "take"))
+
+
+def time_checkpoint_work(module, names: tuple[str, ...]) -> dict[str, float]:
+    """Wrap ``module``'s functions ``names`` (the loop's checkpoint calls: wall seconds, the loop
+    waits for all of it, and this thread's CPU seconds) and the background writer's jobs (CPU
+    seconds of its thread: serialization, TensorBoard's flush, the file) to add up what this
+    process spends on checkpoints: a ratio within one run, which the machine's slow and fast
+    stretches move together. Returns the running sums: ``take``, ``take_cpu``, ``writer_cpu``
+    (seconds)."""
+    from ddp_exp.io.files import BackgroundWriter
 
     spent = {"take": 0.0, "take_cpu": 0.0, "writer_cpu": 0.0}
 
@@ -146,8 +156,8 @@ def _time_checkpoint_work() -> dict[str, float]:
                 spent["take_cpu"] += time.thread_time() - c
         return wrapper
 
-    for name in ("begin", "complete", "take"):
-        setattr(step_checkpoint, name, timed(getattr(step_checkpoint, name)))
+    for name in names:
+        setattr(module, name, timed(getattr(module, name)))
     submit = BackgroundWriter.submit
 
     def timed_submit(self, job):
@@ -177,6 +187,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10, help="blocks of each variant, alternating")
     p.add_argument("--epochs-per-block", type=int, default=20)
     args = p.parse_args()
+    result = run_two_ranks(rank_main, args)
+    result.update(rounds=args.rounds, epochs_per_block=args.epochs_per_block, every=EVERY)
+    common.emit(result, None)
+
+
+def run_two_ranks(rank_main, args: argparse.Namespace) -> dict:
+    """A world of two spawned ranks, ``rank_main(rank, port, args, out)``; returns what rank 0
+    put on ``out``."""
     # As ddp_exp's launcher does for its ranks: OpenMP sized before a rank imports torch (a
     # pool of one thread per core, later cut by set_num_threads, spins and halves the speed).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, common.cores() // 2)))
@@ -189,8 +207,7 @@ def main() -> None:
     result = out.get(timeout=1800)
     for proc in procs:
         proc.join(timeout=120)
-    result.update(rounds=args.rounds, epochs_per_block=args.epochs_per_block, every=EVERY)
-    common.emit(result, None)
+    return result
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ TensorBoard writer on). Alternates epochs of ``Trainer.train_epoch`` with epochs
 (``ddp_tight.train_epoch``: same model and optimizer types, same batch), and prints the median
 CPU seconds per step of each (``time.thread_time``: the time other processes take on the shared
 cores is not counted) and their difference: what ddp_exp adds per step. With ``--profile`` it
-also prints cProfile's top functions of ddp_exp's epochs (cumulative).
+also prints cProfile's top functions of ddp_exp's epochs (cumulative). With ``--calls CSV`` it
+profiles both loops' epochs and writes every function ddp_exp's step calls more often than the
+tight loop's (the calls the tight loop does not make), with its calls and cProfile's own time
+per step (:mod:`benchmarks.probes.step_calls`): counts, which the machine's load cannot move.
 
-    python -m benchmarks.probes.step_overhead [--epochs 30] [--profile]
+    python -m benchmarks.probes.step_overhead [--epochs 30] [--profile] [--calls CSV]
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ def main() -> None:
                         "(last.pt), best (a new best epoch: last.pt and best.pt, one file) "
                         "and flush (TensorBoard), as Trainer.fit does; alone: all four")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--calls", default=None, metavar="CSV",
+                   help="profile both loops and write the calls ddp_exp's step adds (per step) "
+                        "to CSV, e.g. benchmarks/results/step_overhead/calls.csv")
     p.add_argument("--only", default=None,
                    help="with --profile: a regular expression of the files to list, e.g. ddp_exp")
     p.add_argument("overrides", nargs="*",
@@ -136,14 +142,20 @@ def main() -> None:
         return clock() - t
 
     outputs = set(filter(None, args.epoch_outputs.split(",")))
-    prof = cProfile.Profile() if args.profile else None
+    # This thread's CPU time, not wall time: the other processes on the cores do not count.
+    prof = cProfile.Profile(time.thread_time_ns, 1e-9) if args.profile or args.calls else None
+    tight_prof = cProfile.Profile(time.thread_time_ns, 1e-9) if args.calls else None
     steps = trainers["ddp_exp"].steps_per_epoch
     times: dict[str, list[float]] = {"tight": [], **{name: [] for name in trainers}}
     for epoch in range(args.epochs):
         # Each loop's epoch comes right after its own between-epoch work (of the epoch before).
         if "val" in outputs and epoch:
             common.evaluate(model, common.val_shard(xv, yv, 0, 1))
+        if tight_prof:
+            tight_prof.enable()
         times["tight"].append(tight_epoch(epoch) / steps)
+        if tight_prof:
+            tight_prof.disable()
         for name, trainer in trainers.items():
             if epoch:  # Trainer.fit's work between two epochs (--epoch-outputs), untimed
                 if "val" in outputs:
@@ -169,7 +181,16 @@ def main() -> None:
         med = statistics.median(values)
         print(f"  {name:<40} {med * 1e6:7.1f} us ({min(values) * 1e6:7.1f})  "
               f"+{(med - tight) * 1e6:6.1f} us/step over tight; tight / it = {tight / med:.3f}")
-    if prof:
+    if tight_prof:
+        from benchmarks.probes import step_calls
+
+        rows = step_calls.added_calls(prof, tight_prof, steps * args.epochs)
+        step_calls.write_csv(args.calls, rows)
+        print(step_calls.table(rows, limit=40))
+        print(f"function calls per step: ddp_exp "
+              f"{step_calls.calls_per_step(prof, steps * args.epochs):.2f}, tight "
+              f"{step_calls.calls_per_step(tight_prof, steps * args.epochs):.2f}")
+    elif prof:
         stats = pstats.Stats(prof)
         if args.only:
             stats.sort_stats("cumtime").print_stats(args.only)
