@@ -53,6 +53,7 @@ from ddp_exp.cli.errors import (
     error_exit,
     rendezvous_line,
 )
+from ddp_exp.cli.registry import register
 from ddp_exp.cli.signals import (
     Interrupted,
     exit_now,
@@ -60,12 +61,7 @@ from ddp_exp.cli.signals import (
     stop_on_sigterm,
     summarize_if_sweep,
 )
-from ddp_exp.cli.usage import register_resolvers
-from ddp_exp.config.compose import (
-    primary_config_overrides,
-    register_configs,
-    task_overrides,
-)
+from ddp_exp.config.compose import primary_config_overrides, task_overrides
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.job import sweep
 from ddp_exp.job.folder import (
@@ -103,8 +99,7 @@ log = logging.getLogger("ddp_exp")
 TORCHRUN_REPORT_GRACE_S = 15.0
 MULTIRUN_REFUSAL_GRACE_S = 2.0
 
-register_configs()
-register_resolvers()
+register()  # the schema, the resolvers, the ddp_optuna sweeper
 
 
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
