@@ -88,3 +88,30 @@ def test_the_launcher_imports_torch_dynamo_only_for_forked_ranks(tmp_path, start
         assert seen == {"before_ranks": False}
     else:
         assert seen == {"before_preload": False, "before_ranks": True}
+
+
+@pytest.mark.slow  # starts the CLI
+@pytest.mark.parametrize(("args", "printed"), [(["--cfg", "job"], "world_size: "),
+                                               (["--help"], "== Config groups (group=option) ==")])
+def test_help_and_cfg_job_import_no_torch(tmp_path, args, printed):
+    """``--help`` and ``--cfg job`` print and run no job: the entry imports no torch for them
+    (it spent 1.3-1.7 s of their 1.4-4 s on it), as ``-X importtime`` shows."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddp_exp", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert printed in proc.stdout
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "ddp_exp.cli.main" in imported  # the check reads the real imports
+    assert not {"torch", "numpy"} & imported
+
+
+def test_only_hydras_printing_flags_run_no_job():
+    from ddp_exp.cli.usage import runs_no_job
+
+    for argv in (["--help"], ["-h"], ["--cfg", "job"], ["-c", "all"], ["--info", "config"],
+                 ["world_size=2", "--cfg=job"], ["--hydra-help"]):
+        assert runs_no_job(argv), argv
+    for argv in ([], ["world_size=2"], ["-m", "seed=1,2"], ["hydra.job.chdir=true"]):
+        assert not runs_no_job(argv), argv

@@ -41,9 +41,7 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ddp_exp.compat import messages
 from ddp_exp.config.errors import ConfigError
@@ -55,6 +53,11 @@ from ddp_exp.io.files import (
     remove_partial,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a checkpoint is made or read, not with this module: the entry's
+# --help and --cfg job import the job folder's names (checkpoint_dir) and no torch.
 log = logging.getLogger("ddp_exp.checkpoint")
 
 FORMAT = "ddp_exp/checkpoint/v1"
@@ -74,6 +77,8 @@ def epoch_path(job_dir: str, epoch: int) -> str:
 
 def _serialized(payload: dict[str, Any]) -> memoryview:
     """``torch.save(payload)`` in memory (a view of the buffer, not a second copy of it)."""
+    import torch
+
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getbuffer()
@@ -85,6 +90,8 @@ def snapshot(value: Any) -> Any:
     and optimizer buffers; its containers may be the scheduler's own). Other values are
     immutable here (numbers, strings, None). Cloning ~80 KB of digits' state takes ~0.07 ms
     where ``torch.save`` takes ~0.7 ms, which the loop thread no longer waits for."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):  # an OrderedDict stays one (a module's state dict)
@@ -249,6 +256,8 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
         valid = ("; trainer.resume takes auto (the job folder's last.pt, if any), null, or a "
                  "checkpoint file's path") if key == "trainer.resume" else ""
         raise ConfigError(f"{key}={path!r}: no such checkpoint file{valid}")
+    import torch
+
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
@@ -267,6 +276,8 @@ def intact_beside(path: str) -> str | None:
     then ``best.pt``), other than ``path`` and the files that are ``path`` under another name
     (a hard link, as the previous release made ``best.pt`` of ``last.pt``): what a user could
     resume from when ``path`` is truncated or corrupt (R15). None when there is none."""
+    import torch
+
     folder = os.path.dirname(os.path.abspath(path))
     names = [p for _, p in reversed(epoch_files(folder))] + [os.path.join(folder, BEST)]
     for candidate in names:
