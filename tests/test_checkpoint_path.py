@@ -80,6 +80,27 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
                 loop.fit()
             except Preempted:
                 pass
+        # A preemption whose checkpoint cannot land (a full disk) is no preemption: the
+        # requeued job would find no checkpoint of where it stopped.
+        from ddp_exp.io import checkpoint as files
+
+        def full_disk(path, data):
+            raise OSError(28, "No space left on device")
+
+        files._write_bytes, written = full_disk, files._write_bytes
+        run[0] = "preempt, disk full"
+        torch.manual_seed(0)
+        loop = Trainer(rank_config({**cfg, "trainer": {**cfg["trainer"], "epochs": 2}}), world,
+                       datasets, MLP((1, 8, 8), 10, [32]), Objective(10), torch.device("cpu"),
+                       MetricsWriter(os.path.join(job_dir, "full"), {}, enabled=False))
+        loop.cadence.preempt_requested = lambda: loop.global_step >= 7
+        try:
+            loop.fit()
+            raised = None
+        except BaseException as exc:  # noqa: BLE001  (which one is the claim)
+            raised = (type(exc).__name__, type(exc.__cause__).__name__)
+        files._write_bytes = written
+        landed.append(("preempt, disk full", raised))
         last = {name: {k: v for k, v in torch.load(
             os.path.join(job_dir, name, "checkpoints", "last.pt"), weights_only=True).items()
             if k in ("global_step", "position", "epoch")} for name in ("steps", "minutes",
@@ -97,7 +118,8 @@ def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
     checkpoint at checks inside the epochs and at the first epoch's end, and max_steps=60
     stops the second epoch with a step checkpoint at 60 (no monitor: no best.pt); a preemption
     told at step 7 stops at the check of step 15 with a step checkpoint there. Every one goes
-    through the same land, and no RNG gather is waited for on the loop's thread."""
+    through the same land, and no RNG gather is waited for on the loop's thread. A preemption
+    whose checkpoint cannot land (a full disk) ends in the disk's error, not as preempted."""
     import multiprocessing as mp
 
     from helpers import free_port
@@ -114,6 +136,7 @@ def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
     for _ in range(300):
         try:
             landed, waits, last = out.get(timeout=1)
+            landed, full = landed[:-1], landed[-1:]
             break
         except queue.Empty:
             assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
@@ -132,6 +155,7 @@ def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
                for s, p, d in minutes if s != 47), minutes
     assert minutes[-1] == (60, 13 * 32, inside)  # max_steps stopped epoch 2: a step checkpoint
     assert [(s, p) for r, s, p, _ in landed if r == "preempt"] == [(15, 15 * 32)]
+    assert full == [("preempt, disk full", ("OSError", "Preempted"))]  # the write's error
     assert last == {"steps": {"global_step": 94, "position": 0, "epoch": 1},
                     "minutes": {"global_step": 60, "position": 13 * 32, "epoch": 0},
                     "preempt": {"global_step": 15, "position": 15 * 32, "epoch": -1}}
