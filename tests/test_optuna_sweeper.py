@@ -202,7 +202,7 @@ def test_epochs_run_counts_what_each_trial_ran(tmp_path):
     every complete trial, so a sweep under trainer.max_steps (or with early stopping) reported
     epochs no trial ran. It is each trial's metrics.json epoch; epochs_without_pruning counts a
     pruned trial at trainer.epochs and a complete one at what it ran."""
-    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+    from hydra_plugins.ddp_optuna_sweeper.results import write_results
 
     dist = {"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1.0)}
     study = optuna.create_study(direction="maximize")
@@ -213,9 +213,7 @@ def test_epochs_run_counts_what_each_trial_ran(tmp_path):
         study.add_trial(optuna.trial.create_trial(
             state=getattr(optuna.trial.TrialState, state), params={"optim.lr": 0.1},
             distributions=dist, value=0.5 if state == "COMPLETE" else None, user_attrs=attrs))
-    sweeper = DDPOptunaSweeper({"name": "random"}, {"name": "none"}, None, None, None, 3, 1, {})
-    sweeper.sweep_dir, sweeper.monitor = str(tmp_path), "val/accuracy"
-    sweeper._write_results(study, "maximize", 6)
+    write_results(study, str(tmp_path), "val/accuracy", "maximize", 6)
     results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert results["epochs_run"] == 1 + 3 + 2
     assert results["epochs_without_pruning"] == 1 + 3 + 6
@@ -292,7 +290,7 @@ def test_monitor_stops_every_rank_on_the_pruners_word():
     from ddp_exp.train.monitor import Monitor
 
     class Link:
-        def should_prune(self, value, epoch):
+        def should_prune(self, value, epoch, final=False):
             return epoch == 1
 
     monitor = Monitor("val/accuracy", "max", None)

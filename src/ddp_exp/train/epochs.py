@@ -58,7 +58,9 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
             loop.perf.end_epoch(loop.epoch)
         dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
                                    trainer.log_histograms_every_n_epochs)
-        improved = loop.monitor.update(last.val, loop.epoch)  # the reduced value: all agree
+        final = loop.epoch + 1 >= trainer.epochs or (max_steps is not None
+                                                     and loop.global_step >= max_steps)
+        improved = loop.monitor.update(last.val, loop.epoch, final)  # reduced: all agree
         if loop.scheduler is not None and loop.step_scheduler is None:  # per epoch
             schedule.step_epoch(loop.scheduler, last.val, loop.monitor.metric)
         loop.epoch += 1
