@@ -23,6 +23,15 @@ LEVEL = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 ROOTS = ("ddp_exp", "hydra_plugins")  # the top-level packages of src/
 
 
+def _import_module_name(node: ast.AST) -> str | None:
+    """The constant name of an ``importlib.import_module("...")`` call, else None."""
+    if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and ast.unparse(node.func) in ("importlib.import_module", "import_module")):
+        return node.args[0].value
+    return None
+
+
 def imported_modules(path: Path) -> set[tuple[str, int]]:
     """Every module of :data:`ROOTS` that ``path`` imports (dotted, as written; for ``from a
     import b`` both ``a`` and ``a.b``, which may be a module), with the line of each import:
@@ -35,10 +44,8 @@ def imported_modules(path: Path) -> set[tuple[str, int]]:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-              and ast.unparse(node.func) in ("importlib.import_module", "import_module")):
-            names = [node.args[0].value]
+        elif _import_module_name(node):
+            names = [_import_module_name(node)]
         found.update((name, node.lineno) for name in names if name.split(".")[0] in ROOTS)
     return found
 
@@ -84,11 +91,30 @@ def violations() -> list[str]:
     return bad
 
 
+def _module_edges(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, anywhere in the file: ``from a import
+    b`` imports the module ``a.b`` when there is one (its package ``a`` runs first in any case,
+    as every parent package does: no edge of its own), else names of ``a``; ``import a.b``
+    and ``importlib.import_module("a.b")`` import ``a.b``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+            found |= subs
+            if len(subs) < len(node.names):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif _import_module_name(node):
+            found.add(_import_module_name(node))
+    return found & set(modules)
+
+
 def circles(src: Path) -> list[list[str]]:
     """The import circles among the modules under ``src`` (each strongly connected set of two
     or more modules, every import counted: Tarjan's algorithm), sorted."""
     modules = _modules(src)
-    graph = {name: sorted({m for m, _ in imported_modules(path) if m in modules and m != name})
+    graph = {name: sorted(_module_edges(path, modules) - {name})
              for name, path in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}

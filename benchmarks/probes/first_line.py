@@ -3,7 +3,7 @@ first line of output, and to its end, for ``--help``, ``--cfg job`` and the 1-ep
 world_size 2 (ranks forked, the default, and spawned), with one or more source trees side by
 side, interleaved (each repeat runs every tree's command once before the next repeat).
 
-    python benchmarks/first_line.py --src before=/path/to/main/src --src after=src --repeats 5
+    python -m benchmarks.probes.first_line --src before=/path/to/main/src --src after=src
 
 Each ``--src NAME=PATH`` runs with ``PYTHONPATH=PATH`` (a checkout's ``src``) in a scratch
 folder, with this interpreter. Prints a Markdown table of medians and ``BENCH_RESULT {json}``.
