@@ -320,9 +320,9 @@ def test_old_optuna_sweeper_names_its_replacement():
 def test_presets_use_the_ddp_optuna_sweeper(preset, direction, pruner):
     import hydra
 
-    from ddp_exp.config.compose import register_configs
+    from ddp_exp.cli.registry import register  # the entry's: the ddp_optuna sweeper too
 
-    register_configs()
+    register()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         cfg = hydra.compose("config", overrides=[f"hparams_search={preset}"],
                             return_hydra_config=True)

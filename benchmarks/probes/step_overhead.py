@@ -86,7 +86,7 @@ def main() -> None:
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed.process_group import World, init_process_group
     from ddp_exp.metrics.writer import MetricsWriter
-    from ddp_exp.train import state as train_state
+    from ddp_exp.train import checkpointing
     from ddp_exp.train.loop import Trainer
     from ddp_exp.train.models import MLP
     from ddp_exp.train.objective import Objective
@@ -161,7 +161,7 @@ def main() -> None:
                 if "val" in outputs:
                     trainer.evaluator.validate(trainer.epoch - 1, trainer.global_step)
                 if outputs & {"best", "last"}:  # best: a new best epoch (best.pt too)
-                    train_state.save_checkpoint(trainer, best="best" in outputs)
+                    checkpointing.at_epoch_end(trainer, best="best" in outputs)
                 if "flush" in outputs:
                     trainer.writer.flush()
             if prof and name == "ddp_exp":

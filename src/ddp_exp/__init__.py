@@ -1,7 +1,8 @@
 """ddp_exp: Hydra-configured experiments with PyTorch DistributedDataParallel.
 
 The packages follow the pipeline, each importing only those below it (checked by
-``make lint``, :mod:`tests.test_layers`): :mod:`ddp_exp.cli` > :mod:`ddp_exp.launch` >
+``make lint``, :mod:`tests.test_layers`): :mod:`ddp_exp.cli` > ``hydra_plugins`` (the sweeper
+the entry registers) > :mod:`ddp_exp.launch` >
 :mod:`ddp_exp.rank` > :mod:`ddp_exp.train` > :mod:`ddp_exp.metrics` > :mod:`ddp_exp.data` |
 :mod:`ddp_exp.job` > :mod:`ddp_exp.distributed` > :mod:`ddp_exp.io` > :mod:`ddp_exp.config` >
 :mod:`ddp_exp.compat`.

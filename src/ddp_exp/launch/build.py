@@ -43,7 +43,7 @@ from ddp_exp.train import monitor, schedule
 from ddp_exp.train import state as train_state
 from ddp_exp.train.models import build_model
 from ddp_exp.train.objective import Objective
-from ddp_exp.train.optimizer import build_optimizer
+from ddp_exp.train.optimizer import build_optimizer, check_optimizer
 
 log = logging.getLogger("ddp_exp")
 
@@ -123,7 +123,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if note:
         log.info(note)
     view = rank_config(plain)  # what every rank will read (typed), checked here first
-    optimizer = build_optimizer(view, model.parameters())  # a bad optim fails here, not in ranks
+    check_optimizer(view)  # a bad optim fails here, not in ranks; built only where needed:
+    optimizer = None  # building one imports torch._dynamo (~1.3 s), which the ranks do anyway
+    if state is not None or (view.targets.scheduler or {}).get("_target_") is not None:
+        optimizer = build_optimizer(view, model.parameters())
     scheduler = _build_scheduler(view, optimizer, len(datasets.train))
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         _load_optimizer_states(cfg.trainer.resume, view, state, optimizer, scheduler,
@@ -247,9 +250,11 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
     objective.check(model, probe_x, probe_y)
 
 
-def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train: int) -> Any:
+def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer | None, n_train: int
+                     ) -> Any:
     """The learning-rate scheduler over the run's optimizer steps, or None; built here so that
-    a bad scheduler fails before the ranks start.
+    a bad scheduler fails before the ranks start (``optimizer``: None when the run has no
+    scheduler, whose relations to the run are still checked).
 
     Raises:
         ConfigError: as :func:`ddp_exp.train.schedule.check` /
@@ -260,6 +265,8 @@ def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train
                                          t.accumulate_grad_batches)
     run_steps = schedule.total_steps(t.epochs, t.max_steps, per_epoch)
     schedule.check(view, run_steps)
+    if optimizer is None:
+        return None
     scheduler, _ = schedule.build_scheduler(view.targets.scheduler, optimizer, run_steps,
                                             per_epoch)
     return scheduler
