@@ -78,3 +78,12 @@ class LoggerConfig:
 
 # The extra that installs each tracker's library (pyproject.toml), and the module it imports.
 TRACKER_EXTRAS = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+
+
+@dataclass
+class RecordConfig:
+    """``record.*``: the reproducibility record ``<job>/run.json`` (:mod:`ddp_exp.job.record`)."""
+
+    # false: each data file by size + modification time (instant); true: by a SHA-256 of its
+    # content too (reads every byte once, in the launching process)
+    hash_data: bool = False

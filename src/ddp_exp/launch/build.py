@@ -37,6 +37,7 @@ from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.launch.run_record import record_start
 from ddp_exp.launch.tracker_plan import plan_trackers
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
@@ -134,6 +135,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint.repair_best(source, state)
         _log_world_change(cfg, state, world_size)
     earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+    record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
