@@ -102,8 +102,8 @@ def cpu_kernels() -> dict[str, Any]:
 
 def file_identity(path: str, content: bool) -> dict[str, Any]:
     """A data file or folder by size and modification time (the fast path), and by the
-    SHA-256 of its bytes when ``content`` (a folder: of its files' paths and hashes, in
-    order)."""
+    SHA-256 of its bytes when ``content`` (a folder: of the list of its files' relative paths
+    and SHA-256s, in order)."""
     path = os.path.abspath(path)
     if os.path.isfile(path):
         files = [path]
@@ -114,15 +114,22 @@ def file_identity(path: str, content: bool) -> dict[str, Any]:
                              "bytes": sum(s.st_size for s in stats),
                              "mtime": max((s.st_mtime for s in stats), default=None)}
     if content:
-        total = hashlib.sha256()
-        for f in files:
-            digest = hashlib.sha256()
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-            total.update(f"{os.path.relpath(f, path)}\0{digest.hexdigest()}\n".encode())
-        entry["sha256"] = total.hexdigest()
+        digests = [_sha256(f) for f in files]
+        if os.path.isfile(path):  # what sha256sum prints
+            entry["sha256"] = digests[0]
+        else:
+            listing = "".join(f"{os.path.relpath(f, path)}\0{d}\n"
+                              for f, d in zip(files, digests, strict=True))
+            entry["sha256"] = hashlib.sha256(listing.encode()).hexdigest()
     return entry
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def data_files(data_cfg: Mapping[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ class CSVSink:
         self.path = path
         self.keys: list[str] = []  # the header
         self.pending: dict[str, float | int] | None = None  # the last step's row, not written
+        self.written: dict[str, float | int] | None = None  # the file's last row
 
     def open(self, params: Mapping[str, float | str], purge_step: int | None
              ) -> Mapping[str, int]:
@@ -50,7 +51,12 @@ class CSVSink:
             self._write(row)
             row = None
         if row is None:
-            row = self.pending = {"step": step}
+            last = self.written
+            if last is not None and last["step"] == step and not any(k in last for k in values):
+                self._drop_last_row()  # written at a flush: the step's row again, completed
+                row = self.pending = dict(last)
+            else:
+                row = self.pending = {"step": step}
         row.update(values)
 
     def flush(self) -> None:
@@ -67,7 +73,14 @@ class CSVSink:
     def close(self) -> None:
         self.flush()
 
+    def _drop_last_row(self) -> None:
+        with open(self.path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        self._rewrite(rows[:-1])
+        self.written = None
+
     def _write(self, row: Mapping[str, float | int]) -> None:
+        self.written = dict(row)
         if set(row) - set(self.keys):  # a new metric: the file is rewritten, wider
             with open(self.path, newline="") as fh:
                 rows = list(csv.DictReader(fh))

@@ -3,7 +3,7 @@
 The run lives in ``<job>/wandb/`` (offline: ``wandb/offline-run-<time>-<id>/``, uploaded later
 with ``wandb sync``); its id is kept in ``<job>/trackers.json`` and a resume reopens it
 (``resume="allow"``, same id). Its config is the flattened config; its history the writer's
-scalars at their global steps; its summary ``metrics.json``'s numbers under their own names
+scalars at their global steps; its summary ``metrics.json``'s numbers as ``final/<name>``
 (float64), written at the end. W&B's console capture and system metrics are off: the job log
 and the ``perf/*`` scalars have them. Uses :mod:`ddp_exp.metrics.trackers` (the record).
 
@@ -65,8 +65,9 @@ class WandbSink:
         """Nothing: W&B's own process writes as it goes."""
 
     def finish(self, step: int, final: Mapping[str, float]) -> None:
-        """The summary gets the final metrics; the run finishes (exit code 0)."""
-        self.run.summary.update(dict(final))
+        """The summary gets the final metrics as ``final/<name>`` (W&B keeps a history key's
+        last logged value as its summary, float32 here); the run finishes (exit code 0)."""
+        self.run.summary.update({f"final/{k}": v for k, v in final.items()})
         self.run.finish(exit_code=0)
         self.run = None
 
