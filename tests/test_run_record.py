@@ -1,0 +1,73 @@
+"""``run.json``, the reproducibility record of every job (issue 38), read from the session's
+shared tracked run (the same overrides as tests/test_trackers.py's, so one run serves both)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import QUIET, shared_run
+
+TRACKED = ("logger=[tensorboard,csv,mlflow,wandb]", "world_size=2", "trainer.epochs=2",
+           "record.hash_data=true", QUIET)
+
+
+@pytest.mark.slow
+def test_every_job_records_what_produced_it(tmp_path_factory):
+    import torch
+
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    run = shared_run(tmp_path_factory, *TRACKED).ok()
+    record = json.loads((run.job_dir / "run.json").read_text())
+    assert record["command"][:3] == [sys.executable, "-m", "ddp_exp"]
+    assert record["overrides"] == list(TRACKED)
+    assert record["cwd"] == str(run.job_dir.parent)
+    assert record["git"]["commit"] is None and "not a git repository" in record["git"]["note"]
+    assert record["versions"]["torch"] == torch.__version__
+    assert record["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert {"hydra-core", "omegaconf", "ddp_exp"} <= record["versions"].keys()
+    assert (record["world_size"], record["backend"], record["device"], record["seed"]) == (
+        2, "gloo", "cpu", 0)
+    assert record["threads_per_rank"] == run.metrics["threads_per_rank"]
+    assert record["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert {"ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"} <= set(record["cpu"]["env"])
+    (digits,) = record["data"]["files"]
+    assert digits["path"].endswith("digits.csv.gz")
+    assert digits["bytes"] == os.path.getsize(digits["path"])
+    with open(digits["path"], "rb") as fh:
+        assert digits["sha256"] == hashlib.sha256(fh.read()).hexdigest()
+    assert record["data"]["data.train_samples"] == 1500
+    start, end = (datetime.datetime.fromisoformat(record[k]) for k in ("start_time",
+                                                                       "end_time"))
+    assert start < end and record["status"] == "completed"
+    assert record["hostname"] and record["attempts"] == []
+
+
+def git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True)
+
+
+def test_git_state_names_the_commit_and_keeps_a_dirty_trees_diff(tmp_path):
+    from ddp_exp.job.record import git_state
+
+    repo, job = tmp_path / "project", tmp_path / "job"
+    repo.mkdir()
+    job.mkdir()
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("lr = 0.1\n")
+    git(repo, "add", "train.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert git_state(str(repo), str(job)) == {"commit": head, "dirty": False}
+    assert not (job / "run.diff").exists()
+    (repo / "train.py").write_text("lr = 0.2\n")
+    state = git_state(str(repo), str(job))
+    assert state == {"commit": head, "dirty": True, "diff": "run.diff"}
+    assert "-lr = 0.1\n+lr = 0.2" in (job / "run.diff").read_text()
