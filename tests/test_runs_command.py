@@ -43,10 +43,10 @@ def test_a_sweep_is_one_experiment_of_one_mlflow_run_per_job(sweep):
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 3 and len(client.search_runs(
         [e.experiment_id for e in client.search_experiments()])) == 3
-    by_job = {r.data.tags["ddp_exp.job_num"]: r for r in runs}
+    by_job = {r.data.tags["job_num"]: r for r in runs}
     assert sorted(by_job) == ["0", "1", "2"]
     for job, run in by_job.items():
-        assert run.data.tags["ddp_exp.sweep"] == str(sweep)
+        assert run.data.tags["sweep"] == str(sweep)
         assert run.data.params["optim.lr"] == LRS[int(job)]
         assert run.data.metrics["final/val/loss"] == json.loads(
             (sweep / job / "metrics.json").read_text())["val/loss"]

@@ -233,7 +233,7 @@ def test_mlflow_sink_reopens_its_run_and_reports_the_steps_it_holds(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     def sink():
-        return MLflowSink(str(tmp_path), uri, "exp", "run", {"ddp_exp.sweep": "s"})
+        return MLflowSink(str(tmp_path), uri, "exp", "run", {"sweep": "s"})
 
     first = Trackers([sink()], {"optim.lr": 0.05}, purge_step=None)
     for step in range(1, 6):
@@ -245,7 +245,7 @@ def test_mlflow_sink_reopens_its_run_and_reports_the_steps_it_holds(tmp_path):
     again.finish(8, {"val/loss": 0.5})
     client = mlflow_client(tmp_path)
     run = only_run(client)
-    assert run.info.status == "FINISHED" and run.data.tags["ddp_exp.sweep"] == "s"
+    assert run.info.status == "FINISHED" and run.data.tags["sweep"] == "s"
     assert run.data.params == {"optim.lr": "0.05"}  # logged once
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, 9))

@@ -82,9 +82,9 @@ def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:
     csv = OmegaConf.select(cfg, "logger.csv")
     if csv is not None:
         plan.csv = csv.name
-    tags: dict[str, Any] = {"ddp_exp.job_dir": job_dir}
+    tags: dict[str, Any] = {"job_dir": job_dir}
     if sweep_dir is not None:
-        tags.update({"ddp_exp.sweep": sweep_dir, "ddp_exp.job_num": job_num})
+        tags.update({"sweep": sweep_dir, "job_num": job_num})
     ml = OmegaConf.select(cfg, "logger.mlflow")
     if ml is not None:
         uri = ml.tracking_uri or f"sqlite:///{os.path.join(root, STORE)}"

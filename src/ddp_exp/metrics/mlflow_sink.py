@@ -40,7 +40,7 @@ class MLflowSink:
         tracking_uri: the store (``sqlite:///...``) or server (``http://...``).
         experiment: the experiment's name (created when missing).
         run_name: the run's name.
-        tags: the run's tags (``ddp_exp.job_dir``, ``ddp_exp.sweep``, ``ddp_exp.job_num``).
+        tags: the run's tags (``job_dir``, ``sweep``, ``job_num``).
         artifact_root: where a new experiment keeps artifacts (a local store: beside it), or None.
     """
 
