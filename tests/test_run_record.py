@@ -71,3 +71,19 @@ def test_git_state_names_the_commit_and_keeps_a_dirty_trees_diff(tmp_path):
     state = git_state(str(repo), str(job))
     assert state == {"commit": head, "dirty": True, "diff": "run.diff"}
     assert "-lr = 0.1\n+lr = 0.2" in (job / "run.diff").read_text()
+
+
+def test_a_first_epoch_killed_with_trackers_on_still_starts_afresh(tmp_path):
+    """run.json and the trackers' files are ddp_exp's own: an attempt killed before its first
+    checkpoint that left them is still restarted by trainer.resume=auto, not refused."""
+    from ddp_exp.job.earlier_run import killed_first_epoch
+
+    job = tmp_path / "run"
+    (job / "tensorboard").mkdir(parents=True)
+    (job / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"")
+    for name in ("run.json", "trackers.json", "metrics.csv", "mlflow.db"):
+        (job / name).write_text("{}")
+    (job / "wandb").mkdir()
+    assert killed_first_epoch(str(job)) is None
+    (job / "notes.txt").write_text("mine")
+    assert killed_first_epoch(str(job)) == "it holds 'notes.txt', which ddp_exp did not write"
