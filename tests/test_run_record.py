@@ -1,5 +1,5 @@
 """``run.json``, the reproducibility record of every job (issue 38), read from the session's
-shared tracked run (the same overrides as tests/test_trackers.py's, so one run serves both)."""
+tracked sweep (helpers.TRACKED_SWEEP, which tests/test_trackers.py reads too)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import QUIET, shared_run
-
-TRACKED = ("logger=[tensorboard,csv,mlflow,wandb]", "world_size=2", "trainer.epochs=2",
-           "record.hash_data=true", QUIET)
+from helpers import TRACKED_SWEEP, shared_sweep
 
 
 @pytest.mark.slow
@@ -23,18 +20,20 @@ def test_every_job_records_what_produced_it(tmp_path_factory):
 
     pytest.importorskip("mlflow")
     pytest.importorskip("wandb")
-    run = shared_run(tmp_path_factory, *TRACKED).ok()
-    record = json.loads((run.job_dir / "run.json").read_text())
+    sweep = shared_sweep(tmp_path_factory, *TRACKED_SWEEP)
+    job = sweep / "0"
+    metrics = json.loads((job / "metrics.json").read_text())
+    record = json.loads((job / "run.json").read_text())
     assert record["command"][:3] == [sys.executable, "-m", "ddp_exp"]
-    assert record["overrides"] == list(TRACKED)
-    assert record["cwd"] == str(run.job_dir.parent)
+    assert {"world_size=2", "optim.lr=0.01"} <= set(record["overrides"])
+    assert record["cwd"] == str(sweep.parent)
     assert record["git"]["commit"] is None and "not a git repository" in record["git"]["note"]
     assert record["versions"]["torch"] == torch.__version__
     assert record["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert {"hydra-core", "omegaconf", "ddp_exp"} <= record["versions"].keys()
     assert (record["world_size"], record["backend"], record["device"], record["seed"]) == (
         2, "gloo", "cpu", 0)
-    assert record["threads_per_rank"] == run.metrics["threads_per_rank"]
+    assert record["threads_per_rank"] == metrics["threads_per_rank"]
     assert record["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
     assert {"ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"} <= set(record["cpu"]["env"])
     (digits,) = record["data"]["files"]

@@ -1,5 +1,6 @@
 """A sweep's jobs as MLflow runs of one experiment, ``ddp-exp runs`` over the sweep, and
-``ddp-exp rerun`` of one of its jobs (issue 38): one shared 3-job sweep, ``optim.lr`` swept."""
+``ddp-exp rerun`` of one of its jobs (issue 38): the session's tracked sweep, ``optim.lr``
+swept over 3 jobs."""
 
 from __future__ import annotations
 
@@ -11,21 +12,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import QUIET, run_sweep, run_tagged, scalars
-
-LRS = ("0.01", "0.02", "0.05")
+from helpers import TRACKED_LRS, TRACKED_SWEEP, run_tagged, scalars, shared_sweep
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
+    """The session's tracked sweep (helpers.TRACKED_SWEEP): optim.lr swept over 3 jobs."""
     pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("sweep")
-    folder = root / "sweep"
-    proc = run_sweep(root, "-m", "logger=[tensorboard,mlflow]", "world_size=2",
-                     "trainer.epochs=1", QUIET, f"optim.lr={','.join(LRS)}",
-                     f"hydra.sweep.dir={folder}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return folder
+    pytest.importorskip("wandb")
+    return shared_sweep(tmp_path_factory, *TRACKED_SWEEP)
 
 
 def ddp_exp(cwd: Path, *args: str, env: dict | None = None):
@@ -47,7 +42,7 @@ def test_a_sweep_is_one_experiment_of_one_mlflow_run_per_job(sweep):
     assert sorted(by_job) == ["0", "1", "2"]
     for job, run in by_job.items():
         assert run.data.tags["sweep"] == str(sweep)
-        assert run.data.params["optim.lr"] == LRS[int(job)]
+        assert run.data.params["optim.lr"] == TRACKED_LRS[int(job)]
         assert run.data.metrics["final/val/loss"] == json.loads(
             (sweep / job / "metrics.json").read_text())["val/loss"]
 
@@ -85,7 +80,7 @@ def test_rerun_is_bit_identical_and_an_unreachable_tracker_changes_nothing(sweep
 
     out = tmp_path / "again"
     port = free_port()  # closed: nothing listens there
-    proc = ddp_exp(tmp_path, "rerun", str(sweep / "2"),
+    proc = ddp_exp(tmp_path, "rerun", str(sweep / "2"), "logger=[tensorboard,mlflow]",
                    f"logger.mlflow.tracking_uri=http://127.0.0.1:{port}", "--out", str(out))
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
@@ -106,7 +101,8 @@ def test_rerun_names_what_differs_in_the_record(sweep, tmp_path):
     record = json.loads((sweep / "0" / "run.json").read_text())
     threads = record["threads_per_rank"] + 1
     proc = ddp_exp(tmp_path, "rerun", str(sweep / "0"), "world_size=1", "data.batch_size=64",
-                   "--out", str(tmp_path / "other"), env={"OMP_NUM_THREADS": str(threads)})
+                   "logger=[tensorboard]", "--out", str(tmp_path / "other"),
+                   env={"OMP_NUM_THREADS": str(threads)})
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     differ = [line for line in proc.stdout.splitlines()
               if line.startswith("the records differ: ")]

@@ -1,9 +1,9 @@
 """The ``logger`` group (issue 38): CSV, MLflow and W&B receive what TensorBoard receives.
 
-One shared run, ``logger=[tensorboard,csv,mlflow,wandb]`` at world_size 2, is read back with
-each tracker's own reader and held to TensorBoard's event file and ``metrics.json``; a run
-killed mid-epoch is resumed twice (same world, then another) and its MLflow run continues;
-the resume rule and a missing extra are checked in this process.
+The session's shared sweep (three jobs, ``logger=[tensorboard,csv,mlflow,wandb]`` at world_size
+2) is read back with each tracker's own reader and held to TensorBoard's event file and
+``metrics.json``; a run killed mid-epoch is resumed twice (same world, then another) and its
+MLflow run continues; the resume rule and a missing extra are checked in this process.
 """
 
 from __future__ import annotations
@@ -22,40 +22,46 @@ from pathlib import Path
 import pytest
 from helpers import (
     QUIET,
+    TRACKED_SWEEP,
     assert_no_orphans,
     cli_env,
     refused_before_ranks,
     run_tagged,
     scalars,
-    shared_run,
+    shared_sweep,
     tagged_processes,
     tensorboard_series,
     tests_on_path,
 )
 
-TRACKED = ("logger=[tensorboard,csv,mlflow,wandb]", "world_size=2", "trainer.epochs=2",
-           "record.hash_data=true", QUIET)
-
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory):
+def sweep(tmp_path_factory) -> Path:
+    """The session's tracked sweep (helpers.TRACKED_SWEEP): three jobs at world_size 2."""
     pytest.importorskip("mlflow")
     pytest.importorskip("wandb")
-    return shared_run(tmp_path_factory, *TRACKED).ok()
+    return shared_sweep(tmp_path_factory, *TRACKED_SWEEP)
 
 
-def mlflow_client(job_dir: Path):
+def mlflow_client(folder: Path):
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=f"sqlite:///{job_dir / 'mlflow.db'}")
+    return MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+
+
+def all_runs(client) -> list:
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
 def only_run(client):
     """The store's one run (asserting there is exactly one, in any experiment)."""
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments)
+    runs = all_runs(client)
     assert len(runs) == 1, [r.info.run_name for r in runs]
     return runs[0]
+
+
+def metrics_of(job: Path) -> dict:
+    return json.loads((job / "metrics.json").read_text())
 
 
 def tb_tags(job_dir: Path) -> list[str]:
@@ -67,10 +73,10 @@ def tb_tags(job_dir: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_mlflow_run_holds_tensorboards_scalars_the_config_and_the_final_metrics(tracked):
-    job = tracked.job_dir
-    client = mlflow_client(job)
-    run = only_run(client)  # one run for the job, not one per rank
+def test_mlflow_run_holds_tensorboards_scalars_the_config_and_the_final_metrics(sweep):
+    job = sweep / "0"
+    client = mlflow_client(sweep)
+    (run,) = [r for r in all_runs(client) if r.data.tags["job_dir"] == str(job)]  # one per job
     assert run.info.status == "FINISHED"
     assert json.loads((job / "trackers.json").read_text())["mlflow"]["run_id"] == run.info.run_id
     tags = tb_tags(job)
@@ -84,7 +90,7 @@ def test_mlflow_run_holds_tensorboards_scalars_the_config_and_the_final_metrics(
         assert [s for s, _ in history] == [s for s, _ in expected], tag
         assert [v for _, v in history] == pytest.approx([v for _, v in expected], rel=1e-9,
                                                         abs=1e-12), tag
-    metrics = tracked.metrics
+    metrics = metrics_of(job)
     for key in ("val/loss", "val/accuracy", "train/loss", "global_step", "world_size"):
         assert run.data.metrics[f"final/{key}"] == pytest.approx(metrics[key], rel=1e-9)
     # the parameters: the composed config, flattened (the values the run did not resolve)
@@ -103,15 +109,15 @@ def test_mlflow_run_holds_tensorboards_scalars_the_config_and_the_final_metrics(
     expected_params = {k: str(v) for k, v in leaves(composed)  # an empty mapping: no leaf
                        if k not in resolved_by_the_run and "${" not in str(v) and v != {}}
     assert {k: params.get(k) for k in expected_params} == expected_params
-    assert params["optim.lr"] == "0.05" and params["world_size"] == "2"
+    assert params["optim.lr"] == "0.01" and params["world_size"] == "2"
     assert params["global_batch_size"] == "64"
 
 
 @pytest.mark.slow
-def test_csv_is_lightnings_layout_with_tensorboards_values(tracked):
+def test_csv_is_lightnings_layout_with_tensorboards_values(sweep):
     import csv
 
-    job = tracked.job_dir
+    job = sweep / "1"
     with open(job / "metrics.csv", newline="") as fh:
         reader = csv.DictReader(fh)
         header, rows = reader.fieldnames, list(reader)
@@ -125,7 +131,7 @@ def test_csv_is_lightnings_layout_with_tensorboards_values(tracked):
         assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-9), tag
     last = rows[-1]
     for key in ("val/loss", "train/loss", "val/accuracy"):
-        assert float(last[f"final/{key}"]) == tracked.metrics[key]  # every digit
+        assert float(last[f"final/{key}"]) == metrics_of(job)[key]  # every digit
 
 
 def wandb_records(path: str):
@@ -152,8 +158,8 @@ def wandb_records(path: str):
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_holds_the_history_and_the_final_metrics(tracked):
-    job = tracked.job_dir
+def test_wandb_offline_run_holds_the_history_and_the_final_metrics(sweep):
+    job = sweep / "2"
     runs = glob.glob(str(job / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(runs) == 1, runs
     run_id = json.loads((job / "trackers.json").read_text())["wandb"]["run_id"]
@@ -171,7 +177,7 @@ def test_wandb_offline_run_holds_the_history_and_the_final_metrics(tracked):
                 if not key.startswith("_"):
                     history.setdefault(key, []).append((record.history.step.num, value))
     for key in ("val/loss", "val/accuracy", "train/loss", "global_step"):
-        assert summary[f"final/{key}"] == tracked.metrics[key], key  # every digit
+        assert summary[f"final/{key}"] == metrics_of(job)[key], key  # every digit
     expected = scalars(job, "train/loss")
     assert [s for s, _ in history["train/loss"]] == [s for s, _ in expected]
     assert [v for _, v in history["train/loss"]] == pytest.approx([v for _, v in expected],

@@ -41,6 +41,7 @@ log = logging.getLogger("ddp_exp")
 
 RECORD = "trackers.json"  # each tracker's run id, in the job folder
 FINISH_TIMEOUT_S = 120.0  # longest wait for the trackers at the run's end
+CLOSE_TIMEOUT_S = 10.0  # ... after a failure or a preemption: the job's exit comes first
 _STOP = object()
 
 
@@ -168,23 +169,23 @@ class Trackers:
                    if isinstance(v, (int, float)) and math.isfinite(v)}
         self.jobs.put(("finish", (step, numbers)))
         self.finished = True
-        self._stop()
+        self._stop(FINISH_TIMEOUT_S)
 
     def close(self) -> None:
-        """End the trackers after a failure or a preemption (their runs stay resumable); a
-        no-op after :meth:`finish`."""
+        """End the trackers after a failure or a preemption (their runs stay resumable;
+        :data:`CLOSE_TIMEOUT_S` at most); a no-op after :meth:`finish`."""
         if not self.finished:
             self.finished = True
             self.jobs.put(("close", ()))
-            self._stop()
+            self._stop(CLOSE_TIMEOUT_S)
 
-    def _stop(self) -> None:
+    def _stop(self, timeout_s: float) -> None:
         self.jobs.put((_STOP, ()))
-        self.thread.join(FINISH_TIMEOUT_S)
+        self.thread.join(timeout_s)
         if self.thread.is_alive():
             names = ", ".join(f"logger.{s.name}" for s in self.sinks)
             log.warning("warning: %s did not finish within %.0f s: its run may lack the last "
-                        "values (the job folder has them all)", names, FINISH_TIMEOUT_S)
+                        "values (the job folder has them all)", names, timeout_s)
 
     def _run(self) -> None:
         while True:
