@@ -344,3 +344,6 @@ def test_a_killed_run_resumed_twice_continues_its_mlflow_run(tmp_path):
     assert values == pytest.approx([v for _, v in tensorboard_series(job, "train/loss")],
                                    rel=1e-6)
     assert [s for s, _ in tensorboard_series(job, "train/loss")] == list(range(10, 73, 10))
+    record = json.loads((job / "run.json").read_text())  # each start recorded, the last on top
+    assert record["world_size"] == 1 and record["status"] == "completed"
+    assert [a["world_size"] for a in record["attempts"]] == [2, 2]
