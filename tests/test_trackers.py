@@ -241,7 +241,9 @@ def test_mlflow_sink_reopens_its_run_and_reports_the_steps_it_holds(tmp_path):
     def sink():
         return MLflowSink(str(tmp_path), uri, "exp", "run", {"sweep": "s"})
 
-    first = Trackers([sink()], {"optim.lr": 0.05}, purge_step=None)
+    opened = sink()
+    opened.create_run()  # as the launching process does, before the ranks start
+    first = Trackers([opened], {"optim.lr": 0.05}, purge_step=None)
     for step in range(1, 6):
         first.log(step, {"train/loss": 1.0 / step})
     first.close()  # killed: the run stays, KILLED

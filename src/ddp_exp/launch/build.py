@@ -38,7 +38,7 @@ from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
 from ddp_exp.launch.run_record import record_start
-from ddp_exp.launch.tracker_plan import plan_trackers
+from ddp_exp.launch.tracker_plan import plan_trackers, start_trackers
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
 from ddp_exp.train import monitor, schedule
@@ -136,6 +136,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
         _log_world_change(cfg, state, world_size)
     earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
     record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
+    start_trackers(trackers)  # the MLflow run, before the ranks start
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,

@@ -67,8 +67,38 @@ def _hydra_job() -> tuple[str | None, str | None, str]:
     return None, None, experiment
 
 
+def preload(plan: TrackerPlan) -> None:
+    """Import the trackers' libraries here, in the launching process (rank 0's under
+    torchrun): forked ranks inherit them, so rank 0's tracker thread does not import them
+    (1-2 s of Python holding the GIL) while the first epochs train."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if plan.mlflow is not None:
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
+    if plan.wandb is not None:
+        import wandb  # noqa: F401
+
+
+def start_trackers(plan: TrackerPlan) -> None:
+    """Once every check has passed, before any rank starts (rank 0's process under torchrun):
+    create or find the job's MLflow run (:meth:`ddp_exp.metrics.mlflow_sink.MLflowSink.
+    create_run`: the store's creation, seconds of Python, is not rank 0's during training).
+    A failure is noted in the plan for rank 0's tracker to report in its one line."""
+    if plan.mlflow is None or os.environ.get("RANK", "0") != "0":
+        return
+    from ddp_exp.metrics.mlflow_sink import MLflowSink
+
+    try:
+        MLflowSink(job_dir=plan.job_dir, **plan.mlflow).create_run()
+    except Exception as exc:  # reported once, by rank 0's tracker (a tracker stops nothing)
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        plan.mlflow["error"] = f"{type(exc).__name__}: {reason}"
+
+
 def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:
-    """The job's :class:`TrackerPlan` (see the module's docstring).
+    """The job's :class:`TrackerPlan` (see the module's docstring); the trackers' libraries
+    are imported here (:func:`preload`).
 
     Raises:
         ConfigError: a tracker's library is not installed (:func:`check_extras`).
@@ -99,4 +129,5 @@ def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:
                       "run_name": wb.run_name or run_name,
                       "group": None if sweep_dir is None else os.path.relpath(sweep_dir, root)
                       if sweep_dir != root else os.path.basename(sweep_dir)}
+    preload(plan)
     return plan

@@ -42,37 +42,44 @@ class MLflowSink:
         run_name: the run's name.
         tags: the run's tags (``job_dir``, ``sweep``, ``job_num``).
         artifact_root: where a new experiment keeps artifacts (a local store: beside it), or None.
+        error: why the launching process could not create the run (then :meth:`open` raises
+            it: one warning, no second wait for an unreachable server).
     """
 
     name = "mlflow"
 
     def __init__(self, job_dir: str, tracking_uri: str, experiment: str, run_name: str,
-                 tags: Mapping[str, str], artifact_root: str | None = None):
+                 tags: Mapping[str, str], artifact_root: str | None = None,
+                 error: str | None = None):
         self.job_dir, self.uri, self.experiment = job_dir, tracking_uri, experiment
+        self.error = error
         self.run_name, self.tags, self.artifact_root = run_name, dict(tags), artifact_root
         self.client: Any = None
         self.run_id: str | None = None
 
-    def open(self, params: Mapping[str, float | str], purge_step: int | None
-             ) -> Mapping[str, int]:
-        """Create the run, or reopen the one ``trackers.json`` names; returns each metric's
-        last step in it."""
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..."
-            logging.getLogger(name).setLevel(logging.WARNING)
-        # urllib3 logs each retry at WARNING: the one line is the trackers' (rank 0 only)
-        logging.getLogger("urllib3").setLevel(logging.ERROR)
-        from mlflow.tracking import MlflowClient
+    def connect(self) -> Any:
+        """The client (MLflow's HTTP retries bounded, its INFO lines and urllib3's retry
+        warnings quiet: the one line is the trackers')."""
+        if self.client is None:
+            for key, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+            for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..."
+                logging.getLogger(name).setLevel(logging.WARNING)
+            logging.getLogger("urllib3").setLevel(logging.ERROR)
+            from mlflow.tracking import MlflowClient
 
-        self.client = client = MlflowClient(tracking_uri=self.uri)
+            self.client = MlflowClient(tracking_uri=self.uri)
+        return self.client
+
+    def create_run(self) -> str:
+        """The job's run id: the one ``trackers.json`` names for this store, else a new run
+        (the experiment created when missing), recorded there. The launching process calls it
+        before the ranks start (:func:`ddp_exp.launch.tracker_plan.start_trackers`), so that
+        the store's creation and the run's do not share rank 0's GIL with the first epochs."""
         known = read_record(self.job_dir).get(self.name) or {}
         if known.get("run_id") and known.get("tracking_uri") == self.uri:
-            self.run_id = known["run_id"]
-            run = client.get_run(self.run_id)
-            client.update_run(self.run_id, status="RUNNING")
-            return {key: max(m.step for m in client.get_metric_history(self.run_id, key))
-                    for key in run.data.metrics}
+            return known["run_id"]
+        client = self.connect()
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is None:
             try:
@@ -85,24 +92,43 @@ class MLflowSink:
                 experiment_id = found.experiment_id
         else:
             experiment_id = experiment.experiment_id
-        run = client.create_run(experiment_id, tags=self.tags, run_name=self.run_name)
-        self.run_id = run.info.run_id
-        write_record(self.job_dir, self.name, {"run_id": self.run_id,
-                                               "experiment_id": experiment_id,
+        run_id = client.create_run(experiment_id, tags=self.tags,
+                                   run_name=self.run_name).info.run_id
+        write_record(self.job_dir, self.name, {"run_id": run_id, "experiment_id": experiment_id,
                                                "tracking_uri": self.uri})
-        from mlflow.entities import Param
+        return run_id
 
-        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
-        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
-        return {}
+    def open(self, params: Mapping[str, float | str], purge_step: int | None
+             ) -> Mapping[str, int]:
+        """Open the job's run (:meth:`create_run`), RUNNING; the parameters logged once;
+        returns each metric's last step in the run."""
+        if self.error is not None:  # the launching process could not reach the store
+            raise RuntimeError(self.error)
+        client = self.connect()
+        self.run_id = self.create_run()
+        run = client.get_run(self.run_id)
+        client.update_run(self.run_id, status="RUNNING")
+        if not run.data.params:
+            from mlflow.entities import Param
+
+            items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+            for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+                client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+        return {key: max(m.step for m in client.get_metric_history(self.run_id, key))
+                for key in run.data.metrics}
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         """One ``log_batch`` of ``values`` at ``step``."""
+        self.log_steps([(step, values)])
+
+    def log_steps(self, entries: list[tuple[int, Mapping[str, float]]]) -> None:
+        """``(step, values)`` of several steps in one ``log_batch`` (1000 metrics at most
+        each): one transaction of the store instead of one per step."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
+        metrics = [Metric(k, float(v), now, step) for step, values in entries
+                   for k, v in values.items()]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
 

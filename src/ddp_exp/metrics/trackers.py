@@ -188,10 +188,23 @@ class Trackers:
                         "values (the job folder has them all)", names, timeout_s)
 
     def _run(self) -> None:
+        held = None
         while True:
-            op, args = self.jobs.get()
+            op, args = held or self.jobs.get()
+            held = None
             if op is _STOP:
                 return
+            if op == "log":  # every log queued meanwhile, in one call (one MLflow batch)
+                op, args = "logs", [args]
+                while held is None:
+                    try:
+                        job = self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job[0] == "log":
+                        args.append(job[1])
+                    else:
+                        held = job
             for sink in list(self.sinks):
                 try:
                     self._apply(sink, op, args)
@@ -206,12 +219,16 @@ class Trackers:
     def _apply(self, sink: Sink, op: str, args: tuple) -> None:
         if op == "open":
             self.done[sink.name] = dict(sink.open(*args))
-        elif op == "log":
-            step, values = args
+        elif op == "logs":
             done = self.done.get(sink.name) or {}
-            fresh = {k: v for k, v in values.items() if step > done.get(k, -1)}
-            if fresh:
-                sink.log(step, fresh)
+            fresh = [(step, kept) for step, values in args
+                     if (kept := {k: v for k, v in values.items() if step > done.get(k, -1)})]
+            if hasattr(sink, "log_steps"):
+                if fresh:
+                    sink.log_steps(fresh)
+            else:
+                for step, values in fresh:
+                    sink.log(step, values)
         elif op == "flush":
             sink.flush()
         elif op == "finish":
