@@ -1,11 +1,12 @@
 """``logger=mlflow``: one MLflow run per job, through ``mlflow.tracking.MlflowClient``.
 
-The run is created when the job first starts (tags: the job folder, the sweep folder and job
-number of a multirun, so a sweep's jobs are runs of one experiment, tagged alike) and its id
-kept in ``<job>/trackers.json``; every later start of the job (a resume of any kind, an elastic
-restart) reopens it. Its parameters are the flattened config, logged once; its metrics the
-writer's scalars at their global steps, and ``final/<name>`` for each number of
-``metrics.json``. A run that ends without finishing is marked KILLED until a resume reopens it.
+The run is created by the launching process when the job first starts, before its ranks
+(tags: the job folder, the sweep folder and job number of a multirun, so a sweep's jobs are runs
+of one experiment, tagged alike), and its id kept in ``<job>/trackers.json``; every later
+start of the job (a resume of any kind, an elastic restart) reopens it. Its parameters are the
+flattened config, logged once; its metrics the writer's scalars at their global steps, and
+``final/<name>`` for each number of ``metrics.json``. A run that ends without finishing is
+marked KILLED until a resume reopens it.
 
 An unreachable server fails fast: the client's HTTP retries are bounded here (2 retries, 1 s
 backoff, 30 s timeout) unless the user set MLflow's own variables, instead of MLflow's 7
