@@ -40,7 +40,7 @@ OLD_PATHS = {
     "ddp_exp.progress": "ddp_exp.metrics.progress",
     "ddp_exp.train_loss": "ddp_exp.metrics.train_loss",
     "ddp_exp.jobdir": "ddp_exp.job.folder",
-    "ddp_exp.sweep": "ddp_exp.job.sweep",
+    "sweep": "ddp_exp.job.sweep",
     "ddp_exp.pruning": "ddp_exp.job.pruning",
     "ddp_exp.earlier_run": "ddp_exp.job.earlier_run",
     "ddp_exp.files": "ddp_exp.io.files",

@@ -15,7 +15,7 @@ its scheduler's warning (``trainer.preempt_signal``) after a step checkpoint say
 
 May use: :mod:`ddp_exp.cli.errors` (an error's line and exit status), :mod:`ddp_exp.cli.signals`
 (signals, the exit), :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line, a
-failed rank's record under torchrun),
+failed rank's record under torchrun), :mod:`ddp_exp.cli.commands` (subcommands),
 :mod:`ddp_exp.cli.usage` (``--help``), :mod:`ddp_exp.launch.cluster` (which task owns the folder),
 :mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.launch.torchrun`,
 :mod:`ddp_exp.job.sweep`.
@@ -46,6 +46,7 @@ if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where S
 import hydra
 from omegaconf import DictConfig
 
+from ddp_exp.cli.commands import dispatch
 from ddp_exp.cli.errors import (
     EXIT_CONFIG_ERROR,
     EXIT_RANK_FAILED,
@@ -220,9 +221,13 @@ def _task(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses;
-    the process then ends through :func:`exit_now`."""
+    the process then ends through :func:`exit_now`. A subcommand (``ddp-exp runs``, ...:
+    :data:`ddp_exp.cli.commands.COMMANDS`) runs instead of Hydra."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = dispatch(sys.argv[1:])
+    if code is not None:
+        raise SystemExit(code)
     # A log record that cannot be written (a full disk under the job log, a closed pipe) is
     # dropped, not printed as '--- Logging error ---' with a traceback; the run's own error
     # line says what failed (R16). The forked ranks inherit it.

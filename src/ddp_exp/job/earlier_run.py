@@ -42,7 +42,10 @@ log = logging.getLogger("ddp_exp")
 # Hydra record and the job log aside, named by Hydra's config): an attempt killed in its first
 # epoch left only these.
 _FIRST_EPOCH_FILES = {LOCK_FILE, STATUS_FILE, ERRORS_DIR, "tensorboard", "checkpoints",
-                      "standardization.json"}
+                      "standardization.json",
+                      # the record (ddp_exp.job.record) and the trackers' files (logger=...)
+                      "run.json", "run.diff", "trackers.json", "metrics.csv", "mlflow.db",
+                      "mlartifacts", "wandb"}
 
 
 def killed_first_epoch(job_dir: str) -> str | None:

@@ -37,6 +37,8 @@ from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.launch.run_record import record_start
+from ddp_exp.launch.tracker_plan import plan_trackers, start_trackers
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
 from ddp_exp.train import monitor, schedule
@@ -99,6 +101,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint that does not fit), before any rank starts.
     """
     t_start = time.time()
+    trackers = plan_trackers(cfg, job_dir)  # a tracker's missing library: refused first
     apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
     killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
@@ -135,10 +138,12 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint.repair_best(source, state)
         _log_world_change(cfg, state, world_size)
     earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+    record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
+    start_trackers(trackers)  # the MLflow run, before the ranks start
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
-                      hparams=_hparams(plain), t_start=t_start)
+                      hparams=_hparams(plain), t_start=t_start, trackers=trackers)
 
 
 def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world_size: int
