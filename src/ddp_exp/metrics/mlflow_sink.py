@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_exp.metrics.trackers import read_record, write_record
+from ddp_exp.metrics.tracker_ids import read_record, write_record
 
 # MLflow's HTTP client settings, unless set: fail within seconds when the server is down.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",

@@ -25,7 +25,6 @@ Uses :mod:`ddp_exp.config.loggers` and :mod:`ddp_exp.io.files`; the writer and t
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -35,11 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ddp_exp.io.files import atomic_write, read_json
+from ddp_exp.metrics.tracker_ids import RECORD, read_record, write_record  # noqa: F401
 
 log = logging.getLogger("ddp_exp")
 
-RECORD = "trackers.json"  # each tracker's run id, in the job folder
 FINISH_TIMEOUT_S = 120.0  # longest wait for the trackers at the run's end
 CLOSE_TIMEOUT_S = 10.0  # ... after a failure or a preemption: the job's exit comes first
 _STOP = object()
@@ -118,20 +116,6 @@ def open_trackers(plan: TrackerPlan | None, params: Mapping[str, float | str], i
     if not is_main or plan is None or plan.empty:
         return None
     return Trackers(build_sinks(plan), params, purge_step)
-
-
-def read_record(job_dir: str) -> dict[str, Any]:
-    """``<job_dir>/trackers.json``: tracker name -> its run's ids (empty without one)."""
-    record = read_json(os.path.join(job_dir, RECORD))
-    return record if isinstance(record, dict) else {}
-
-
-def write_record(job_dir: str, name: str, ids: Mapping[str, Any]) -> None:
-    """Set tracker ``name``'s entry of ``<job_dir>/trackers.json`` (atomically)."""
-    record = read_record(job_dir)
-    record[name] = dict(ids)
-    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    atomic_write(os.path.join(job_dir, RECORD), lambda fh: fh.write(text.encode()))
 
 
 class Trackers:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_exp.metrics.trackers import read_record, write_record
+from ddp_exp.metrics.tracker_ids import read_record, write_record
 
 
 class WandbSink:
