@@ -179,6 +179,19 @@ def cli_env(tag: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def start_cli(cmd: list[str], cwd: Path, env: dict[str, str]):
+    """``cmd`` started with ``env`` in ``cwd``, stdin closed, stdout and stderr piped as text:
+    forked from this test process's pre-imported ``python -m ddp_exp`` (:mod:`zygote`: the same
+    output and exit status without the seconds of start-up) where ``cmd`` is
+    ``python -m ddp_exp ...`` and nothing read at start-up differs, else a real process
+    (always with ``DDP_EXP_TEST_NO_ZYGOTE=1``). A :class:`subprocess.Popen` or its stand-in."""
+    import zygote
+
+    return zygote.popen(cmd, cwd, env) or subprocess.Popen(
+        cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL)
+
+
 def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
                env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``cmd`` (stdin closed, output captured) tagged ``tag`` and return it with its wall
@@ -186,9 +199,7 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
     seconds fails the test with the Python stacks of every process it started (SIGABRT, which
     the fault handler turns into a dump of every thread): a rare hang then says where."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag, **(env or {})), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = start_cli(cmd, cwd, cli_env(tag, **(env or {})))
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -213,11 +224,8 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
 def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m ddp_exp <overrides>`` in ``cwd`` (a sweep, or any run whose folder the test
     names itself); checks that no process outlives it."""
-    tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
-                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *overrides], cwd, uuid.uuid4().hex,
+                         timeout)
     return proc
 
 
