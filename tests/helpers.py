@@ -47,6 +47,12 @@ class Run:
         return self
 
 
+# How long a CLI run, or its wait for a point of its run, may take before a test calls it hung
+# and fails with its processes' stacks: a hang detector, not a speed check. A run takes 1-10 s on
+# a quiet machine and has taken 30x that on 2 cores shared by eight test suites; a test's own
+# smaller limit is raised to this one (run_cli, run_once, run_sweep, start_at_phase).
+HANG_S = 300.0
+
 # The override that keeps a CLI run's output short: no printout of the resolved config.
 QUIET = "print_config=false"
 # torchrun on one node with two ranks, starting ddp_exp (run_cli's ``launcher=``).
@@ -88,14 +94,14 @@ def start_at_phase(cmd: list[str], cwd: Path, tag: str, marker: Path, phase: str
     and return it once it has touched ``marker``: at ``phase`` of ddp_exp's own code
     (``phase_site/sitecustomize.py``: ``import``, ``fork``), or where test code plugged into the
     run touches it (``phases.slow_digits``, ``hydra_hooks.SlowJobStart``); the child waits
-    there. Fails the test with the child's output if it ends first or takes 120 s."""
+    there. Fails the test with the child's output if it ends first or takes :data:`HANG_S`."""
     path = os.pathsep.join([str(PHASE_SITE), str(TESTS), os.environ.get("PYTHONPATH", "")])
     env = cli_env(tag, PYTHONPATH=path, DDP_EXP_TEST_MARKER=str(marker),
                   **({"DDP_EXP_TEST_PHASE": phase} if phase else {}))
     options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
                "stdin": subprocess.DEVNULL, **popen}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, **options)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             for pid in [proc.pid, *tagged_processes(tag)]:
@@ -223,9 +229,9 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
 
 def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m ddp_exp <overrides>`` in ``cwd`` (a sweep, or any run whose folder the test
-    names itself); checks that no process outlives it."""
+    names itself); checks that no process outlives it. ``timeout``: see :data:`HANG_S`."""
     proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *overrides], cwd, uuid.uuid4().hex,
-                         timeout)
+                         max(timeout, HANG_S))
     return proc
 
 
@@ -234,7 +240,7 @@ def run_once(root: Path, *overrides: str) -> Run:
     no process left behind."""
     job_dir = root / "run"
     proc, seconds = run_tagged([sys.executable, "-m", "ddp_exp", *overrides,
-                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, 180)
+                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, HANG_S)
     return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds).ok()
 
 
@@ -279,7 +285,7 @@ def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subpr
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + HANG_S
         while not marker.exists():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.01)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    HANG_S,
     QUIET,
     TESTS,
     assert_no_orphans,
@@ -51,7 +52,7 @@ def _kill_at(job: Path, cwd: Path, point: str | None, *args: str) -> None:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not (marker.exists() if point else
                    list((job / "tensorboard").glob("events.out.tfevents*"))):
             assert proc.poll() is None and time.monotonic() < deadline, \

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    HANG_S,
     QUIET,
     TORCHRUN_2,
     UNREACHABLE,
@@ -325,7 +326,7 @@ def test_signal_ends_every_rank_and_leaves_complete_checkpoint(run_cli, tmp_path
     watched = start_watched(cmd, tmp_path, tag, "epoch 1/200")
     proc, lines, reader = watched.proc, watched.lines, watched.reader
     try:
-        assert watched.seen.wait(120), "".join(lines)
+        assert watched.seen.wait(HANG_S), "".join(lines)
         # The epoch line comes before that epoch's checkpoint: wait for the first last.pt, so
         # that a complete one must survive the signal.
         deadline = time.monotonic() + 60
@@ -386,7 +387,7 @@ def test_signal_during_checkpoint_write_leaves_no_partial_file(tmp_path, target,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         seen = []
         while not seen:
             assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint write"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import QUIET, refused_before_ranks, run_tagged
+from helpers import HANG_S, QUIET, refused_before_ranks, run_tagged
 from helpers import tests_on_path as on_path
 from resume_support import HoldingMLP, global_order, mid_epoch, served
 
@@ -101,7 +101,7 @@ class SavingMLP(HoldingMLP):
     one. A test's class, reached by the ranks as ``test_resume_world_size.SavingMLP``."""
 
     def _hold(self) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         state = None
         while state is None or state["epoch"] != self.epoch:
             assert time.monotonic() < deadline, f"no step checkpoint at {self.checkpoint}"
