@@ -446,3 +446,28 @@ def cosine_lr(k: int, lr: float, warmup: int, total: int, min_lr: float) -> floa
         return lr * k / warmup
     progress = (k - warmup) / (total - warmup)
     return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# The default digits run's training set and steps per epoch (test_resume_exact, test_signals,
+# test_rank_failures, test_checkpoint_files).
+TRAIN_N = 1797 - 297  # digits minus the default val_size
+STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
+STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
+
+
+def output(run: Run) -> str:
+    """What a run printed, stdout then stderr."""
+    return run.stdout + run.stderr
+
+
+def root_cause(text: str) -> str:
+    """The "Root Cause" section of PyTorch's elastic failure table."""
+    assert "Root Cause (first observed failure):" in text, text
+    section = text.split("Root Cause (first observed failure):", 1)[1]
+    return section.split("=" * 20, 1)[0]
+
+
+def temp_files(folder: Path) -> list[str]:
+    """Names in ``folder`` (hidden ones included) that look like temp or partial files."""
+    return sorted(n for n in os.listdir(folder) if n.endswith((".tmp", ".partial")) or
+                  n.startswith("."))
