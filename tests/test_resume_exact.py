@@ -19,10 +19,12 @@ from helpers import (
     QUIET,
     STEPS_2,
     UNREACHABLE,
+    Run,
     faulty_args,
     load_ckpt,
     output,
     root_cause,
+    run_once,
     shared_run,
     tensorboard_series,
     tests_on_path,
@@ -88,27 +90,36 @@ def test_run_killed_in_epoch_3_resumes_exactly(run_cli, tmp_path, reference):
     assert_same_result(resumed.job_dir, reference, tol=1e-7)
 
 
+@pytest.fixture(scope="module")
+def resumed_2_to_4(tmp_path_factory) -> Run:
+    """world_size=2, seed 0, ``model=mlp`` for 2 epochs, then the same folder with
+    ``trainer.epochs=4 trainer.resume=auto``: the resumed run (the two tests below ask it two
+    questions; one world for both, on one xdist worker)."""
+    root = tmp_path_factory.mktemp("resumed-2-to-4")
+    common = ("world_size=2", "seed=0", "model=mlp", QUIET)
+    run_once(root, *common, "trainer.epochs=2")
+    return run_once(root, *common, "trainer.epochs=4", "trainer.resume=auto")
+
+
 @pytest.mark.slow
 @pytest.mark.float_sensitive
-def test_two_epochs_then_resume_auto_to_four_is_exact(run_cli, reference):
+@pytest.mark.xdist_group("resumed_2_to_4")
+def test_two_epochs_then_resume_auto_to_four_is_exact(resumed_2_to_4, reference):
     """Must-hold 1, the plain way: trainer.epochs=2, then the same folder with trainer.epochs=4
     trainer.resume=auto."""
-    common = ("world_size=2", "seed=0", "model=mlp", QUIET)
-    run_cli(*common, "trainer.epochs=2", job="job").ok()
-    resumed = run_cli(*common, "trainer.epochs=4", "trainer.resume=auto", job="job").ok()
+    resumed = resumed_2_to_4
     assert re.search(r"resumed from \S*checkpoints/last\.pt", resumed.stdout), resumed.stdout
     assert_same_result(resumed.job_dir, reference, tol=1e-7)
 
 
 @pytest.mark.slow
 @pytest.mark.float_sensitive
-def test_resumed_run_tensorboard_curves_equal_uninterrupted(run_cli, reference):
+@pytest.mark.xdist_group("resumed_2_to_4")
+def test_resumed_run_tensorboard_curves_equal_uninterrupted(resumed_2_to_4, reference):
     """A resumed job's TensorBoard curves (all its event files, as TensorBoard reads them) show
     the same points as the uninterrupted run's: nothing lost at the resume step, no duplicate
     from the first attempt."""
-    common = ("world_size=2", "seed=0", "model=mlp", QUIET)
-    run_cli(*common, "trainer.epochs=2", job="job").ok()
-    resumed = run_cli(*common, "trainer.epochs=4", "trainer.resume=auto", job="job").ok()
+    resumed = resumed_2_to_4
     for tag in ("val/loss", "val/accuracy", "train/loss"):
         got = tensorboard_series(resumed.job_dir, tag)
         ref = tensorboard_series(reference, tag)
