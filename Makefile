@@ -7,9 +7,12 @@ TORCH  ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PORT   ?= 6006
 ARGS   ?=
-# Test worker processes (pytest-xdist). A CLI test spends most of its time in one core's
-# start-up (imports, composition, the launch), so two workers keep both cores busy: the suite
-# takes about half the time of one worker on 2 cores. More cores: make test TEST_WORKERS=4.
+# Test worker processes (pytest-xdist). Two workers keep both cores busy: the suite takes about
+# half the time of one worker on 2 cores. More cores: make test TEST_WORKERS=4. --dist loadgroup
+# keeps the guide's blocks (tests/test_docs.py, xdist_group "guide") on one worker, in order: they
+# build on each other, and a worker given a later block alone replays all before it. A CLI test
+# forks its run from a pre-imported python -m ddp_exp (tests/zygote.py; DDP_EXP_TEST_NO_ZYGOTE=1
+# starts real processes).
 TEST_WORKERS ?= 2
 
 # setuptools warns on every editable install of a package whose folders it maps (conf/ ships
@@ -38,10 +41,10 @@ run: $(VENV)/.installed-run  ## the main job: digits, MLP, 2 gloo ranks (extra o
 	$(BIN)/python -m ddp_exp backend=gloo world_size=2 $(ARGS)
 
 test: install  ## the whole suite, as CI runs it (TEST_WORKERS=2 processes)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install  ## in-process tests and a smoke set of CLI runs (about 2 minutes)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 # Another CPU's digits on this one: ATen's kernels without AVX2/AVX512 and MKL's AVX2 ones (the
 # first alone leaves MKL's matrix products bit-identical). The guide's blocks build on each other:

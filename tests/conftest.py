@@ -10,7 +10,7 @@ import warnings
 
 import helpers
 import pytest
-from helpers import Run, run_tagged, shared_run
+from helpers import HANG_S, Run, run_tagged, shared_run
 
 
 def pytest_configure(config) -> None:
@@ -44,14 +44,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def run_cli(tmp_path):
     """``run_cli(*overrides, job="run", timeout=180, env=None)`` runs ``python -m ddp_exp`` with
-    ``hydra.run.dir=<tmp>/<job>`` in a temp cwd and checks that no process outlives it."""
+    ``hydra.run.dir=<tmp>/<job>`` in a temp cwd and checks that no process outlives it. The
+    limit is a hang detector: at least :data:`helpers.HANG_S` whatever ``timeout`` says."""
 
     def run(*overrides: str, job: str = "run", timeout: float = 180, env: dict | None = None,
             launcher: list[str] | None = None, run_dir: bool = True) -> Run:
         job_dir = tmp_path / job
         args = list(overrides) + ([f"hydra.run.dir={job_dir}"] if run_dir else [])
         cmd = (launcher or [sys.executable, "-m", "ddp_exp"]) + args
-        proc, seconds = run_tagged(cmd, tmp_path, uuid.uuid4().hex, timeout, env)
+        proc, seconds = run_tagged(cmd, tmp_path, uuid.uuid4().hex, max(timeout, HANG_S), env)
         return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds)
 
     return run

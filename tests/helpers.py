@@ -47,6 +47,12 @@ class Run:
         return self
 
 
+# How long a CLI run, or its wait for a point of its run, may take before a test calls it hung
+# and fails with its processes' stacks: a hang detector, not a speed check. A run takes 1-10 s on
+# a quiet machine and has taken 30x that on 2 cores shared by eight test suites; a test's own
+# smaller limit is raised to this one (run_cli, run_once, run_sweep, start_at_phase).
+HANG_S = 300.0
+
 # The override that keeps a CLI run's output short: no printout of the resolved config.
 QUIET = "print_config=false"
 # torchrun on one node with two ranks, starting ddp_exp (run_cli's ``launcher=``).
@@ -88,14 +94,14 @@ def start_at_phase(cmd: list[str], cwd: Path, tag: str, marker: Path, phase: str
     and return it once it has touched ``marker``: at ``phase`` of ddp_exp's own code
     (``phase_site/sitecustomize.py``: ``import``, ``fork``), or where test code plugged into the
     run touches it (``phases.slow_digits``, ``hydra_hooks.SlowJobStart``); the child waits
-    there. Fails the test with the child's output if it ends first or takes 120 s."""
+    there. Fails the test with the child's output if it ends first or takes :data:`HANG_S`."""
     path = os.pathsep.join([str(PHASE_SITE), str(TESTS), os.environ.get("PYTHONPATH", "")])
     env = cli_env(tag, PYTHONPATH=path, DDP_EXP_TEST_MARKER=str(marker),
                   **({"DDP_EXP_TEST_PHASE": phase} if phase else {}))
     options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
                "stdin": subprocess.DEVNULL, **popen}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, **options)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             for pid in [proc.pid, *tagged_processes(tag)]:
@@ -179,6 +185,19 @@ def cli_env(tag: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def start_cli(cmd: list[str], cwd: Path, env: dict[str, str]):
+    """``cmd`` started with ``env`` in ``cwd``, stdin closed, stdout and stderr piped as text:
+    forked from this test process's pre-imported ``python -m ddp_exp`` (:mod:`zygote`: the same
+    output and exit status without the seconds of start-up) where ``cmd`` is
+    ``python -m ddp_exp ...`` and nothing read at start-up differs, else a real process
+    (always with ``DDP_EXP_TEST_NO_ZYGOTE=1``). A :class:`subprocess.Popen` or its stand-in."""
+    import zygote
+
+    return zygote.popen(cmd, cwd, env) or subprocess.Popen(
+        cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL)
+
+
 def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
                env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     """Run ``cmd`` (stdin closed, output captured) tagged ``tag`` and return it with its wall
@@ -186,9 +205,7 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
     seconds fails the test with the Python stacks of every process it started (SIGABRT, which
     the fault handler turns into a dump of every thread): a rare hang then says where."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(tag, **(env or {})), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = start_cli(cmd, cwd, cli_env(tag, **(env or {})))
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -212,12 +229,9 @@ def run_tagged(cmd: list[str], cwd: Path, tag: str, timeout: float,
 
 def run_sweep(cwd: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m ddp_exp <overrides>`` in ``cwd`` (a sweep, or any run whose folder the test
-    names itself); checks that no process outlives it."""
-    tag = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "ddp_exp", *overrides], cwd=cwd,
-                          env=cli_env(tag), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert_no_orphans(tag)
+    names itself); checks that no process outlives it. ``timeout``: see :data:`HANG_S`."""
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *overrides], cwd, uuid.uuid4().hex,
+                         max(timeout, HANG_S))
     return proc
 
 
@@ -226,7 +240,7 @@ def run_once(root: Path, *overrides: str) -> Run:
     no process left behind."""
     job_dir = root / "run"
     proc, seconds = run_tagged([sys.executable, "-m", "ddp_exp", *overrides,
-                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, 180)
+                                f"hydra.run.dir={job_dir}"], root, uuid.uuid4().hex, HANG_S)
     return Run(proc.returncode, proc.stdout, proc.stderr, job_dir, seconds).ok()
 
 
@@ -271,7 +285,7 @@ def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subpr
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + HANG_S
         while not marker.exists():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.01)
@@ -458,3 +472,28 @@ def shared_sweep(tmp_path_factory, *overrides: str) -> Path:
 TRACKED_LRS = ("0.01", "0.02", "0.05")
 TRACKED_SWEEP = ("logger=[tensorboard,csv,mlflow,wandb]", "world_size=2", "trainer.epochs=1",
                  "record.hash_data=true", QUIET, f"optim.lr={','.join(TRACKED_LRS)}")
+
+
+# The default digits run's training set and steps per epoch (test_resume_exact, test_signals,
+# test_rank_failures, test_checkpoint_writers).
+TRAIN_N = 1797 - 297  # digits minus the default val_size
+STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
+STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
+
+
+def output(run: Run) -> str:
+    """What a run printed, stdout then stderr."""
+    return run.stdout + run.stderr
+
+
+def root_cause(text: str) -> str:
+    """The "Root Cause" section of PyTorch's elastic failure table."""
+    assert "Root Cause (first observed failure):" in text, text
+    section = text.split("Root Cause (first observed failure):", 1)[1]
+    return section.split("=" * 20, 1)[0]
+
+
+def temp_files(folder: Path) -> list[str]:
+    """Names in ``folder`` (hidden ones included) that look like temp or partial files."""
+    return sorted(n for n in os.listdir(folder) if n.endswith((".tmp", ".partial")) or
+                  n.startswith("."))

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import torch
-from helpers import QUIET, TESTS, assert_no_orphans, cli_env, run_tagged, tagged_processes
+from helpers import HANG_S, QUIET, TESTS, assert_no_orphans, cli_env, run_tagged, tagged_processes
 
 CHAOS_SITE = TESTS / "chaos_site"
 # The reference run's overrides: conftest's default_run_2_epochs.
@@ -42,7 +42,7 @@ def kill_at(job: Path, cwd: Path, point: str | None, *args: str, env: dict | Non
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not (marker.exists() if point else
                    list((job / "tensorboard").glob("events.out.tfevents*"))):
             assert proc.poll() is None and time.monotonic() < deadline, \

@@ -25,6 +25,10 @@ from torch.utils.data import Dataset
 
 from ddp_exp.train.models import MLP
 
+# How long a held rank waits for its checkpoint (helpers.HANG_S: a hang detector, not a speed
+# check; this module runs inside ranks and does not import the test helpers).
+HOLD_S = 300.0
+
 
 def mid_epoch(path: str | Path) -> dict | None:
     """The checkpoint at ``path`` when it is a step checkpoint written inside an epoch
@@ -57,7 +61,7 @@ class HoldingMLP(MLP):
         return out
 
     def _hold(self) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline:
             state = mid_epoch(self.checkpoint)
             if state is not None and state["epoch"] == self.epoch:

@@ -550,3 +550,23 @@ def test_validation_and_test_batches_draw_their_own_numbers():
              for stream in (TRAIN, VAL, TEST) for epoch in (0, 1)}
     assert len(set(seeds.values())) == len(seeds)
     assert batch_seed(0, 1, 0, 3) == seeds[(TRAIN, 0)]  # training's seeds are unchanged
+
+
+def test_the_launcher_reads_a_datasets_item_0_once(compose, tmp_path):
+    """Regression: before the ranks start, the launching process read item 0 of a user's
+    Dataset twice: once to learn the shapes and the task (``ddp_exp.data.lazy.describe``), once
+    more in the objective's probe of the first training samples (``ddp_exp.launch.build``). A
+    Dataset
+    that decodes a file or draws at random paid for it twice."""
+    from ddp_exp.launch import elastic as launch
+
+    cfg = compose("world_size=1", "trainer.epochs=1", "data=dataset",
+                  "data._target_=lazy_data.counted_splits")
+    job_dir = tmp_path / "run"
+    job_dir.mkdir()
+    _, inputs = launch.prepare_world(cfg, str(job_dir), 1)
+    train = inputs.datasets.train
+    assert 0 in train.indices[:2]  # the probe's samples hold item 0: it would be read again
+    assert train.dataset.reads.count(0) == 1, train.dataset.reads
+    assert len(train.dataset.reads) == 2  # item 0, then the probe's other sample
+    assert inputs.datasets.items_read == {}  # the ranks read every item themselves

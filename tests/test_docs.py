@@ -268,6 +268,9 @@ def run_block(block: Block, workdir: Workdir, statuses: Path) -> subprocess.Comp
 
 @pytest.mark.slow
 @pytest.mark.float_sensitive
+# The blocks build on each other: one worker runs them all, in order (make test's --dist
+# loadgroup), where another worker given a later block would first replay every block before it.
+@pytest.mark.xdist_group("guide")
 # A block that runs those before it (run_block) may take minutes; each command's own timeout
 # (BLOCK_TIMEOUT_S) is the hang check.
 @pytest.mark.timeout(BLOCK_TIMEOUT_S * len(BLOCKS))

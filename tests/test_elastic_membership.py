@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import QUIET, cli_env, free_port, tagged_processes
+from helpers import HANG_S, QUIET, cli_env, free_port, tagged_processes
 from helpers import tests_on_path as on_path
 from torch.utils.data import Dataset
 
@@ -129,7 +129,7 @@ def test_a_node_leaves_and_the_other_continues_from_the_last_step_checkpoint(tmp
     guest = agent(job, port, False, tags[1], record, logs[1])
     host = agent(job, port, True, tags[0], record, logs[0])
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         seen = None
         while True:  # a step checkpoint inside epoch 2, steps left to run
             seen = checkpoint_step(job / "checkpoints" / "last.pt")
@@ -140,7 +140,7 @@ def test_a_node_leaves_and_the_other_continues_from_the_last_step_checkpoint(tmp
             time.sleep(0.01)
         kill_node(guest, tags[1])
         guest.wait()
-        assert host.wait(timeout=150) == 0, logs[0].read_text()[-5000:]
+        assert host.wait(timeout=HANG_S) == 0, logs[0].read_text()[-5000:]
     finally:
         kill_node(host, tags[0])
         kill_node(guest, tags[1])

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 from helpers import (
+    HANG_S,
     QUIET,
     assert_no_orphans,
     start_at_phase,
@@ -38,7 +39,7 @@ def test_interrupted_sweep_writes_its_summary(tmp_path, target, sig, code):
     watched = start_watched(cmd, tmp_path, tag, "epoch 1/400", stderr=subprocess.PIPE)
     proc, lines, reader = watched.proc, watched.lines, watched.reader
     try:
-        assert watched.seen.wait(120), "".join(lines)
+        assert watched.seen.wait(HANG_S), "".join(lines)
         if target == "group":
             os.killpg(proc.pid, sig)
         else:
@@ -112,7 +113,7 @@ def test_a_signal_while_the_ranks_are_forked_stops_the_run(tmp_path, sig, group,
                           start_new_session=True)
     try:
         (os.killpg if group else os.kill)(proc.pid, sig)
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -129,7 +129,7 @@ def test_preset_learns_below_the_unigram_entropy(run_cli):
     assert not (run.job_dir / "confusion_matrix.csv").exists()  # 256 classes: skipped
     assert rel_close(m["val/perplexity"], math.exp(m["val/loss"]), 1e-12)
     assert rel_close(m["val/bits_per_byte"], m["val/loss"] / math.log(2), 1e-12)
-    # samples are windows of 128 tokens (test_resume_followups.py: the units of data=tokens)
+    # samples are windows of 128 tokens (test_token_data.py: the units of data=tokens)
     assert rel_close(m["train/tokens_per_sec"], 128 * m["train/samples_per_sec"], 1e-12)
     assert m["train/tokens_per_sec"] > 0
     # the same units in TensorBoard (its train/samples_per_sec counted tokens)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -332,3 +334,26 @@ def test_oversubscription_warning_promises_this_worlds_results(monkeypatch):
     assert "slower than on 3 cores (the same results as there)" in line
     assert "2 rank(s)" not in line
     assert process_group.oversubscription_warning(2) is None
+
+
+def test_single_node_ranks_never_resolve_host_names(run_cli, tmp_path):
+    """Regression for a start-up hang: a rank forked while another thread of the launcher held
+    glibc's resolver lock blocked for ever in getaddrinfo("localhost"). On one node every rank
+    must get a numeric MASTER_ADDR and a named gloo interface (no name lookup at all)."""
+    import ipaddress
+
+    import yaml
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "probe.yaml").write_text(yaml.safe_dump(
+        {"_target_": "faulty.EnvProbeMLP", "probe_dir": str(probe)}))
+    run_cli("--config-dir", str(tmp_path / "conf"), "model=probe", "world_size=3",
+            "trainer.epochs=1", "print_config=false",
+            env={"PYTHONPATH": str(Path(__file__).parent)}).ok()
+    envs = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(3)]
+    for env in envs:
+        assert ipaddress.ip_address(env["MASTER_ADDR"]).is_loopback, env
+        assert env["GLOO_SOCKET_IFNAME"], env

@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 from helpers import (
+    HANG_S,
     QUIET,
     assert_no_orphans,
     start_at_phase,
@@ -53,7 +54,7 @@ def _start(tmp_path, *overrides: str):
                          f"hydra.run.dir={job}"], tmp_path, tag, TRAINING,
                         preexec_fn=_background_job)
     proc, reader, lines = run.proc, run.reader, run.lines
-    if not run.seen.wait(90):
+    if not run.seen.wait(HANG_S):
         _kill_all(proc, tag)
         pytest.fail("the ranks did not start:\n" + run.text[-3000:])
     return proc, reader, lines, tag, job

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import QUIET, run_sweep, start_watched
+from helpers import HANG_S, QUIET, run_sweep, start_watched
 
 optuna = pytest.importorskip("optuna")
 
@@ -142,7 +142,7 @@ def test_interrupted_sweep_resumes_reproducing_the_uninterrupted_one(asha, tmp_p
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "ddp_exp", *SWEEP, f"hydra.sweep.dir={sweep_dir}"]
     watched = start_watched(cmd, tmp_path, uuid.uuid4().hex, "#3 :")
-    assert watched.seen.wait(120), watched.text
+    assert watched.seen.wait(HANG_S), watched.text
     watched.proc.send_signal(signal.SIGINT)
     assert watched.proc.wait(60) != 0
     interrupted = study_trials(sweep_dir)

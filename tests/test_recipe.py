@@ -286,7 +286,7 @@ def test_test_accuracy_is_identical_for_world_size_1_and_3(run_cli, compose, tmp
     assert one["test/accuracy"] == three["test/accuracy"] == correct / 101
     assert rel_close(one["test/loss"], loss, 1e-6) and rel_close(three["test/loss"], loss, 1e-6)
     # trainer.max_steps stopped the epoch part-way: last.pt is the step checkpoint at step 2
-    # (test_resume_followups.py); the new best epoch's best.pt is the whole state after the
+    # (test_resume_max_steps.py); the new best epoch's best.pt is the whole state after the
     # partial epoch's validation, marked so that continuing from it is refused.
     folder = three_run.job_dir / "checkpoints"
     assert sorted(os.listdir(folder)) == ["best.pt", "last.pt"]

@@ -6,6 +6,7 @@ the run never interrupted (1e-5: sums over another number of ranks round differe
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import time
@@ -15,9 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import QUIET, refused_before_ranks, run_tagged
+from helpers import HANG_S, QUIET, folder_files, load_ckpt, refused_before_ranks, run_tagged
 from helpers import tests_on_path as on_path
 from resume_support import HoldingMLP, global_order, mid_epoch, served
+
+from ddp_exp.launch import build
+from ddp_exp.train import state as train_state
 
 NUM_TRAIN = 256  # divisible by 1, 2 and 4 ranks: no padding duplicate in any world
 GLOBAL_BATCH = 32
@@ -101,7 +105,7 @@ class SavingMLP(HoldingMLP):
     one. A test's class, reached by the ranks as ``test_resume_world_size.SavingMLP``."""
 
     def _hold(self) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         state = None
         while state is None or state["epoch"] != self.epoch:
             assert time.monotonic() < deadline, f"no step checkpoint at {self.checkpoint}"
@@ -168,3 +172,64 @@ def test_saved_at_two_ranks_mid_epoch_resumes_at_one_and_four(tmp_path, compose)
         for name in weights[1]:
             torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=1e-5,
                                        msg=f"world {world}: {name}")
+
+
+# ----------------------------------------------- 4. advice that works in another world size
+def test_exact_batch_advice_names_only_what_is_accepted():
+    assert train_state.exact_batch_advice(8, 4) == "data.global_batch_size=8"
+    advice = train_state.exact_batch_advice(8, 3)
+    assert "data.global_batch_size=8" in advice and "world_size=1, 2, 4 or 8" in advice
+    assert "3 ranks cannot divide" in advice
+    assert "world_size=1, 2, 4, 8, 16, 32 or 64" in train_state.exact_batch_advice(64, 3)
+
+
+def test_the_epoch_end_warning_keeps_only_a_global_batch_the_world_divides(compose, caplog):
+    state = {"world_size": 2, "global_batch_size": 64}
+    with caplog.at_level(logging.INFO, logger="ddp_exp"):
+        build._log_world_change(compose("world_size=3", "data.batch_size=32"), state, 3)
+        text = caplog.text
+        assert "keep data.global_batch_size=64" not in text, text  # 3 ranks cannot take 64
+        assert "world_size=1, 2, 4, 8, 16, 32 or 64 with data.global_batch_size=64" in text
+        caplog.clear()
+        build._log_world_change(compose("world_size=4", "data.batch_size=8"), state, 4)
+        assert "keep data.global_batch_size=64 for an exact continuation" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_step_checkpoint_in_another_world_is_refused_with_advice_that_works(run_cli, tmp_path):
+    """Saved at world_size=2 with data.global_batch_size=8 inside epoch 1; resumed at
+    world_size=3 (global batch 12): one line, exit 2, no "resuming ..." line before it, no
+    data.global_batch_size=8 offered to 3 ranks, no epoch file named where none exists."""
+    common = ("trainer.epochs=1", "trainer.checkpoint_every_n_steps=5", "trainer.max_steps=12",
+              QUIET)
+    first = run_cli("world_size=2", "data.global_batch_size=8", *common).ok()
+    last = load_ckpt(first.job_dir / "checkpoints" / "last.pt")
+    assert last["position"] > 0 and last["global_batch_size"] == 8  # inside epoch 1
+    before = folder_files(first.job_dir)
+    resume = ("trainer.resume=auto", "trainer.max_steps=20", "trainer.epochs=1",
+              "trainer.checkpoint_every_n_steps=5", QUIET)
+    refused = run_cli("world_size=3", "data.batch_size=4", *resume)
+    assert refused.returncode == 2, refused.stderr
+    assert "resuming a world" not in refused.stdout + refused.stderr  # none before a refusal
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    line = lines[0]
+    assert "resume with data.global_batch_size=8" not in line, line
+    assert "world_size=1, 2, 4 or 8 with data.global_batch_size=8" in line, line
+    assert "epoch_" not in line, line  # no epoch file exists in that folder
+    # (the job log aside: the refused world's oversubscription line is appended to it)
+    assert _without_log(folder_files(first.job_dir)) == _without_log(before)
+    checkpoints = first.job_dir / "checkpoints"
+    shutil.copy(checkpoints / "last.pt", checkpoints / "epoch_0000.pt")
+    named = run_cli("world_size=3", "data.batch_size=4", *resume)
+    assert named.returncode == 2, named.stderr
+    assert f"({checkpoints / 'epoch_0000.pt'})" in named.stderr, named.stderr
+    (checkpoints / "epoch_0000.pt").unlink()
+    # The world sizes it names are accepted: 4 ranks continue it exactly.
+    fits = run_cli("world_size=4", "data.global_batch_size=8", *resume[:-1], QUIET)
+    assert fits.returncode == 0, fits.stderr
+    assert load_ckpt(checkpoints / "last.pt")["global_step"] == 20
+
+
+def _without_log(files: dict) -> dict:
+    return {path: data for path, data in files.items() if path.name != "ddp_exp.log"}

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import torch
-from helpers import QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
+from helpers import HANG_S, QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
 
 from ddp_exp.config.errors import ConfigError
 
@@ -37,7 +37,7 @@ def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, stdin=subprocess.DEVNULL))
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = [p.communicate(timeout=HANG_S)[0] for p in procs]
     finally:
         for p in procs:  # a hang fails the test, and leaves no process behind
             p.kill()
@@ -429,7 +429,7 @@ def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
             cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             stdin=subprocess.DEVNULL))
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = [p.communicate(timeout=HANG_S)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()

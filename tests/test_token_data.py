@@ -22,6 +22,7 @@ from ddp_exp.config.schema import DataConfig, TokensDataConfig
 from ddp_exp.config.view import section
 from ddp_exp.data import tokens as tk
 from ddp_exp.data.loaders import RankData
+from ddp_exp.metrics.progress import EpochResult, epoch_line
 
 
 def _data_cfg(**extra):
@@ -247,3 +248,31 @@ def test_a_sparse_4gb_file_trains(run_cli, sparse_4gb):
     m = run.metrics
     assert m["global_step"] == 20 and m["val/num_samples"] == 2 * 2 * 64
     assert m["perf/max_rss_mb"] < 1024, m["perf/max_rss_mb"]  # the file: 4096 MB
+
+
+# ----------------------------------------------------------------- 6. data=tokens' units
+def test_the_epoch_line_names_the_unit_it_counts():
+    val = {"val/loss": 1.0, "val/accuracy": None, "val/num_samples": 10}
+    tokens = EpochResult(0, 10, 2.0, 2560, 1.0, val, unit="tokens")
+    assert epoch_line(tokens, 1).endswith("| 2,560 tokens/s")
+    samples = EpochResult(0, 10, 2.0, 640, 1.0, val)
+    assert epoch_line(samples, 1).endswith("| 640 samples/s")
+
+
+@pytest.mark.slow
+def test_token_runs_count_samples_as_samples(run_cli):
+    """data=tokens: the epoch line says tokens/s, metrics.json's train/num_samples and
+    train/samples_per_sec count the windows trained (20 steps x 32 of the 3277),
+    train/num_tokens and train/tokens_per_sec their tokens (16 per window)."""
+    run = run_cli("data=tokens", "model=gpt", "model.n_layer=1", "model.n_head=2",
+                  "model.n_embd=16", "data.block_size=16", "world_size=2", "trainer.epochs=1",
+                  "trainer.max_steps=20", "trainer.limit_val_batches=1", QUIET).ok()
+    metrics = run.metrics
+    assert metrics["train/num_samples"] == 20 * 32
+    assert metrics["train/num_tokens"] == 20 * 32 * 16
+    assert abs(metrics["train/tokens_per_sec"] - 16 * metrics["train/samples_per_sec"]) <= (
+        1e-9 * metrics["train/tokens_per_sec"])
+    output = run.stdout + run.stderr
+    epoch = [line for line in output.splitlines() if "| step 20 |" in line]
+    assert epoch and epoch[0].rstrip().endswith("tokens/s"), output
+    assert "samples/s" not in epoch[0]

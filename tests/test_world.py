@@ -423,3 +423,16 @@ def test_every_start_method_trains_the_same_model(run_cli, default_run_1_epoch):
             assert other.metrics[key] == fork.metrics[key], (start_method, key)
         b = torch.load(other.job_dir / "model.pt", weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a), start_method
+
+
+@pytest.mark.slow
+def test_a_global_batch_larger_than_the_training_set_is_said(run_cli):
+    """world_size=100 at the default batch gave a global batch of 3,200 for digits' 1,500
+    training samples without a word (a fresh user): each step took the whole set. Now one
+    warning line says so, with the step's real size per rank."""
+    run = run_cli("world_size=2", "data.batch_size=1000", "trainer.epochs=1",
+                  "print_config=false").ok()
+    out = run.stdout + run.stderr
+    assert ("the global batch of 2000 is larger than the 1500 training samples: each "
+            "optimizer step takes the whole training set (750 per rank), not 2000") in out
+    assert run.metrics["steps_per_epoch"] == 1
