@@ -32,6 +32,12 @@ import signal
 import sys
 import time
 
+from ddp_exp.io.console import protect_console
+
+# First of all: a console that is gone (a closed pipe, closed descriptors, a hung-up terminal)
+# must never raise into the code that writes the job's record (ddp_exp.io.console).
+protect_console()
+
 
 def _interrupted_while_importing(signum: int, frame: object) -> None:
     """Ctrl-C while the imports below run (torch's takes seconds): nothing has been made yet,
@@ -129,6 +135,7 @@ def _task(cfg: DictConfig) -> float | None:
     main_process = is_rank0() and owns_folder(cfg)
     t_start = time.time()
     error, code = None, 0
+    say = None  # the error line for the console, printed once status.json is written
     job_dir, overrides = hc.runtime.output_dir, task_overrides(hc)
     try:
         hydra_dir = (os.path.join(job_dir, hc.output_subdir) if hc.output_subdir is not None
@@ -166,16 +173,16 @@ def _task(cfg: DictConfig) -> float | None:
                 print(requeued, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None
     except RankFailed as exc:  # under torchrun or srun: this process was a failed rank
-        if exc.report:
-            print(f"error: {exc.line}", file=sys.stderr, flush=True)
+        if exc.report:  # the record first: the console may be gone (ddp_exp.io.console)
             write_status(exc.job_dir, "failed", overrides, time.time() - t_start, exc.line)
+            print(f"error: {exc.line}", file=sys.stderr, flush=True)
         else:  # let the first failed rank report and exit first: torchrun names it the cause
             time.sleep(PEER_FAILURE_GRACE_S)
         raise SystemExit(EXIT_RANK_FAILED) from None
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = rendezvous_line(exc, cfg)
         if main_process:
-            print(f"error: {line}", file=sys.stderr, flush=True)
+            say = f"error: {line}"
         error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
         error, raised = world_failure(exc)
@@ -183,7 +190,7 @@ def _task(cfg: DictConfig) -> float | None:
         if raised:  # an exception in a rank (the user's code, or ours): one line
             log_to_job_log_only(logging.ERROR, f"training failed\n{exc.format_msg()}")
             if main_process:
-                print(f"error: {error}", file=sys.stderr, flush=True)
+                say = f"error: {error}"
         else:
             log.error("training failed\n%s", exc.format_msg())
     except SignalException as exc:  # the elastic agent stopped every rank before raising this
@@ -210,6 +217,8 @@ def _task(cfg: DictConfig) -> float | None:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error,
                      None if error or final is None else final.get("pruned_at_epoch"))
+    if say:  # after the record: what happens to the console cannot cost status.json
+        print(say, file=sys.stderr, flush=True)
     if error is None:
         return objective(None if final is None else final.get("val/loss"), hc.sweeper)
     if hc.mode == RunMode.MULTIRUN:

@@ -41,6 +41,7 @@ from ddp_exp.distributed.process_group import (
     threads_per_rank,
 )
 from ddp_exp.io import checkpoint
+from ddp_exp.io.console import protect_console
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.rank import parent, preemption
@@ -229,6 +230,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # The launcher's death, whatever its signal (SIGKILL too), ends this rank at once; a
     # launcher already gone ends it now (ddp_exp.rank.parent).
     parent.end_with_launcher(parent.launcher_from_env())
+    protect_console()  # a rank started by spawn: its console can fail nothing (ddp_exp.io.console)
     # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()
