@@ -12,12 +12,13 @@ import sys
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp.compat import messages
 from ddp_exp.compat.omegaconf import open_node
-from ddp_exp.config import schema
+from ddp_exp.config import schema, user_dir
 from ddp_exp.config.errors import ConfigError
 from hydra_plugins import ddp_optuna_sweeper
 
@@ -29,6 +30,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
     ddp_optuna_sweeper.register()  # hydra/sweeper=ddp_optuna, also from an editable install
+    # A user's --config-dir before the packaged configs (hydra #2758; ddp_exp.config.user_dir).
+    Plugins.instance().register(user_dir.UserConfigDirFirst)
     for group, name, node in schema.SCHEMAS:
         if (group, name) in schema.OPEN_SCHEMAS:
             node = open_node(node)
