@@ -145,6 +145,10 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)
+        classes = getattr(data.train, "classes", None)
+        if classes:  # the names of labels 0..C-1 (a file's string labels, sorted)
+            writer.write_json("classes.json", {"classes": list(classes),
+                                               "rule": "label i is classes[i]"})
         # The loop listens for a preemption only where trainer.preempt_signal is on (its
         # checks then decide at once: a stop within one logging interval).
         watch = preemption.signal_number(cfg.trainer.preempt_signal,
