@@ -59,6 +59,7 @@ from ddp_exp.cli.errors import (
     error_exit,
     rendezvous_line,
 )
+from ddp_exp.cli.flags import flag_among_overrides
 from ddp_exp.cli.signals import (
     Interrupted,
     exit_now,
@@ -266,9 +267,10 @@ def _main() -> None:
 
     sys.argv = multirun_flag_first(sys.argv)  # Hydra's parser takes -m before the overrides
     sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
-    empty = empty_output_folder(sys.argv[1:])
-    if empty:
-        print(f"error: {empty}", file=sys.stderr, flush=True)
+    refused = empty_output_folder(sys.argv[1:]) or flag_among_overrides(sys.argv[1:])
+    if refused:  # before Hydra parses the command and makes any folder
+        if is_rank0():  # under torchrun every rank parses alike
+            print(f"error: {refused}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR)
     stop_on_sigterm()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"

@@ -55,6 +55,7 @@ from ddp_exp.job.earlier_run import run_status
 from ddp_exp.job.sweep import log_config
 from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
+from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
 from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import parent, preemption
@@ -92,16 +93,16 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     signum = preemption.signal_number(cfg.trainer.preempt_signal, cfg.launcher.cluster)
     with preemption.forwarded(signum, agent.rank_pids) as held:
         preemption.continue_stopped(cfg, job_dir, run_status(job_dir))
+        # Worlds sharing this machine's cores: tasks standing for nodes, a sweep's parallel jobs.
+        jobs = parallel_jobs()
+        sharing = (layout.tasks_on_host if layout is not None else 1) * jobs
         with build_failure_recorded(job_dir, owner):
-            nproc, inputs = prepare_world(cfg, job_dir,
-                                          layout.tasks_on_host if layout is not None else 1)
+            nproc, inputs = prepare_world(cfg, job_dir, sharing, jobs)
         env = {}
-        if (layout is not None and layout.tasks_on_host > 1
-                and "OMP_NUM_THREADS" not in os.environ):
-            # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
-            # over every rank on the machine).
+        if sharing > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # threads_per_rank's rule, over every rank on the machine.
             cores = len(os.sched_getaffinity(0))
-            env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
+            env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * sharing)))
         if cfg.launcher.start_method == "fork":
             _preload_for_ranks()
         if cfg.print_config:  # once per sweep: later jobs print their overrides
@@ -126,12 +127,13 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return results.get(0)
 
 
-def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
+def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1
                   ) -> tuple[int, RankInputs]:
     """Everything this launcher checks and builds before its ranks start, in order: the
     config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
     precision on that device, the oversubscription warning (over the ranks of
-    ``tasks_on_host`` tasks on this machine), then the data, model and the rest
+    ``tasks_on_host`` tasks on this machine, ``jobs`` of them a sweep's jobs running at once),
+    then the data, model and the rest
     (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
 
     Raises:
@@ -143,7 +145,7 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     nproc = cfg.world_size // cfg.launcher.nnodes
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
     check_precision(cfg.trainer.precision, device)
-    warning = oversubscription_warning(nproc * tasks_on_host)
+    warning = oversubscription_warning(nproc * tasks_on_host, jobs)
     if warning:
         log.warning("%s", warning)
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)

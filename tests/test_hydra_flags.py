@@ -1,0 +1,53 @@
+"""Hydra's flags among the overrides (issue 41 item 5; :mod:`ddp_exp.cli.flags`).
+
+Before: ``model=tiny --config-dir conf data=dataset`` and ``trainer.epochs=2 --cfg job seed=1``
+printed argparse's usage and "unrecognized arguments" naming the overrides, not the flag.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ddp_exp.cli.flags import flag_among_overrides
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["model=mlp", "--config-dir", "conf", "data=dataset"],
+     "--config-dir conf comes after the override model=mlp: Hydra takes its flags only before "
+     "the overrides; put them first: python -m ddp_exp --config-dir conf model=mlp data=dataset"),
+    (["trainer.epochs=2", "--cfg", "job", "seed=1"],
+     "--cfg job comes after the override trainer.epochs=2: Hydra takes its flags only before "
+     "the overrides; put them first: python -m ddp_exp --cfg job trainer.epochs=2 seed=1"),
+    (["-cd", "c", "seed=1", "--info=searchpath"],
+     "--info=searchpath comes after the override seed=1: Hydra takes its flags only before "
+     "the overrides; put them first: python -m ddp_exp -cd c --info=searchpath seed=1"),
+    (["seed=1", "--resolve", "x=a b"],
+     "--resolve comes after the override seed=1: Hydra takes its flags only before the "
+     "overrides; put them first: python -m ddp_exp --resolve seed=1 'x=a b'"),
+])
+def test_a_flag_after_an_override_is_named_with_the_command_reordered(argv, line):
+    assert flag_among_overrides(argv) == line
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["seed=1"], ["--config-dir", "conf", "model=mlp"], ["--cfg", "job", "--resolve", "a=1"],
+    ["--info", "searchpath", "seed=1"], ["--config-dir=conf", "-cn", "mine", "seed=1"],
+])
+def test_flags_first_pass(argv):
+    assert flag_among_overrides(argv) is None
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_it_in_one_line_before_any_folder(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "ddp_exp", "trainer.epochs=2", "--cfg", "job",
+                          "seed=1"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: --cfg job comes after the override trainer.epochs=2: Hydra takes its flags only "
+        "before the overrides; put them first: python -m ddp_exp --cfg job trainer.epochs=2 "
+        "seed=1"]
+    assert out.stdout == "" and list(tmp_path.iterdir()) == []
