@@ -181,7 +181,9 @@ class _AgentLogFilter(logging.Filter):
       the restarted world reads it (:func:`ddp_exp.rank.failures.restart_line`).
     * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart, and
       torch.multiprocessing's "Terminating process <pid> via signal SIGTERM" when a rank fails,
-      show only when their logger is set to DEBUG (``hydra.verbose=torch``).
+      show only when their logger is set to DEBUG (``hydra.verbose=torch``); so does the
+      agent's "Received 2 death signal, shutting down workers" on a Ctrl-C or SIGTERM, which
+      the entry point's ``interrupted (SIGINT)`` says.
     """
 
     def __init__(self, failures_file: str, first_rank: int | None) -> None:
@@ -200,6 +202,9 @@ class _AgentLogFilter(logging.Filter):
         text = json.dumps(self.failures)
         atomic_write(self.failures_file, lambda fh: fh.write(text.encode()))
         return False
+
+
+AGENT_SERVER_LOGGER = "torch.distributed.elastic.agent.server.api"
 
 
 def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True,
@@ -245,6 +250,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         rdzv_backend = rendezvous.BACKEND
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process" lines
+    agent_server_log = logging.getLogger(AGENT_SERVER_LOGGER)  # "Received 2 death signal"
     # Global rank of this node's local rank 0: known on one node and with static node ranks.
     first_rank = (0 if la.nnodes == 1 else
                   la.node_rank * nproc if la.rdzv_backend == "static" else None)
@@ -266,6 +272,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         )
         agent_log.addFilter(failures)
         spawn_log.addFilter(failures)
+        agent_server_log.addFilter(failures)
         try:
             with (_environ(env), _own_signal_handlers(),
                   agent.start_ranks_safely(fork=la.start_method == "fork",
@@ -277,6 +284,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             agent_log.removeFilter(failures)
             spawn_log.removeFilter(failures)
+            agent_server_log.removeFilter(failures)
             if owns_folder:
                 jobdir.remove_partial_files(inputs.job_dir)
 
