@@ -155,14 +155,16 @@ def _task(cfg: DictConfig) -> float | None:
             sweep.discard_refused_sweep()
         raise SystemExit(0 if complete else EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
-        if main_process:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        if main_process:  # printed once status.json is written, or once the folder is gone
+            say = f"error: {exc}"
         error, code = str(exc), EXIT_CONFIG_ERROR
         # Refused in a folder that holds an earlier run: its status.json stays that run's.
         main_process = main_process and not getattr(exc, "folder_kept", False)
         if main_process and hc.mode == RunMode.MULTIRUN:  # the job's folder stays: say why
-            log.error("error: %s", exc)
+            # in its log alone: the console has the line once, below (it was printed twice)
+            log_to_job_log_only(logging.ERROR, f"error: {exc}")
         elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
+            print(say, file=sys.stderr, flush=True)
             raise SystemExit(code) from None  # a single run that never started leaves nothing
     except JobPreempted as exc:  # every rank stopped after a step checkpoint (issue 30)
         if main_process:  # the status first: a requeue may end this process at once
