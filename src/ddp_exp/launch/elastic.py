@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ddp_exp.compat import elastic_agent as agent
@@ -57,6 +58,7 @@ from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
 from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
+from ddp_exp.launch.trial_link import refuse_trial_link_in_a_plain_run
 from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
@@ -142,6 +144,10 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: i
     """
     settle(cfg)  # paths relative to the command's folder, a replaced _target_'s keys
     validate(cfg)
+    if HydraConfig.initialized():  # a trial's link copied into a plain run: refused here
+        hc = HydraConfig.get()
+        hydra_overrides = [str(o) for o in hc.overrides.hydra]  # hydra.job.env_set.* among them
+        refuse_trial_link_in_a_plain_run(hc.mode == RunMode.MULTIRUN, hydra_overrides)
     nproc = cfg.world_size // cfg.launcher.nnodes
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
     check_precision(cfg.trainer.precision, device)
