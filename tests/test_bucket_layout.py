@@ -61,7 +61,9 @@ def work(rank, ws, port, out):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    mp.spawn(work, args=(3, int(sys.argv[1]), sys.argv[2]), nprocs=3)
+    # fork: the parent has run no torch computation (ddp_exp's rule for forked ranks)
+    mp.start_processes(work, args=(3, int(sys.argv[1]), sys.argv[2]), nprocs=3,
+                       start_method="fork")
 '''
 
 
@@ -73,7 +75,7 @@ def test_a_new_ddp_object_at_3_ranks_continues_bit_for_bit(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out, script = tmp_path / "weights.pt", tmp_path / "resume_at_3.py"
-    script.write_text(SCRIPT)  # a file: spawned ranks import their function from it
+    script.write_text(SCRIPT)
     proc = subprocess.run([sys.executable, str(script), str(port), str(out)], timeout=240,
                           capture_output=True, text=True, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
