@@ -21,9 +21,9 @@ from ddp_exp.cli.flags import flag_among_overrides
     (["trainer.epochs=2", "--cfg", "job", "seed=1"],
      "--cfg job comes after the override trainer.epochs=2: Hydra takes its flags only before "
      "the overrides; put them first: python -m ddp_exp --cfg job trainer.epochs=2 seed=1"),
-    (["-cd", "c", "seed=1", "--info=searchpath"],
+    (["-cd", "c", "seed=1", "--info=searchpath", "x=1"],
      "--info=searchpath comes after the override seed=1: Hydra takes its flags only before "
-     "the overrides; put them first: python -m ddp_exp -cd c --info=searchpath seed=1"),
+     "the overrides; put them first: python -m ddp_exp -cd c --info=searchpath seed=1 x=1"),
     (["seed=1", "--resolve", "x=a b"],
      "--resolve comes after the override seed=1: Hydra takes its flags only before the "
      "overrides; put them first: python -m ddp_exp --resolve seed=1 'x=a b'"),
@@ -35,8 +35,10 @@ def test_a_flag_after_an_override_is_named_with_the_command_reordered(argv, line
 @pytest.mark.parametrize("argv", [
     [], ["seed=1"], ["--config-dir", "conf", "model=mlp"], ["--cfg", "job", "--resolve", "a=1"],
     ["--info", "searchpath", "seed=1"], ["--config-dir=conf", "-cn", "mine", "seed=1"],
+    ["seed=1", "--cfg", "job"], ["a=1", "b=2", "--config-dir", "conf", "--resolve"],
 ])
-def test_flags_first_pass(argv):
+def test_what_hydras_parser_takes_passes(argv):
+    """Flags first, or after every override: argparse takes both."""
     assert flag_among_overrides(argv) is None
 
 
@@ -51,3 +53,20 @@ def test_the_cli_refuses_it_in_one_line_before_any_folder(tmp_path):
         "before the overrides; put them first: python -m ddp_exp --cfg job trainer.epochs=2 "
         "seed=1"]
     assert out.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["model=mlp", "--config-dir", "conf", "data=dataset"], ["seed=1", "--cfg", "job"],
+    ["a=1", "b=2", "--config-dir", "conf", "--resolve"], ["--cfg", "job", "seed=1", "x=2"],
+    ["-cd", "c", "seed=1", "--info=searchpath", "x=1"], ["seed=1", "-p", "pkg", "x=1"],
+])
+def test_contract_refused_exactly_where_hydras_parser_refuses(argv, capsys):
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        get_args_parser().parse_args(argv)
+        accepted = True
+    except SystemExit:
+        accepted = False
+    capsys.readouterr()
+    assert (flag_among_overrides(argv) is None) == accepted

@@ -19,7 +19,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _cfg_job(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_exp", *args, "--cfg", "job"], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "ddp_exp", "--cfg", "job", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
 

@@ -33,18 +33,22 @@ def _flag(arg: str) -> str | None:
 
 
 def flag_among_overrides(argv: list[str], prog: str = "python -m ddp_exp") -> str | None:
-    """One line for a Hydra flag after an override in ``argv`` (the arguments, without the
-    program): names the flag and the override before it, and gives the command reordered
-    (flags with their values first, overrides in their order). None when every flag comes
-    first."""
+    """One line for a Hydra flag among the overrides in ``argv`` (the arguments, without the
+    program): an override before it and one after it, which argparse refuses ("unrecognized
+    arguments"; flags after every override it accepts). Names the flag and the override before
+    it, and gives the command reordered (flags with their values first, overrides in their
+    order). None when Hydra's parser takes the command."""
     flags: list[str] = []
     overrides: list[str] = []
-    misplaced: tuple[str, str] | None = None
+    after: tuple[str, str] | None = None  # the first flag after an override, and that override
+    misplaced: tuple[str, str] | None = None  # ... once an override follows it (argparse's error)
     i = 0
     while i < len(argv):
         arg = argv[i]
         flag = _flag(arg)
         if flag is None:
+            if after is not None and misplaced is None:
+                misplaced = after
             overrides.append(arg)
             i += 1
             continue
@@ -53,8 +57,8 @@ def flag_among_overrides(argv: list[str], prog: str = "python -m ddp_exp") -> st
         if "=" not in arg and i + 1 < len(argv) and (
                 takes == 1 or (takes == "?" and argv[i + 1] in INFO_CHOICES)):
             group.append(argv[i + 1])
-        if overrides and misplaced is None:
-            misplaced = (" ".join(group), overrides[-1])
+        if overrides and after is None:
+            after = (" ".join(group), overrides[-1])
         flags.extend(group)
         i += len(group)
     if misplaced is None:
