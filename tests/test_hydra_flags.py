@@ -70,3 +70,11 @@ def test_contract_refused_exactly_where_hydras_parser_refuses(argv, capsys):
         accepted = False
     capsys.readouterr()
     assert (flag_among_overrides(argv) is None) == accepted
+
+
+def test_flags_after_every_override_are_moved_first_for_the_overrides_ddp_exp_appends():
+    from ddp_exp.cli.flags import flags_first
+
+    assert flags_first(["seed=1", "x=2", "--cfg", "job", "--resolve"]) == [
+        "--cfg", "job", "--resolve", "seed=1", "x=2"]
+    assert flags_first(["--config-dir=c", "seed=1"]) == ["--config-dir=c", "seed=1"]

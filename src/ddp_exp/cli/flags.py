@@ -32,12 +32,9 @@ def _flag(arg: str) -> str | None:
     return name if name in HYDRA_FLAGS else None
 
 
-def flag_among_overrides(argv: list[str], prog: str = "python -m ddp_exp") -> str | None:
-    """One line for a Hydra flag among the overrides in ``argv`` (the arguments, without the
-    program): an override before it and one after it, which argparse refuses ("unrecognized
-    arguments"; flags after every override it accepts). Names the flag and the override before
-    it, and gives the command reordered (flags with their values first, overrides in their
-    order). None when Hydra's parser takes the command."""
+def _split(argv: list[str]) -> tuple[list[str], list[str], tuple[str, str] | None]:
+    """``argv``'s Hydra flags (with their values) and overrides, each in their order, and the
+    first flag that argparse would refuse with the override before it (or None)."""
     flags: list[str] = []
     overrides: list[str] = []
     after: tuple[str, str] | None = None  # the first flag after an override, and that override
@@ -61,6 +58,24 @@ def flag_among_overrides(argv: list[str], prog: str = "python -m ddp_exp") -> st
             after = (" ".join(group), overrides[-1])
         flags.extend(group)
         i += len(group)
+    return flags, overrides, misplaced
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """``argv`` (arguments without the program) with its Hydra flags before its overrides, the
+    same command for Hydra's parser where it takes it (flags after every override), so that
+    overrides ddp_exp appends (torchrun's ranks, a primary config's check) stay overrides."""
+    flags, overrides, _ = _split(argv)
+    return [*flags, *overrides]
+
+
+def flag_among_overrides(argv: list[str], prog: str = "python -m ddp_exp") -> str | None:
+    """One line for a Hydra flag among the overrides in ``argv`` (the arguments, without the
+    program): an override before it and one after it, which argparse refuses ("unrecognized
+    arguments"; flags after every override it accepts). Names the flag and the override before
+    it, and gives the command reordered (flags with their values first, overrides in their
+    order). None when Hydra's parser takes the command."""
+    flags, overrides, misplaced = _split(argv)
     if misplaced is None:
         return None
     given, after = misplaced

@@ -59,7 +59,7 @@ from ddp_exp.cli.errors import (
     error_exit,
     rendezvous_line,
 )
-from ddp_exp.cli.flags import flag_among_overrides
+from ddp_exp.cli.flags import flag_among_overrides, flags_first
 from ddp_exp.cli.signals import (
     Interrupted,
     exit_now,
@@ -268,8 +268,10 @@ def _main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     sys.argv = multirun_flag_first(sys.argv)  # Hydra's parser takes -m before the overrides
-    sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
     refused = empty_output_folder(sys.argv[1:]) or flag_among_overrides(sys.argv[1:])
+    if not refused:  # flags after every override: first, so that appended overrides follow
+        sys.argv = sys.argv[:1] + flags_first(sys.argv[1:])
+    sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
     if refused:  # before Hydra parses the command and makes any folder
         if is_rank0():  # under torchrun every rank parses alike
             print(f"error: {refused}", file=sys.stderr, flush=True)
