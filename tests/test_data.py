@@ -307,7 +307,8 @@ def test_load_file_nan_features(tmp_path, kind):
 @pytest.mark.parametrize("content", [
     "1.0,2.0,0\n3.0,abc,1\n5.0,6.0,0\n",          # a non-numeric cell in the body
     "a,b,label\n1.0,2.0,0\nx,y,z\n",               # header, then a non-numeric row
-    "1.0,2.0,cat\n3.0,4.0,dog\n",                  # string targets
+    "1.0,x,cat\n3.0,4.0,dog\n",                    # a word among the features (names as
+                                                   # targets are classes: test_string_labels)
 ])
 def test_load_file_non_numeric_csv(tmp_path, content):
     path = tmp_path / "d.csv"

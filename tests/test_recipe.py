@@ -384,7 +384,7 @@ def test_sweep_summary_has_the_recipe_columns(tmp_path):
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert {k: rows[0][k] for k in ("best/val/loss", "best/epoch", "stopped_early", "test/loss",
                                     "test/accuracy")} == {
-        "best/val/loss": "0.4", "best/epoch": "3", "stopped_early": "True", "test/loss": "0.45",
+        "best/val/loss": "0.4", "best/epoch": "3", "stopped_early": "true", "test/loss": "0.45",
         "test/accuracy": "0.9"}
     assert rows[1]["best/val/loss"] == "" and "test/num_samples" not in rows[0]
     assert "best/epoch" in (tmp_path / "summary.md").read_text()

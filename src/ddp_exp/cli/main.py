@@ -32,6 +32,12 @@ import signal
 import sys
 import time
 
+from ddp_exp.io.console import protect_console
+
+# First of all: a console that is gone (a closed pipe, closed descriptors, a hung-up terminal)
+# must never raise into the code that writes the job's record (ddp_exp.io.console).
+protect_console()
+
 
 def _interrupted_while_importing(signum: int, frame: object) -> None:
     """Ctrl-C while the imports below run (torch's takes seconds): nothing has been made yet,
@@ -54,6 +60,7 @@ from ddp_exp.cli.errors import (
     error_exit,
     rendezvous_line,
 )
+from ddp_exp.cli.flags import flag_among_overrides, flags_first
 from ddp_exp.cli.registry import register
 from ddp_exp.cli.signals import (
     Interrupted,
@@ -131,6 +138,7 @@ def _task(cfg: DictConfig) -> float | None:
     main_process = is_rank0() and owns_folder(cfg)
     t_start = time.time()
     error, code = None, 0
+    say = None  # the error line for the console, printed once status.json is written
     job_dir, overrides = hc.runtime.output_dir, task_overrides(hc)
     try:
         hydra_dir = (os.path.join(job_dir, hc.output_subdir) if hc.output_subdir is not None
@@ -149,14 +157,16 @@ def _task(cfg: DictConfig) -> float | None:
             sweep.discard_refused_sweep()
         raise SystemExit(0 if complete else EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
-        if main_process:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        if main_process:  # printed once status.json is written, or once the folder is gone
+            say = f"error: {exc}"
         error, code = str(exc), EXIT_CONFIG_ERROR
         # Refused in a folder that holds an earlier run: its status.json stays that run's.
         main_process = main_process and not getattr(exc, "folder_kept", False)
         if main_process and hc.mode == RunMode.MULTIRUN:  # the job's folder stays: say why
-            log.error("error: %s", exc)
+            # in its log alone: the console has the line once, below (it was printed twice)
+            log_to_job_log_only(logging.ERROR, f"error: {exc}")
         elif main_process and remove_refused_folder(job_dir, hc.output_subdir, job_log_file()):
+            print(say, file=sys.stderr, flush=True)
             raise SystemExit(code) from None  # a single run that never started leaves nothing
     except JobPreempted as exc:  # every rank stopped after a step checkpoint (issue 30)
         if main_process:  # the status first: a requeue may end this process at once
@@ -168,16 +178,16 @@ def _task(cfg: DictConfig) -> float | None:
                 print(requeued, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None
     except RankFailed as exc:  # under torchrun or srun: this process was a failed rank
-        if exc.report:
-            print(f"error: {exc.line}", file=sys.stderr, flush=True)
+        if exc.report:  # the record first: the console may be gone (ddp_exp.io.console)
             write_status(exc.job_dir, "failed", overrides, time.time() - t_start, exc.line)
+            print(f"error: {exc.line}", file=sys.stderr, flush=True)
         else:  # let the first failed rank report and exit first: torchrun names it the cause
             time.sleep(PEER_FAILURE_GRACE_S)
         raise SystemExit(EXIT_RANK_FAILED) from None
     except (RendezvousError, DistError) as exc:  # the launcher's rendezvous, not a rank
         line = rendezvous_line(exc, cfg)
         if main_process:
-            print(f"error: {line}", file=sys.stderr, flush=True)
+            say = f"error: {line}"
         error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
         error, raised = world_failure(exc)
@@ -185,7 +195,7 @@ def _task(cfg: DictConfig) -> float | None:
         if raised:  # an exception in a rank (the user's code, or ours): one line
             log_to_job_log_only(logging.ERROR, f"training failed\n{exc.format_msg()}")
             if main_process:
-                print(f"error: {error}", file=sys.stderr, flush=True)
+                say = f"error: {error}"
         else:
             log.error("training failed\n%s", exc.format_msg())
     except SignalException as exc:  # the elastic agent stopped every rank before raising this
@@ -212,6 +222,8 @@ def _task(cfg: DictConfig) -> float | None:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error,
                      None if error or final is None else final.get("pruned_at_epoch"))
+    if say:  # after the record: what happens to the console cannot cost status.json
+        print(say, file=sys.stderr, flush=True)
     if error is None:
         return objective(None if final is None else final.get("val/loss"), hc.sweeper)
     if hc.mode == RunMode.MULTIRUN:
@@ -271,10 +283,13 @@ def _signal_exception() -> type[BaseException]:
 
 def _main() -> None:
     sys.argv = multirun_flag_first(sys.argv)  # Hydra's parser takes -m before the overrides
+    refused = empty_output_folder(sys.argv[1:]) or flag_among_overrides(sys.argv[1:])
+    if not refused:  # flags after every override: first, so that appended overrides follow
+        sys.argv = sys.argv[:1] + flags_first(sys.argv[1:])
     sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
-    empty = empty_output_folder(sys.argv[1:])
-    if empty:
-        print(f"error: {empty}", file=sys.stderr, flush=True)
+    if refused:  # before Hydra parses the command and makes any folder
+        if is_rank0():  # under torchrun every rank parses alike
+            print(f"error: {refused}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CONFIG_ERROR)
     stop_on_sigterm()
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"

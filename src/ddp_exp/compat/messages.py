@@ -70,7 +70,10 @@ REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]+)")
 BROKEN_ARCHIVE = "zip archive"
 STOCK_LOAD = "a file that does not load is named with torch's error's first sentence"
-CLOSING = ("Closing process", "Terminating process")
+# torch 2.13's elastic agent (torch.distributed.elastic.agent.server.api) on Ctrl-C or SIGTERM:
+# "Received %s death signal, shutting down workers" (the entry point's one line says it).
+DEATH_SIGNAL = "Received %s death signal"
+CLOSING = ("Closing process", "Terminating process", DEATH_SIGNAL)
 
 
 def hydra_group_given_twice(text: str) -> str | None:
@@ -139,8 +142,9 @@ def agent_rank_failure(record: Any) -> tuple[Any, Any] | None:
 
 def agent_closing_process(message: str) -> bool:
     """True for the elastic agent's "Closing process <pid> via signal SIGTERM" line (and
-    torch.multiprocessing's "Terminating process ..."), logged once per rank it stops; False
-    for any other, or on a torch other than 2.13."""
+    torch.multiprocessing's "Terminating process ..."), logged once per rank it stops, and for
+    its "Received 2 death signal, shutting down workers" on a signal; False for any other, or
+    on a torch other than 2.13."""
     return str(message).startswith(CLOSING) and written_for(
         "torch", "the elastic agent's 'Closing process' record",
         "each rank stopped is logged (Closing process <pid> via signal SIGTERM)")

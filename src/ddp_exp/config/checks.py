@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp.config import ranges, schema
 from ddp_exp.config.compose import group_options
 from ddp_exp.config.errors import ConfigError, _check
+from ddp_exp.config.user_dir import replaced_hint
 
 OPTIM_OWN_KEYS = ("lr_scaling", "reference_batch_size")  # not arguments of the optimizer
 
@@ -109,7 +110,8 @@ def validate(cfg: DictConfig) -> None:
     for key in ("_target_", "batch_size", "val_size", "shuffle", "num_workers"):
         _check(key in cfg.data, f"data.{key}", None,
                "every data config needs it (extend schema/data/base)")
-    _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp")
+    _check("_target_" in cfg.model, "model._target_", None, "a model class, e.g. model=mlp"
+           + replaced_hint("model", _choice("model")))
     _check("lr" in cfg.optim, "optim.lr", None, "a non-negative learning rate")
 
     typed = OmegaConf.to_object(cfg)  # every section's __post_init__: its ranges
@@ -220,6 +222,15 @@ def check_precision(precision: str, device: str) -> None:
     if precision == "16-mixed" and device != "cuda":
         raise ConfigError("trainer.precision=16-mixed needs device=cuda; use bf16-mixed or "
                           "32-true on the CPU")
+
+
+def _choice(group: str) -> str | None:
+    """The option of config group ``group`` the running Hydra job chose (None outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return OmegaConf.select(HydraConfig.get(), f"runtime.choices.{group}")
 
 
 def _typed_overrides() -> list[str]:

@@ -12,22 +12,25 @@ import sys
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp.compat import messages
 from ddp_exp.compat.omegaconf import open_node
-from ddp_exp.config import schema
+from ddp_exp.config import schema, user_dir
 from ddp_exp.config.errors import ConfigError
 
 
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (:data:`ddp_exp.config.schema.SCHEMAS`, group
     ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
-    once per process. The plugins (``hydra/sweeper=ddp_optuna``) are the entry's to register:
+    once per process, and the search-path plugin that puts a user's ``--config-dir`` first. The sweeper plugin (``hydra/sweeper=ddp_optuna``) is the entry's to register:
     :func:`ddp_exp.cli.registry.register`."""
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
+    # A user's --config-dir before the packaged configs (hydra #2758; ddp_exp.config.user_dir).
+    Plugins.instance().register(user_dir.UserConfigDirFirst)
     for group, name, node in schema.SCHEMAS:
         if (group, name) in schema.OPEN_SCHEMAS:
             node = open_node(node)

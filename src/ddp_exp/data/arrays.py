@@ -26,11 +26,14 @@ class ArrayDataset:
         targets: int64 class labels ``[N]`` (classification) or float32 ``[N, num_outputs]``
             (regression).
         num_classes: number of classes, or 0 for regression.
+        classes: the class names of labels ``0..C-1`` where the data named its classes (a
+            file's string labels, sorted: :mod:`ddp_exp.data.user_file`), else None.
     """
 
     features: np.ndarray
     targets: np.ndarray
     num_classes: int
+    classes: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.features)
@@ -48,7 +51,8 @@ class ArrayDataset:
     random = False  # batches never depend on random draws
 
     def subset(self, indices: np.ndarray) -> ArrayDataset:
-        return ArrayDataset(self.features[indices], self.targets[indices], self.num_classes)
+        return ArrayDataset(self.features[indices], self.targets[indices], self.num_classes,
+                            self.classes)
 
     def batch(self, positions: Sequence[int], items_read: Any = None):
         """Samples at ``positions`` as tensors ``(x [B, ...] float32, y [B] or [B, k])``.

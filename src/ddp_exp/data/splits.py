@@ -107,7 +107,7 @@ def standardize(datasets: Datasets) -> Datasets:
 
     def scaled(part: ArrayDataset) -> ArrayDataset:
         x = ((part.features.astype(np.float64) - mean) / std).astype(np.float32)
-        return ArrayDataset(x, part.targets, part.num_classes)
+        return ArrayDataset(x, part.targets, part.num_classes, part.classes)
 
     stats = {"mean": mean.tolist(), "std": std.tolist(),
              "rule": "x_scaled = (x - mean) / std, statistics of the training split"}

@@ -32,7 +32,10 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
     ``.csv``: numeric columns, the last one the target; a non-numeric first row is a header.
     ``task=auto`` treats integer targets as class labels ``0..C-1`` (in a CSV: non-negative whole
     numbers below 1000 with at most 100 distinct values), anything else as regression; the
-    inference is logged.
+    inference is logged. Targets that are names (a CSV's ``cat``/``dog``, a string array) are
+    classes: label ``i`` is the ``i``-th name in sorted order (:func:`classes_of`), the same
+    for every rank and world size; the dataset's ``classes`` holds the names (rank 0 writes
+    them to ``classes.json``).
 
     Raises:
         ConfigError: the file is missing, of an unknown kind, or its content is unusable.
@@ -109,7 +112,15 @@ def _read_csv(full: str):
     header = 0 if any(numeric(f) for f in first) else 1
     with warnings.catch_warnings():  # an empty file: our error below, not numpy's warning
         warnings.simplefilter("ignore", UserWarning)
-        table = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=np.float64)
+        cells = np.loadtxt(full, delimiter=",", skiprows=header, ndmin=2, dtype=str)
+    cells = np.char.strip(cells)
+    names = None
+    if cells.shape[0] and cells.shape[1] >= 2 and not all(map(numeric, cells[:, -1])):
+        names = cells[:, -1]  # a column of class names (cat, dog): labels by sorted name
+        cells = cells[:, :-1]
+    table = cells.astype(np.float64)  # a word among the features: one line naming data.path
+    if names is not None:
+        return table, names, None
     if table.shape[0] == 0:  # empty, or a header and no row
         raise ConfigError(f"data.path={full!r}: the CSV has no data rows"
                           + (f" (a header of {len(first)} column(s) only)" if header and any(first)
@@ -124,6 +135,25 @@ def _read_csv(full: str):
     return table[:, :-1], targets, integral
 
 
+def classes_of(names: np.ndarray, where: str) -> tuple[tuple[str, ...], np.ndarray]:
+    """Class names ``[N]`` (strings) -> (the sorted distinct names, int64 labels ``[N]``):
+    label ``i`` is the ``i``-th name in sorted (code point) order, so that every rank and
+    every world size that reads the same file numbers the classes alike.
+
+    Raises:
+        ConfigError: fewer than two distinct names, or an empty name.
+    """
+    names = np.asarray([str(n).strip() for n in names.tolist()])
+    if (names == "").any():
+        row = int(np.flatnonzero(names == "")[0])
+        raise ConfigError(f"{where}: target {row} is empty: every sample needs a class name")
+    classes, labels = np.unique(names, return_inverse=True)  # np.unique sorts
+    if len(classes) < 2:
+        raise ConfigError(f"{where}: every target is {str(classes[0])!r}: classification needs at "
+                          "least two classes")
+    return tuple(str(c) for c in classes), labels.astype(np.int64)
+
+
 def _to_dataset(features, targets, task: str, path: str, integral: bool | None) -> ArrayDataset:
     features = np.asarray(features)
     targets = np.asarray(targets)
@@ -133,9 +163,18 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
                           f"{features.shape}")
     if len(targets) != len(features):
         raise ConfigError(f"{where}: {len(features)} feature rows but {len(targets)} targets")
+    classes = None
+    if targets.dtype.kind in "USO" and targets.ndim == 1:  # class names
+        if task == "regression":
+            raise ConfigError(f"{where}: data.task=regression needs numeric targets; these are "
+                              "names (e.g. " + ", ".join(repr(str(t)) for t in targets[:2])
+                              + "): leave data.task=auto or set it to classification")
+        classes, targets = classes_of(targets, where)
+        task = "classification"
     if not np.issubdtype(features.dtype, np.number) or not np.issubdtype(targets.dtype,
                                                                            np.number):
-        raise ConfigError(f"{where}: features and targets must be numeric")
+        raise ConfigError(f"{where}: features and targets must be numeric (targets may also "
+                          "be class names, one per sample)")
     features = features.astype(np.float32)
     if not np.isfinite(features).all():
         raise ConfigError(f"{where}: features contain NaN or infinity")
@@ -152,6 +191,8 @@ def _to_dataset(features, targets, task: str, path: str, integral: bool | None) 
                               "sample (set data.task=regression for real-valued targets"
                               f"{per_element})")
         labels = targets.astype(np.int64)
+        if classes is not None:
+            return ArrayDataset(features, labels, num_classes=len(classes), classes=classes)
         return ArrayDataset(features, labels, num_classes=max(2, int(labels.max()) + 1))
     targets = targets.astype(np.float32).reshape(len(targets), -1)
     if not np.isfinite(targets).all():

@@ -133,8 +133,9 @@ def threads_per_rank(local_world_size: int, num_workers: int = 0) -> int:
     return max(1, len(os.sched_getaffinity(0)) // (local_world_size * (1 + num_workers)))
 
 
-def oversubscription_warning(ranks_on_host: int) -> str | None:
+def oversubscription_warning(ranks_on_host: int, jobs: int = 1) -> str | None:
     """One line when this machine runs more ranks than it has usable CPU cores, else None.
+    ``jobs``: a sweep's jobs running at once, whose ranks ``ranks_on_host`` counts together.
 
     Each rank then gets one thread and the ranks take turns on the cores; every step waits
     for the rank that is off its core, so a step runs slower than with one rank per core (the
@@ -144,8 +145,10 @@ def oversubscription_warning(ranks_on_host: int) -> str | None:
     cores = len(os.sched_getaffinity(0))
     if ranks_on_host <= cores:
         return None
-    return (f"{ranks_on_host} ranks on this machine's {cores} CPU core(s): the ranks take "
-            f"turns on the cores and every step waits for the slowest, so training runs "
+    together = (f" ({jobs} sweep jobs at once x {ranks_on_host // jobs} ranks; fewer "
+                "hydra.launcher.n_jobs or ranks avoid it)" if jobs > 1 else "")
+    return (f"{ranks_on_host} ranks on this machine's {cores} CPU core(s){together}: the ranks "
+            f"take turns on the cores and every step waits for the slowest, so training runs "
             f"slower than on {ranks_on_host} cores (the same results as there)")
 
 

@@ -130,7 +130,12 @@ def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _cell(value: Any) -> Any:
-    """A row's value as summary.csv holds it: a job's overrides joined with spaces."""
+    """A row's value as summary.csv holds it: a job's overrides joined with spaces; a boolean
+    as ``true``/``false``, as JSON and YAML spell it (``status.json``, ``metrics.json``) and as
+    pandas' ``read_csv`` reads back to ``bool`` (checked with pandas 3.1.1; Python's ``True``
+    stood beside JSON's lower case in the same sweep folder)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return " ".join(value) if isinstance(value, list) else value
 
 

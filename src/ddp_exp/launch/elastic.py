@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ddp_exp.compat import elastic_agent as agent
@@ -55,7 +56,9 @@ from ddp_exp.job.earlier_run import run_status
 from ddp_exp.job.sweep import log_config
 from ddp_exp.launch import cluster
 from ddp_exp.launch.build import prepare
+from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
+from ddp_exp.launch.trial_link import refuse_trial_link_in_a_plain_run
 from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
@@ -92,16 +95,16 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     signum = preemption.signal_number(cfg.trainer.preempt_signal, cfg.launcher.cluster)
     with preemption.forwarded(signum, agent.rank_pids) as held:
         preemption.continue_stopped(cfg, job_dir, run_status(job_dir))
+        # Worlds sharing this machine's cores: tasks standing for nodes, a sweep's parallel jobs.
+        jobs = parallel_jobs()
+        sharing = (layout.tasks_on_host if layout is not None else 1) * jobs
         with build_failure_recorded(job_dir, owner):
-            nproc, inputs = prepare_world(cfg, job_dir,
-                                          layout.tasks_on_host if layout is not None else 1)
+            nproc, inputs = prepare_world(cfg, job_dir, sharing, jobs)
         env = {}
-        if (layout is not None and layout.tasks_on_host > 1
-                and "OMP_NUM_THREADS" not in os.environ):
-            # Tasks standing for nodes on one machine share its cores (threads_per_rank's rule,
-            # over every rank on the machine).
+        if sharing > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # threads_per_rank's rule, over every rank on the machine.
             cores = len(os.sched_getaffinity(0))
-            env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
+            env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * sharing)))
         if cfg.launcher.start_method == "fork":
             _preload_for_ranks()
         if cfg.print_config:  # once per sweep: later jobs print their overrides
@@ -126,12 +129,13 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return results.get(0)
 
 
-def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
+def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1
                   ) -> tuple[int, RankInputs]:
     """Everything this launcher checks and builds before its ranks start, in order: the
     config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
     precision on that device, the oversubscription warning (over the ranks of
-    ``tasks_on_host`` tasks on this machine), then the data, model and the rest
+    ``tasks_on_host`` tasks on this machine, ``jobs`` of them a sweep's jobs running at once),
+    then the data, model and the rest
     (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
 
     Raises:
@@ -140,10 +144,14 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     """
     settle(cfg)  # paths relative to the command's folder, a replaced _target_'s keys
     validate(cfg)
+    if HydraConfig.initialized():  # a trial's link copied into a plain run: refused here
+        hc = HydraConfig.get()
+        hydra_overrides = [str(o) for o in hc.overrides.hydra]  # hydra.job.env_set.* among them
+        refuse_trial_link_in_a_plain_run(hc.mode == RunMode.MULTIRUN, hydra_overrides)
     nproc = cfg.world_size // cfg.launcher.nnodes
     device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
     check_precision(cfg.trainer.precision, device)
-    warning = oversubscription_warning(nproc * tasks_on_host)
+    warning = oversubscription_warning(nproc * tasks_on_host, jobs)
     if warning:
         log.warning("%s", warning)
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
@@ -179,7 +187,9 @@ class _AgentLogFilter(logging.Filter):
       the restarted world reads it (:func:`ddp_exp.rank.failures.restart_line`).
     * "Closing process <pid> via signal SIGTERM", once per rank on every Ctrl-C and restart, and
       torch.multiprocessing's "Terminating process <pid> via signal SIGTERM" when a rank fails,
-      show only when their logger is set to DEBUG (``hydra.verbose=torch``).
+      show only when their logger is set to DEBUG (``hydra.verbose=torch``); so does the
+      agent's "Received 2 death signal, shutting down workers" on a Ctrl-C or SIGTERM, which
+      the entry point's ``interrupted (SIGINT)`` says.
     """
 
     def __init__(self, failures_file: str, first_rank: int | None) -> None:
@@ -198,6 +208,9 @@ class _AgentLogFilter(logging.Filter):
         text = json.dumps(self.failures)
         atomic_write(self.failures_file, lambda fh: fh.write(text.encode()))
         return False
+
+
+AGENT_SERVER_LOGGER = "torch.distributed.elastic.agent.server.api"
 
 
 def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder: bool = True,
@@ -243,6 +256,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         rdzv_backend = rendezvous.BACKEND
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process" lines
+    agent_server_log = logging.getLogger(AGENT_SERVER_LOGGER)  # "Received 2 death signal"
     # Global rank of this node's local rank 0: known on one node and with static node ranks.
     first_rank = (0 if la.nnodes == 1 else
                   la.node_rank * nproc if la.rdzv_backend == "static" else None)
@@ -264,6 +278,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         )
         agent_log.addFilter(failures)
         spawn_log.addFilter(failures)
+        agent_server_log.addFilter(failures)
         try:
             with (_environ(env), _own_signal_handlers(),
                   agent.start_ranks_safely(fork=la.start_method == "fork",
@@ -275,6 +290,7 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             agent_log.removeFilter(failures)
             spawn_log.removeFilter(failures)
+            agent_server_log.removeFilter(failures)
             if owns_folder:
                 jobdir.remove_partial_files(inputs.job_dir)
 

@@ -53,6 +53,10 @@ STRAGGLER_MARGIN = 0.20  # the epoch line names a rank whose data + compute exce
 # ... and by at least this much per step: on a shared machine, 1-3 ms steps jitter by more than
 # 20 % (a healthy digits run named a "straggler" that flipped between ranks).
 STRAGGLER_MIN_MS = 2.0
+# ... and only over an epoch of at least this many steps on every rank: a 5-step run's means
+# are dominated by its first steps' one-off costs (allocator, thread pools, a rank scheduled
+# late), too few to call anyone a straggler (issue 41).
+STRAGGLER_MIN_STEPS = 20
 PERF_TAGS = ("perf/step_ms", "perf/compute_ms_min", "perf/compute_ms_max",
              "perf/sync_wait_ms_max", "perf/data_wait_fraction", "perf/straggler_rank",
              "perf/max_rss_mb")
@@ -113,14 +117,15 @@ def straggler_line(table: torch.Tensor, epoch: int) -> str | None:
     """The end-of-epoch sentence naming a straggler, or None: a rank whose ``data + compute``
     per step over the epoch exceeds the fastest rank's by more than
     :data:`STRAGGLER_MARGIN` (20 %) and by at least :data:`STRAGGLER_MIN_MS` (2 ms: below that
-    the difference is scheduling noise on a shared machine).
+    the difference is scheduling noise on a shared machine), in an epoch of at least
+    :data:`STRAGGLER_MIN_STEPS` (20) steps on every rank (fewer are too small a sample).
 
     Args:
         table: ``[world_size, len(FIELDS)]`` sums over the epoch.
         epoch: 0-based epoch index (printed 1-based).
     """
     t = table.double()
-    if len(t) < 2 or float(t[:, 4].min()) == 0:
+    if len(t) < 2 or float(t[:, 4].min()) < STRAGGLER_MIN_STEPS:
         return None
     busy = (t[:, 0] + t[:, 1]) / t[:, 4] * 1e3
     slow, fast = straggler_rank(t), int(busy.argmin())

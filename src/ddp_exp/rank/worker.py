@@ -41,6 +41,7 @@ from ddp_exp.distributed.process_group import (
     threads_per_rank,
 )
 from ddp_exp.io import checkpoint
+from ddp_exp.io.console import protect_console
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.metrics.trackers import TrackerPlan, open_trackers
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
@@ -149,6 +150,10 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)
+        classes = getattr(data.train, "classes", None)
+        if classes:  # the names of labels 0..C-1 (a file's string labels, sorted)
+            writer.write_json("classes.json", {"classes": list(classes),
+                                               "rule": "label i is classes[i]"})
         # The loop listens for a preemption only where trainer.preempt_signal is on (its
         # checks then decide at once: a stop within one logging interval).
         watch = preemption.signal_number(cfg.trainer.preempt_signal,
@@ -234,6 +239,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # The launcher's death, whatever its signal (SIGKILL too), ends this rank at once; a
     # launcher already gone ends it now (ddp_exp.rank.parent).
     parent.end_with_launcher(parent.launcher_from_env())
+    protect_console()  # a rank started by spawn: its console can fail nothing (ddp_exp.io.console)
     # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()

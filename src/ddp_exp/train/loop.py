@@ -64,6 +64,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_exp.compat.ddp_buckets import lay_out_buckets_once
 from ddp_exp.config.view import RankConfig
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
@@ -132,6 +133,8 @@ class Trainer:
             gradient_as_bucket_view=ddp_cfg.gradient_as_bucket_view,
             static_graph=ddp_cfg.static_graph,
             find_unused_parameters=ddp_cfg.find_unused_parameters)
+        # One bucket layout for every step, so that a resume at 3+ ranks sums alike.
+        lay_out_buckets_once(self.ddp)
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
         self.forward = torch.compile(self.ddp) if trainer.compile else self.ddp
         self.optimizer = build_optimizer(cfg, self.ddp.parameters())
