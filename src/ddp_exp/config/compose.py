@@ -25,7 +25,8 @@ from ddp_exp.config.errors import ConfigError
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (:data:`ddp_exp.config.schema.SCHEMAS`, group
     ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
-    once per process, and the search-path plugin that puts a user's ``--config-dir`` first. The sweeper plugin (``hydra/sweeper=ddp_optuna``) is the entry's to register:
+    once per process, and the search-path plugin that puts a user's ``--config-dir`` first.
+    The sweeper plugin (``hydra/sweeper=ddp_optuna``) is the entry's to register:
     :func:`ddp_exp.cli.registry.register`."""
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
