@@ -58,13 +58,25 @@ def load_data(cfg: DictConfig) -> Datasets:
     datasets = data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
                                 cfg.world_size)
     limit = cfg.trainer.get("limit_val_batches")
-    # The batch the user set: data.global_batch_size where given (the per-rank batch then
-    # follows from the world's size), else data.batch_size.
-    batch = cfg.data.get("global_batch_size") or cfg.data.batch_size
-    if limit is not None and len(datasets.val) > limit * batch:
-        # the first limit x batch validation samples, whatever world_size
-        datasets.val = datasets.val.subset(np.arange(limit * batch))
+    if limit is not None:
+        # the first limit x global batch validation samples of the single-process order:
+        # counted in the world's batches, so equal training validates on equal samples
+        # (the same set for any world_size with the same global batch)
+        keep = limit * global_batch_size(cfg)
+        if len(datasets.val) > keep:
+            datasets.val = datasets.val.subset(np.arange(keep))
     return datasets
+
+
+def config_as_run(cfg: DictConfig, world_size: int, device: str) -> dict[str, Any]:
+    """The resolved config as the ranks will run it, known before any data is read (what
+    ``print_config`` shows first): ``world_size`` and ``device`` resolved, the per-rank batch
+    of ``data.global_batch_size``. Keys resolved later from the data (``trainer.monitor_mode``,
+    ``trainer.test_weights`` left null) are in ``.hydra/`` and metrics.json."""
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plain["world_size"], plain["device"] = world_size, device
+    apply_global_batch(plain, world_size)
+    return plain
 
 
 def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
