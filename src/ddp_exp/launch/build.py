@@ -132,8 +132,8 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                           plain["data"].get("ignore_index", -100))
     _check_objective(objective, model, datasets, cfg.seed)
     note = monitor.resolve(plain, objective.metrics, len(datasets.val))
-    if note:
-        log.info(note)
+    if note and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+        log.warning(note)  # a run that trains blind: a user's Dataset holds out none by default
     view = rank_config(plain)  # what every rank will read (typed), checked here first
     optimizer = build_optimizer(view, model.parameters())  # a bad optim fails here, not in ranks
     scheduler = _build_scheduler(view, optimizer, len(datasets.train))
@@ -256,7 +256,26 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
                           f"{type(exc).__name__}: {first}") from None
     finally:
         datasets.items_read.clear()
-    objective.check(model, probe_x, probe_y)
+    objective.check(model, *bounded_probe(model, probe_x, probe_y))
+
+
+PROBE_TOKENS = 64  # a sequence model's check forward: this many positions of each window
+
+
+def bounded_probe(model: torch.nn.Module, x: Any, y: Any) -> tuple[Any, Any]:
+    """The check's probe cut to a bounded cost: a sequence model that takes any length up to
+    its context (a ``block_size`` attribute, nanoGPT's convention, at least the window's length
+    ``T``) gets the first :data:`PROBE_TOKENS` positions of token windows ``x [B, T]`` and
+    per-token targets ``y [B, T]``; anything else as it is. The check is of shapes and of the
+    objective, which the first positions show; a full window of 100,000 tokens would cost the
+    attention's ``T^2`` before the first line (issue 41 item 2). A model whose context is shorter
+    than ``T`` gets the whole window, so that its forward refuses it at once."""
+    context = getattr(model, "block_size", None)
+    if (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 2
+            and not x.is_floating_point() and y.shape == x.shape
+            and isinstance(context, int) and context >= x.shape[1] > PROBE_TOKENS):
+        return x[:, :PROBE_TOKENS], y[:, :PROBE_TOKENS]
+    return x, y
 
 
 def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train: int) -> Any:

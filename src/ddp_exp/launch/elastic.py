@@ -54,7 +54,7 @@ from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
 from ddp_exp.job.sweep import log_config
 from ddp_exp.launch import cluster
-from ddp_exp.launch.build import prepare
+from ddp_exp.launch.build import config_as_run, prepare
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
 from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import parent, preemption
@@ -104,8 +104,6 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
             env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * layout.tasks_on_host)))
         if cfg.launcher.start_method == "fork":
             _preload_for_ranks()
-        if cfg.print_config:  # once per sweep: later jobs print their overrides
-            log_config(inputs.cfg)
         if owner:  # an earlier attempt's errors/ would contradict this run's status
             jobdir.clear_errors(inputs.job_dir)
         la = cfg.launcher
@@ -131,7 +129,8 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     """Everything this launcher checks and builds before its ranks start, in order: the
     config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
     precision on that device, the oversubscription warning (over the ranks of
-    ``tasks_on_host`` tasks on this machine), then the data, model and the rest
+    ``tasks_on_host`` tasks on this machine), the config printed (``print_config``: before
+    anything that may take long), then the data, model and the rest
     (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
 
     Raises:
@@ -146,6 +145,8 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1
     warning = oversubscription_warning(nproc * tasks_on_host)
     if warning:
         log.warning("%s", warning)
+    if cfg.print_config:  # before the data and the model: the first line comes at once
+        log_config(config_as_run(cfg, cfg.world_size, device))  # a sweep's later jobs: overrides
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
 
 
