@@ -48,7 +48,7 @@ TRAIN_N = 1797 - 297  # digits minus the default val_size
 STEPS_2 = math.ceil(TRAIN_N / (2 * 32))  # steps per epoch at world_size=2, batch 32: 24
 STEPS_3 = math.ceil(TRAIN_N / (3 * 32))  # at world_size=3: 16
 # Final metrics that depend on the training alone (not on timing).
-COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/loss", "train/num_samples",
+COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/epoch_loss", "train/num_samples",
             "epoch", "global_step", "steps_per_epoch")
 
 

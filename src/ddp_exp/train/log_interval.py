@@ -45,7 +45,7 @@ def write_interval(loop: Any, window: LossWindow, progress: Progress,
     the next interval; ``timing``: the world's perf table of the interval
     (``trainer.perf_metrics``); ``grad_norm`` and ``lr``: the logging step's."""
     loss_sum, samples, seconds = window.take_interval()
-    rate = mean(samples, seconds)
+    rate = mean(samples - loop.warmup.take_interval_samples(), seconds)  # warm-up left out
     loss = mean(loss_sum, samples)
     scalars = {
         "train/loss": loss,
