@@ -111,3 +111,30 @@ def test_warmup_leaves_the_first_step_and_compiling_steps_out():
     plain.begin([8])
     assert plain._start is None and plain.end([8, 8]) == 0.0  # not timed at all
     assert warmup_module.final_metrics(plain) == {"perf/warmup_s": plain.warmup_s}
+
+
+def test_compile_seconds_reads_what_torch_2_13_records(monkeypatch):
+    """compat.dynamo holds to torch 2.13: the dict it reads exists and torch times the two
+    top-level phases it sums under those names (a compiled run's perf/compile_s > 0 is the slow
+    test above); on another torch it reads nothing and returns 0.0."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch._dynamo.utils as dynamo_utils
+
+    from ddp_exp.compat import dynamo, versions
+
+    assert isinstance(dynamo_utils.compilation_time_metrics, dict)
+    root = Path(importlib.util.find_spec("torch").origin).parent
+    sources = {"_compile.compile_inner": root / "_dynamo" / "convert_frame.py",
+               "backward._backward_impl": root / "_functorch" / "_aot_autograd"
+               / "runtime_wrappers.py"}
+    assert set(sources) == set(dynamo.TOP_LEVEL_PHASES)
+    for phase, source in sources.items():
+        assert f'"{phase}"' in source.read_text(), (phase, source)
+    monkeypatch.setitem(dynamo_utils.compilation_time_metrics, "_compile.compile_inner",
+                        [1.25, 0.5])
+    assert dynamo.compile_seconds() >= 1.75
+    monkeypatch.setattr(versions, "_told", set())
+    monkeypatch.setattr(versions, "installed", lambda d: "0.0.1")
+    assert dynamo.compile_seconds() == 0.0
