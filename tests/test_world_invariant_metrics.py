@@ -17,18 +17,26 @@ from helpers import QUIET, rel_close, run_once
 LAYOUTS = ((1, 12), (2, 6), (3, 4))
 GPT = ("experiment=gpt_tokens", "optim=sgd", "optim.lr=0.05", "trainer.max_steps=8",
        "scheduler.warmup_steps=2",
-       "trainer.epochs=1", "trainer.sample_every_n_epochs=0", "trainer.perf_metrics=false")
+       "trainer.epochs=1", "trainer.perf_metrics=false")
 DIGITS = ("optim=sgd", "optim.lr=0.05", "trainer.max_steps=8", "trainer.epochs=1",
           "trainer.limit_val_batches=2", "trainer.perf_metrics=false")
 
 
 def _runs(tmp_path_factory, name: str, overrides: tuple[str, ...]) -> list[dict]:
+    """metrics.json of each layout, with the TensorBoard text sample (if any) as ``sample``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = []
     for world_size, batch in LAYOUTS:
         root = tmp_path_factory.mktemp(f"{name}-ws{world_size}")
         run = run_once(root, *overrides, f"world_size={world_size}",
                        f"data.batch_size={batch}", QUIET)
-        out.append(run.metrics)
+        (events,) = (run.job_dir / "tensorboard").glob("events.out.tfevents*")
+        acc = EventAccumulator(str(events), size_guidance={"tensors": 0})
+        acc.Reload()
+        samples = ([e.tensor_proto.string_val[0] for e in acc.Tensors("samples/text_summary")]
+                   if "samples/text_summary" in acc.Tags()["tensors"] else [])
+        out.append({**run.metrics, "sample": samples})
     return out
 
 
@@ -49,9 +57,13 @@ def test_gpt_preset_validates_on_the_same_windows_at_any_world_size(gpt_runs):
     expected = 20 * 12 * 128
     assert [m["val/num_samples"] for m in gpt_runs] == [expected] * 3
     first = gpt_runs[0]
+    assert len(first["sample"]) == 1  # rank 0's text sample, from a generator of (seed, epoch)
     for other in gpt_runs[1:]:
         for key in ("val/loss", "val/perplexity", "val/bits_per_byte", "train/epoch_loss"):
             assert rel_close(other[key], first[key], 1e-6), (key, first[key], other[key])
+        for key in ("train/num_samples", "train/num_tokens", "global_step", "steps_per_epoch",
+                    "global_batch_size", "sample"):
+            assert other[key] == first[key], key
 
 
 @pytest.mark.slow

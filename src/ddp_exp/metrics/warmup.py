@@ -3,10 +3,10 @@ blocks, thread pools, DDP's first bucket rebuild, lazy imports) and, with ``trai
 every step during which ``torch.compile`` compiled (the first steps, and a recompile at a new
 input shape), measured by :func:`ddp_exp.compat.dynamo.compile_seconds`.
 
-The loop times only those steps (on CUDA with a synchronize before and after them; the other
-steps stay free of host syncs) and moves their seconds and samples out of the rates:
-``train/samples_per_sec``, ``train/tokens_per_sec``, ``perf/model_flops_per_sec`` and
-``perf/mfu`` (each logging interval's, each epoch's and ``metrics.json``'s) count the steps
+The loop times only those steps (on CUDA with a synchronize around the first and after a
+compiling one; the other steps stay free of host syncs) and moves their seconds and samples
+out of the rates: ``train/samples_per_sec``, ``train/tokens_per_sec``,
+``perf/model_flops_per_sec`` and ``perf/mfu`` (each logging interval's, each epoch's and ``metrics.json``'s) count the steps
 after warm-up alone. ``perf/compile_s`` (compile seconds) and ``perf/warmup_s`` (the warm-up
 steps' whole time, compilation included) are reported on their own. The seconds are rank 0's
 clock, like every rate; a warm-up step's samples are this rank's times the world's size (every
@@ -58,8 +58,8 @@ class Warmup:
         """Before a step; ``sizes``: the loss window's per-micro-batch counts so far."""
         if not (self.first or self.compile):
             return
-        if self.sync:
-            torch.cuda.synchronize()
+        if self.sync and self.first:  # no sync per step: a compiling step's host time is
+            torch.cuda.synchronize()  # its compilation, whatever the device still runs
         self._start = (time.perf_counter(), compile_seconds() if self.compile else 0.0,
                        len(sizes))
 
