@@ -4,9 +4,9 @@ every step during which ``torch.compile`` compiled (the first steps, and a recom
 input shape), measured by :func:`ddp_exp.compat.dynamo.compile_seconds`.
 
 The loop times only those steps (on CUDA with a synchronize around the first and after a
-compiling one; the other steps stay free of host syncs) and moves their seconds and samples
-out of the rates: ``train/samples_per_sec``, ``train/tokens_per_sec``,
-``perf/model_flops_per_sec`` and ``perf/mfu`` (each logging interval's, each epoch's and ``metrics.json``'s) count the steps
+compiling one; the other steps stay free of host syncs) and moves their seconds and samples out
+of the rates: ``train/samples_per_sec``, ``train/tokens_per_sec``, ``perf/model_flops_per_sec``
+and ``perf/mfu`` (each logging interval's, each epoch's and ``metrics.json``'s) count the steps
 after warm-up alone. ``perf/compile_s`` (compile seconds) and ``perf/warmup_s`` (the warm-up
 steps' whole time, compilation included) are reported on their own. The seconds are rank 0's
 clock, like every rate; a warm-up step's samples are this rank's times the world's size (every
