@@ -31,9 +31,7 @@ RUN = ("world_size=1", "trainer.epochs=1", "trainer.max_steps=1", "trainer.progr
 EXTREMES = [
     (("experiment=gpt_tokens", "data.block_size=100000"), True),  # the issue's command
     (("experiment=gpt_tokens", "data.block_size=100000", "model.block_size=1000"), True),
-    (("experiment=gpt_tokens", "data.block_size=400000"), True),  # no training window left
     (("data.batch_size=1000000000",), False),  # one batch of the whole set
-    (("data.global_batch_size=1000000000",), False),
     (("data.val_size=1000000000",), True),
     (("experiment=gpt_tokens", "data.val_size=1000000000"), True),
     (("data.test_size=1000000000",), True),
