@@ -12,6 +12,7 @@ step in a 0.11 s digits epoch, 15 s of compilation in a GPT epoch of seconds.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 from unittest import mock
@@ -34,6 +35,18 @@ def _steady_rate(points: list[tuple[int, float]], first_step: int, last_step: in
     return statistics.harmonic_mean(rates)
 
 
+def _skip_if_overloaded(started_load: float) -> None:
+    """Rates mean nothing on a machine loaded far past its cores (seen here: load 15 on 2 cores,
+    steps of one run 0.7 ms to 400 ms): the ratio checks skip, saying so, when the load average
+    was above twice the cores at the run's start or end. The accounting checks before it run
+    whatever the load."""
+    cores = os.cpu_count() or 1
+    load = max(started_load, os.getloadavg()[0])
+    if load > 2 * cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: step times swing by 100x, "
+                    "a 10% rate comparison would measure the other work")
+
+
 def _epoch_rates(stdout: str, unit: str) -> list[float]:
     """The rates of the epoch lines (``epoch e/E | step s | ... | N <unit>/s``)."""
     return [float(r.replace(",", "")) for r in
@@ -44,39 +57,44 @@ def _epoch_rates(stdout: str, unit: str) -> list[float]:
 def test_epoch_rates_leave_the_first_step_out(tmp_path):
     """digits, 2 epochs at world_size=1: each epoch's samples/s (its log line) is within 10% of
     its own steady intervals', so the first epoch's agrees with the second's."""
+    load = os.getloadavg()[0]
     run = run_once(tmp_path, "world_size=1", "data.batch_size=16", "trainer.epochs=2",
                    f"trainer.log_every_n_steps={EVERY}", "trainer.progress=off", QUIET)
     steps = run.metrics["steps_per_epoch"]
     points = scalars(run.job_dir, "train/samples_per_sec")
     epochs = _epoch_rates(run.stdout, "samples")
     assert len(epochs) == 2, run.stdout[-2000:]
-    for e, rate in enumerate(epochs):
-        steady = _steady_rate(points, e * steps, (e + 1) * steps)
-        assert rel_close(rate, steady, 0.10), (e, rate, steady, points)
     assert run.metrics["perf/warmup_s"] > 0
     assert "perf/compile_s" not in run.metrics
     # the run's rate: its 2 x 1500 training samples but the first step's 16, over time/train_s
     assert run.metrics["train/samples_per_sec"] == pytest.approx(
         (2 * 1500 - 16) / run.metrics["time/train_s"], rel=1e-9)
+    _skip_if_overloaded(load)
+    for e, rate in enumerate(epochs):
+        steady = _steady_rate(points, e * steps, (e + 1) * steps)
+        assert rel_close(rate, steady, 0.10), (e, rate, steady, points)
+    assert rel_close(epochs[0], epochs[1], 0.10), epochs
 
 
 @pytest.mark.slow
 def test_compiled_run_reports_compile_time_apart_from_tokens_per_sec(tmp_path):
     """trainer.compile=true, a small GPT: the epoch's train/tokens_per_sec within 10% of its
     steady intervals'; perf/compile_s > 0 in metrics.json, TensorBoard and the log."""
+    load = os.getloadavg()[0]
     run = run_once(tmp_path, "experiment=gpt_tokens", "world_size=1", "model.n_layer=1",
                    "model.n_embd=64", "data.batch_size=8", "trainer.compile=true",
                    "trainer.epochs=1", "trainer.max_steps=40", "trainer.limit_val_batches=1",
                    "trainer.sample_every_n_epochs=0", f"trainer.log_every_n_steps={EVERY}",
                    QUIET)
     m = run.metrics
-    steady = _steady_rate(scalars(run.job_dir, "train/tokens_per_sec"), 0, 40)
-    assert rel_close(m["train/tokens_per_sec"], steady, 0.10), (m["train/tokens_per_sec"], steady)
     assert m["perf/compile_s"] > 0 and m["perf/warmup_s"] >= m["perf/compile_s"]
     assert [v for _, v in scalars(run.job_dir, "perf/compile_s")] == [
         pytest.approx(m["perf/compile_s"])]
     assert re.search(r"torch.compile: [\d.]+ s compiling in \d+ warm-up step", run.stdout)
     assert "perf/mfu is not reported: set trainer.peak_flops" in run.stdout
+    _skip_if_overloaded(load)
+    steady = _steady_rate(scalars(run.job_dir, "train/tokens_per_sec"), 0, 40)
+    assert rel_close(m["train/tokens_per_sec"], steady, 0.10), (m["train/tokens_per_sec"], steady)
 
 
 def test_warmup_leaves_the_first_step_and_compiling_steps_out():

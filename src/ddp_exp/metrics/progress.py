@@ -7,7 +7,7 @@ all-reduce. In ``log`` mode an interval line is written at most every ``LOG_EVER
 so a file or CI log gets a heartbeat without a line per step. The epoch's summary line
 (:func:`epoch_line`: its reduced train and validation values) is logged by the loop in every mode.
 
-Uses :mod:`ddp_exp.metrics.writer` (means of reduced sums) and tqdm; the loop
+Uses :mod:`ddp_exp.metrics.warmup` (rates without warm-up) and tqdm; the loop
 (:mod:`ddp_exp.train.loop`)
 uses it.
 """
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_exp.metrics.writer import mean
+from ddp_exp.metrics import warmup
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -105,7 +105,8 @@ def epoch_line(r: EpochResult, epochs: int) -> str:
     for key, value in r.val.items():
         if key not in ("val/loss", "val/accuracy", "val/num_samples") and value is not None:
             parts.append(f"{key} {value:.4f}")
-    rate = mean(r.train_samples if r.timed_samples is None else r.timed_samples, r.train_s)
+    rate = warmup.rate(r.train_samples if r.timed_samples is None else r.timed_samples,
+                       r.train_s)
     if rate is not None:
         parts.append(f"{rate:,.0f} {r.unit}/s")
     return " | ".join(parts)

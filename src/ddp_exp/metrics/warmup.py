@@ -102,6 +102,12 @@ class Warmup:
         return samples
 
 
+def rate(samples: float, seconds: float) -> float | None:
+    """``samples / seconds`` (per second), None when no steady step counted (a span of warm-up
+    alone: no rate, rather than 0)."""
+    return samples / seconds if samples > 0 and seconds > 0 else None
+
+
 def report(warmup: Warmup, writer, step: int) -> None:
     """After an epoch, with ``trainer.compile``: rank 0's ``writer`` adds ``perf/compile_s``
     (seconds compiling so far) at x = ``step``, and the log says once per new compilation how

@@ -96,8 +96,8 @@ def final_metrics(loop: Any, last: EpochResult, run_samples: int, train_s: float
         "train/epoch_loss": last.train_loss,  # TensorBoard's train/loss: an interval
         "train/num_samples": None if windows is None else round(windows),
         **tokens,
-        "train/samples_per_sec": loop.lm.windows(mean(run_samples, train_s)),
-        **loop.lm.train_scalars(mean(run_samples, train_s)),
+        "train/samples_per_sec": loop.lm.windows(warmup.rate(run_samples, train_s)),
+        **loop.lm.train_scalars(warmup.rate(run_samples, train_s)),
         "time/train_s": train_s,
         **warmup.final_metrics(loop.warmup),
         "epoch": last.epoch + 1,
