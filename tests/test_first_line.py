@@ -122,3 +122,27 @@ def test_a_sequence_models_probe_is_cut_to_a_bounded_length():
     assert bounded_probe(short, x, y)[0].shape == (2, 4096)  # refused by its own forward
     plain = torch.nn.Linear(4096, 3)
     assert bounded_probe(plain, x.float(), y[:, 0])[0].shape == (2, 4096)
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_it_is_built():
+    """ddp_exp's own models are sized on the meta device: weights x (1 + 2 x CPU ranks) beyond
+    the machine's memory is one line; on CUDA only the launcher's host copy counts; a user's
+    _target_ is never built twice."""
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.launch import model_size
+
+    node = {"_target_": "ddp_exp.train.gpt.GPT", "n_layer": 2, "n_head": 4, "n_embd": 1024,
+            "dropout": 0.0}
+    # 2 blocks of 12 d^2 (+ biases, LayerNorms) + token and position embeddings, float32
+    d, vocab, block = 1024, 256, 128
+    floats = 2 * (12 * d * d + 13 * d) + vocab * d + block * d + 2 * d
+    size = model_size.model_bytes(node, (block,), vocab)
+    assert size == 4 * floats
+    model_size.check_fits(node, (block,), vocab, 2, "cpu", memory=5 * size)
+    with pytest.raises(ConfigError, match=r"^model._target_='ddp_exp.train.gpt.GPT': "
+                       r"[\d,]+ float32 values \(0.1 GiB\) need at least 0.5 GiB \(2 CPU "
+                       r"rank\(s\) x \(weights \+ gradients\) \+ the launcher's copy\), and this "
+                       r"machine has 0.5 GiB: make the model smaller \(model.\* sizes\)$"):
+        model_size.check_fits(node, (block,), vocab, 2, "cpu", memory=5 * size - 1)
+    model_size.check_fits(node, (block,), vocab, 8, "cuda", memory=size)
+    assert model_size.model_bytes({"_target_": "mymodels.Net"}, (1,), 1) is None

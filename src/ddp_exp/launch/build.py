@@ -37,6 +37,7 @@ from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.launch import model_size
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
 from ddp_exp.train import monitor, schedule
@@ -114,6 +115,9 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
     killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
+    model_size.check_fits(OmegaConf.to_container(cfg.model, resolve=True),
+                          datasets.train.input_shape, datasets.train.num_outputs,
+                          world_size // cfg.launcher.nnodes, device)  # before allocating it
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                         datasets.train.input_shape, datasets.train.num_outputs)
