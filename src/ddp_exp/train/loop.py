@@ -328,12 +328,15 @@ class Trainer:
         trainer = self.cfg.trainer
         try:
             last, train_s, run_samples = run_epochs(self)
-        except BaseException:
+        except BaseException as stopped:
             # A failing or interrupted run still leaves its last complete checkpoint on disk;
-            # the original error is the one that propagates.
+            # the original error is the one that propagates, but for a preemption, whose
+            # checkpoint the requeued job needs: it is not preempted without it.
             try:
                 self.checkpoint_files.close()
             except Exception as exc:  # e.g. the disk filled up too
+                if isinstance(stopped, Preempted):
+                    raise exc from stopped
                 log.error("checkpoint not written: %s: %s", type(exc).__name__, exc)
             raise
         self.checkpoint_files.close()  # every file on disk before best.pt is read back

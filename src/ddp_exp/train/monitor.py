@@ -88,8 +88,10 @@ class Monitor:
         self.trial: Any = None  # a ddp_exp.job.pruning.TrialLink in a ddp_optuna sweep's trial
         self.pruned_at_epoch: int | None = None  # 1-based
 
-    def update(self, val: dict[str, Any], epoch: int) -> bool:
-        """Record ``epoch``'s (0-based) reduced validation results; True if it is the new best."""
+    def update(self, val: dict[str, Any], epoch: int, final: bool = False) -> bool:
+        """Record ``epoch``'s (0-based) reduced validation results; True if it is the new best.
+        ``final``: the run's last epoch (``trainer.epochs`` or ``trainer.max_steps`` reached),
+        after which a sweep's pruner is not asked (nothing is left to save)."""
         if self.metric is None:
             return False
         value = val.get(self.metric)
@@ -102,7 +104,7 @@ class Monitor:
             self.bad_epochs += 1
         if self.patience is not None and self.bad_epochs >= self.patience:
             self.stopped_early = True
-        if self.trial is not None and self.trial.should_prune(value, epoch):
+        if self.trial is not None and self.trial.should_prune(value, epoch, final):
             self.stopped_early, self.pruned_at_epoch = True, epoch + 1
         return better
 
