@@ -532,7 +532,7 @@ def _check_frozen_run(run, dataset: ArrayDataset, val_size: int, batch_size: int
         return (out - torch.from_numpy(part.targets).double()).pow(2).mean(dim=1)
 
     assert m["val/loss"] == pytest.approx(losses(split.val).mean().item(), rel=1e-6)
-    assert m["train/loss"] == pytest.approx(losses(split.train).mean().item(), rel=1e-6)
+    assert m["train/epoch_loss"] == pytest.approx(losses(split.train).mean().item(), rel=1e-6)
     if dataset.num_classes:
         predicted = _frozen_forward(state, split.val.features).argmax(dim=1).numpy()
         correct = int((predicted == split.val.targets).sum())

@@ -114,7 +114,7 @@ def test_digits_on_cuda_with_nccl_and_bf16_matches_the_cpu_run(run_cli):
     assert gpu["val/num_samples"] == cpu["val/num_samples"]
     assert gpu["val/accuracy"] == pytest.approx(cpu["val/accuracy"], abs=0.02)
     assert gpu["val/loss"] == pytest.approx(cpu["val/loss"], rel=0.1)
-    assert gpu["train/loss"] == pytest.approx(cpu["train/loss"], rel=0.1)
+    assert gpu["train/epoch_loss"] == pytest.approx(cpu["train/epoch_loss"], rel=0.1)
 
 
 @pytest.mark.cuda
@@ -124,7 +124,7 @@ def test_pinned_worker_batches_train_like_device_resident_data(run_cli):
     device-resident path trains, fp32 on cuda:0."""
     resident = run_cli(*CUDA_RUN, "device=cuda", job="resident").ok().metrics
     pinned = run_cli(*CUDA_RUN, "device=cuda", "data.num_workers=2", job="pinned").ok().metrics
-    for key in ("train/loss", "val/loss"):
+    for key in ("train/epoch_loss", "val/loss"):
         assert pinned[key] == pytest.approx(resident[key], rel=1e-4), key
     assert pinned["val/accuracy"] == pytest.approx(resident["val/accuracy"], abs=1 / 297)
 
@@ -137,5 +137,5 @@ def test_resume_on_cuda_continues_exactly(run_cli, tmp_path):
     first = ("world_size=1", "print_config=false", "device=cuda", "trainer.progress=off")
     run_cli(*first, "trainer.epochs=2", job="resumed").ok()
     resumed = run_cli(*first, "trainer.epochs=3", "trainer.resume=auto", job="resumed").ok()
-    for key in ("train/loss", "val/loss"):
+    for key in ("train/epoch_loss", "val/loss"):
         assert resumed.metrics[key] == pytest.approx(straight[key], rel=1e-5), key

@@ -68,7 +68,7 @@ def test_bookkeeping_writes_are_best_effort_on_a_full_disk(tmp_path, monkeypatch
     jobdir.keep_error_files(SimpleNamespace(failures={0: failure}), str(tmp_path / "job"))
     assert failure.error_file.startswith("<not kept: ")
     row = {"job": "0", "overrides": "a=1", "status": "completed", "val/loss": 0.5,
-           "val/accuracy": 0.9, "train/loss": 0.4, "samples_per_sec": 1e4, "wall_s": 3.0}
+           "val/accuracy": 0.9, "train/epoch_loss": 0.4, "samples_per_sec": 1e4, "wall_s": 3.0}
     sweep.write_summary(str(tmp_path), [row])
     assert capsys.readouterr().err == ""  # reported once already in this process
 

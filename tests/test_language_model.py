@@ -125,7 +125,8 @@ def test_preset_learns_below_the_unigram_entropy(run_cli):
     m = run.metrics
     assert m["val/loss"] < _byte_unigram_entropy() - 0.3, (m["val/loss"], _byte_unigram_entropy())
     _assert_one_process_validation(run, GPT((128,), 256, n_layer=1, n_head=4, n_embd=128),
-                                   tk.split_stream(tk.load_tokens(), None, 0, 0), 10 * 16)
+                                   tk.split_stream(tk.load_tokens(), None, 0, 0),
+                                   10 * 16 * 2)  # limit_val_batches=10 global batches of 2 x 16
     assert not (run.job_dir / "confusion_matrix.csv").exists()  # 256 classes: skipped
     assert rel_close(m["val/perplexity"], math.exp(m["val/loss"]), 1e-12)
     assert rel_close(m["val/bits_per_byte"], m["val/loss"] / math.log(2), 1e-12)
@@ -295,7 +296,7 @@ def test_token_run_killed_in_epoch_2_resumes_exactly(run_cli, tmp_path):
     got, want = resumed.metrics, ref.metrics
     for key in ("val/num_samples", "train/num_samples", "global_step", "epoch"):
         assert got[key] == want[key], (key, got[key], want[key])
-    for key in ("val/loss", "train/loss", "val/perplexity"):
+    for key in ("val/loss", "train/epoch_loss", "val/perplexity"):
         assert rel_close(got[key], want[key], 1e-6), (key, got[key], want[key])
     a = torch.load(resumed.job_dir / "model.pt", weights_only=True)
     b = torch.load(ref.job_dir / "model.pt", weights_only=True)

@@ -133,7 +133,7 @@ def test_a_signal_outside_a_job_still_writes_the_sweeps_summary(tmp_path):
 
     done = tmp_path / "0"
     (done / ".hydra").mkdir(parents=True)
-    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/loss": 0.4}))
+    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/epoch_loss": 0.4}))
     (done / ".hydra" / "overrides.yaml").write_text("- data.batch_size=64\n")
     started = tmp_path / "1"
     (started / ".hydra").mkdir(parents=True)  # Hydra made its folder; the signal came first
@@ -178,7 +178,7 @@ def test_a_sweep_whose_jobs_run_elsewhere_is_summarized_on_ctrl_c(tmp_path):
 
     done = tmp_path / "0"
     (done / ".hydra").mkdir(parents=True)
-    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/loss": 0.4}))
+    (done / "metrics.json").write_text(json.dumps({"val/loss": 0.5, "train/epoch_loss": 0.4}))
     (done / ".hydra" / "overrides.yaml").write_text("- data.batch_size=32\n")
     with initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra.sweep.dir={tmp_path}"],

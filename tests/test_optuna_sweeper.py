@@ -123,7 +123,7 @@ def test_pruned_trial_equals_a_run_of_that_many_epochs(asha, run_cli):
     overrides = [o for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
                  if not o.startswith("trainer.epochs=")]
     run = run_cli(*overrides, f"trainer.epochs={metrics['pruned_at_epoch']}").ok()
-    for key in ("val/loss", "val/accuracy", "train/loss", "epoch", "global_step"):
+    for key in ("val/loss", "val/accuracy", "train/epoch_loss", "epoch", "global_step"):
         assert run.metrics[key] == metrics[key], key
     ours = torch.load(job / "checkpoints" / "last.pt", weights_only=True)["model"]
     theirs = torch.load(run.job_dir / "checkpoints" / "last.pt", weights_only=True)["model"]

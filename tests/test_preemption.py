@@ -284,7 +284,7 @@ def test_sigusr1_mid_epoch_checkpoints_requeues_once_and_resumes_exactly(
     for key, value in theirs.items():
         torch.testing.assert_close(mine[key], value, rtol=0, atol=1e-6)
     metrics = json.loads((job / "metrics.json").read_text())
-    for key in ("val/loss", "val/accuracy", "train/loss", "global_step", "epoch"):
+    for key in ("val/loss", "val/accuracy", "train/epoch_loss", "global_step", "epoch"):
         expected = default_run_2_epochs.metrics[key]
         assert metrics[key] == pytest.approx(expected, abs=1e-6), key
     for tag in ("train/loss", "val/loss"):  # as TensorBoard shows it: no step twice

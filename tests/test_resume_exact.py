@@ -31,7 +31,7 @@ from helpers import (
 )
 
 # Final metrics that depend on the training alone (not on timing).
-COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/loss", "train/num_samples",
+COMPARED = ("val/loss", "val/accuracy", "val/num_samples", "train/epoch_loss", "train/num_samples",
             "epoch", "global_step", "steps_per_epoch")
 
 

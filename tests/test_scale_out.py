@@ -66,7 +66,7 @@ def test_two_nodes_on_loopback_train_the_single_node_world(default_run_2_epochs,
     assert not (other / "tensorboard").exists() and not (other / "model.pt").exists()
     assert "rank 0, on another node, wrote the outputs" in outputs[int(other.name[-1])]
     multi = json.loads((written[0] / "metrics.json").read_text())
-    for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
+    for key in ("train/epoch_loss", "val/loss", "val/accuracy", "global_step", "world_size"):
         assert multi[key] == pytest.approx(single.metrics[key], rel=1e-6), key
     a = torch.load(written[0] / "model.pt", weights_only=True)
     b = torch.load(single.job_dir / "model.pt", weights_only=True)
@@ -163,7 +163,7 @@ def test_slurm_layout_runs_here_through_submitit_local(run_cli, tmp_path,
     for job, batch in (("0", 32), ("1", 64)):
         folder = sweep / job
         metrics = json.loads((folder / "metrics.json").read_text())
-        for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
+        for key in ("train/epoch_loss", "val/loss", "val/accuracy", "global_step", "world_size"):
             assert metrics[key] == pytest.approx(single[batch][key], rel=1e-6), (job, key)
         assert len(list((folder / "tensorboard").glob("events.out.tfevents*"))) == 1
         assert json.loads((folder / "status.json").read_text())["status"] == "completed"
@@ -442,7 +442,7 @@ def test_plain_srun_tasks_share_one_job_folder_and_train_the_single_node_world(
     assert sorted(work.rglob("metrics.json")) == [job / "metrics.json"]
     assert json.loads((job / "status.json").read_text())["status"] == "completed"
     multi = json.loads((job / "metrics.json").read_text())
-    for key in ("train/loss", "val/loss", "val/accuracy", "global_step", "world_size"):
+    for key in ("train/epoch_loss", "val/loss", "val/accuracy", "global_step", "world_size"):
         assert multi[key] == pytest.approx(single.metrics[key], rel=1e-6), key
     a = torch.load(job / "model.pt", weights_only=True)
     b = torch.load(single.job_dir / "model.pt", weights_only=True)

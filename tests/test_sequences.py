@@ -131,7 +131,8 @@ def test_token_loss_exact_across_world_size_accumulation_padding_and_uneven_set(
         for (_, a), (_, b) in zip(points, other, strict=True):
             assert rel_close(a, b, 1e-6), (a, b)
         assert rel_close(_metrics(run.job_dir)["val/loss"], base.metrics["val/loss"], 1e-6)
-        assert rel_close(_metrics(run.job_dir)["train/loss"], base.metrics["train/loss"], 1e-6)
+        assert rel_close(_metrics(run.job_dir)["train/epoch_loss"],
+                         base.metrics["train/epoch_loss"], 1e-6)
     # the unit is the counted token: every validation token once
     val_tokens = sum(len(s) - 1 for s in _sequences(13, 1))
     assert base.metrics["val/num_samples"] == val_tokens
@@ -165,7 +166,7 @@ def test_per_sample_training_exact_on_a_set_the_world_does_not_divide(run_cli):
     _close_weights(_weights(one.job_dir), _weights(three.job_dir), 1e-5)
     assert one.metrics["train/num_samples"] == three.metrics["train/num_samples"] == 1499
     assert rel_close(one.metrics["val/loss"], three.metrics["val/loss"], 1e-6)
-    assert rel_close(one.metrics["train/loss"], three.metrics["train/loss"], 1e-6)
+    assert rel_close(one.metrics["train/epoch_loss"], three.metrics["train/epoch_loss"], 1e-6)
 
 
 @pytest.mark.float_sensitive
@@ -341,7 +342,7 @@ def test_a_step_the_world_counts_no_token_in_is_skipped_and_a_rank_without_token
     assert "step 3: no counted" not in log
     train_tokens = sum(len(s) - 1 for i, s in enumerate(_sequences(8, 0)) if i not in (2, 3, 4))
     assert run.metrics["train/num_samples"] == train_tokens
-    assert run.metrics["global_step"] == 4 and run.metrics["train/loss"] > 0
+    assert run.metrics["global_step"] == 4 and run.metrics["train/epoch_loss"] > 0
 
 
 def test_per_token_labels_in_a_file_point_to_data_dataset(tmp_path):

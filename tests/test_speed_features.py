@@ -29,7 +29,7 @@ def test_batched_path_equals_dataloader_path(run_cli):
     common = ("world_size=2", "trainer.epochs=2", "print_config=false")
     fast = run_cli(*common, "data.num_workers=0", job="batched").ok()
     generic = run_cli(*common, "data.num_workers=1", job="dataloader").ok()
-    for key in ("train/loss", "val/loss", "val/accuracy"):
+    for key in ("train/epoch_loss", "val/loss", "val/accuracy"):
         assert fast.metrics[key] == generic.metrics[key], key
     assert _max_abs_diff(_state(fast.job_dir), _state(generic.job_dir)) == 0.0
 
@@ -129,7 +129,7 @@ def test_bf16_mixed_runs_close_to_fp32(run_cli, default_run_2_epochs):
     fp32 = default_run_2_epochs.metrics
     bf16 = run_cli(*common, "trainer.precision=bf16-mixed", job="bf16").ok().metrics
     assert bf16["val/loss"] == pytest.approx(fp32["val/loss"], rel=0.02)
-    assert bf16["train/loss"] == pytest.approx(fp32["train/loss"], rel=0.02)
+    assert bf16["train/epoch_loss"] == pytest.approx(fp32["train/epoch_loss"], rel=0.02)
     assert abs(bf16["val/accuracy"] - fp32["val/accuracy"]) <= 0.02
 
 
@@ -146,4 +146,4 @@ def test_compile_runs_and_matches_eager(run_cli, default_run_1_epoch):
     eager = default_run_1_epoch.metrics
     compiled = run_cli(*common, "trainer.compile=true", job="compiled", timeout=600).ok().metrics
     assert compiled["val/loss"] == pytest.approx(eager["val/loss"], rel=1e-4)
-    assert compiled["train/loss"] == pytest.approx(eager["train/loss"], rel=1e-4)
+    assert compiled["train/epoch_loss"] == pytest.approx(eager["train/epoch_loss"], rel=1e-4)

@@ -23,7 +23,7 @@ from helpers import tests_on_path as on_path
 from resume_support import mid_epoch, write_holding_yaml
 
 # Final values that must not depend on where the run was interrupted.
-COMPARED = ("val/loss", "val/accuracy", "train/loss", "train/num_samples", "epoch",
+COMPARED = ("val/loss", "val/accuracy", "train/epoch_loss", "train/num_samples", "epoch",
             "global_step")
 
 

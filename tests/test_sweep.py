@@ -35,7 +35,7 @@ from helpers import (
 
 BATCH_SIZES = (16, 32, 64)
 SWEEP_3 = ("-m", "world_size=2", "trainer.epochs=1", "data.batch_size=16,32,64", QUIET)
-METRIC_COLUMNS = ("val/loss", "val/accuracy", "train/loss")
+METRIC_COLUMNS = ("val/loss", "val/accuracy", "train/epoch_loss")
 # What issue 3 says each run's HParams row carries (besides the swept key).
 PROMISED_HPARAMS = ("world_size", "global_batch_size", "optim.lr", "model", "data", "backend",
                     "optim", "seed")

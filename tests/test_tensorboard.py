@@ -71,12 +71,12 @@ def test_train_loss_every_n_steps_epoch_loss_and_hparams_equal_metrics_json(run_
         epoch = torch.cat(steps[e * STEPS_PER_EPOCH:(e + 1) * STEPS_PER_EPOCH])
         assert value == pytest.approx(epoch.mean().item(), rel=1e-6), e
     metrics = run.metrics
-    assert metrics["train/loss"] == pytest.approx(
+    assert metrics["train/epoch_loss"] == pytest.approx(
         torch.cat(steps[-STEPS_PER_EPOCH:]).mean().item(), rel=1e-6)
 
     (table,) = hparams_table(run.job_dir / "tensorboard").values()
     # every number of the table is metrics.json's (the recipe's best/* too; stopped_early as 0/1)
-    assert {"val/loss", "val/accuracy", "train/loss", "best/val/loss"} <= set(table)
+    assert {"val/loss", "val/accuracy", "train/epoch_loss", "best/val/loss"} <= set(table)
     assert table == {key: float(metrics[key]) for key in table}
     # The curve's last point (steps 25-28) is another number: the table does not show it.
-    assert abs(points[-1][1] - table["train/loss"]) > 1e-6
+    assert abs(points[-1][1] - table["train/epoch_loss"]) > 1e-6

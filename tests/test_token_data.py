@@ -246,7 +246,8 @@ def test_a_sparse_4gb_file_trains(run_cli, sparse_4gb):
                   "trainer.epochs=1", "trainer.limit_val_batches=2",
                   "trainer.sample_every_n_epochs=0", QUIET, timeout=300).ok()
     m = run.metrics
-    assert m["global_step"] == 20 and m["val/num_samples"] == 2 * 2 * 64
+    # 2 global batches of 2 ranks x 2 windows of 64 tokens
+    assert m["global_step"] == 20 and m["val/num_samples"] == 2 * (2 * 2) * 64
     assert m["perf/max_rss_mb"] < 1024, m["perf/max_rss_mb"]  # the file: 4096 MB
 
 

@@ -91,7 +91,7 @@ def test_mlflow_run_holds_tensorboards_scalars_the_config_and_the_final_metrics(
         assert [v for _, v in history] == pytest.approx([v for _, v in expected], rel=1e-9,
                                                         abs=1e-12), tag
     metrics = metrics_of(job)
-    for key in ("val/loss", "val/accuracy", "train/loss", "global_step", "world_size"):
+    for key in ("val/loss", "val/accuracy", "train/epoch_loss", "global_step", "world_size"):
         assert run.data.metrics[f"final/{key}"] == pytest.approx(metrics[key], rel=1e-9)
     # the parameters: the composed config, flattened (the values the run did not resolve)
     from omegaconf import OmegaConf
@@ -130,7 +130,7 @@ def test_csv_is_lightnings_layout_with_tensorboards_values(sweep):
         assert [s for s, _ in got] == [s for s, _ in expected], tag
         assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-9), tag
     last = rows[-1]
-    for key in ("val/loss", "train/loss", "val/accuracy"):
+    for key in ("val/loss", "train/epoch_loss", "val/accuracy"):
         assert float(last[f"final/{key}"]) == metrics_of(job)[key]  # every digit
 
 
@@ -176,7 +176,7 @@ def test_wandb_offline_run_holds_the_history_and_the_final_metrics(sweep):
             for key, value in items.items():
                 if not key.startswith("_"):
                     history.setdefault(key, []).append((record.history.step.num, value))
-    for key in ("val/loss", "val/accuracy", "train/loss", "global_step"):
+    for key in ("val/loss", "val/accuracy", "train/epoch_loss", "global_step"):
         assert summary[f"final/{key}"] == metrics_of(job)[key], key  # every digit
     expected = scalars(job, "train/loss")
     assert [s for s, _ in history["train/loss"]] == [s for s, _ in expected]

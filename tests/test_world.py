@@ -82,7 +82,7 @@ def test_ddp_two_ranks_batch_8_equals_one_rank_batch_16(run_cli):
     assert m2["batch_size"] == 8 and m1["batch_size"] == 16
     assert m2["steps_per_epoch"] == m1["steps_per_epoch"] == math.ceil(1500 / 16)
     assert m2["global_step"] == m1["global_step"] == 3 * math.ceil(1500 / 16)
-    for key in ("train/loss", "val/loss", "val/accuracy"):
+    for key in ("train/epoch_loss", "val/loss", "val/accuracy"):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-5), key
 
     for tag in ("train/loss", "val/loss", "val/accuracy"):
@@ -269,7 +269,7 @@ def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_
     assert m_tr["world_size"] == m_own["world_size"] == 2
     for key in ("val/num_samples", "train/num_samples", "global_step", "val/accuracy"):
         assert m_tr[key] == m_own[key], key
-    for key in ("train/loss", "val/loss"):
+    for key in ("train/epoch_loss", "val/loss"):
         assert rel_close(m_tr[key], m_own[key], 1e-6), (key, m_tr[key], m_own[key])
     p_own = torch.load(own / "model.pt", weights_only=True)
     p_tr = torch.load(tr / "model.pt", weights_only=True)
@@ -288,7 +288,7 @@ def test_one_run_dir_with_now_timestamp_under_ddp_exp_and_torchrun(run_cli, tmp_
         assert _single_job_dir(job.parent) == job
         got = json.loads((job / "metrics.json").read_text())
         assert got["epoch"] == 2 and got["global_step"] == ref.metrics["global_step"]
-        for key in ("train/loss", "val/loss"):
+        for key in ("train/epoch_loss", "val/loss"):
             assert rel_close(got[key], ref.metrics[key], 1e-6), (job, key)
         assert got["val/accuracy"] == ref.metrics["val/accuracy"]
         weights = torch.load(job / "model.pt", weights_only=True)
@@ -419,7 +419,7 @@ def test_every_start_method_trains_the_same_model(run_cli, default_run_1_epoch):
     a = torch.load(fork.job_dir / "model.pt", weights_only=True)
     for start_method in ("spawn", "forkserver"):
         other = run_cli(*common, f"launcher.start_method={start_method}", job=start_method).ok()
-        for key in ("train/loss", "val/loss", "val/accuracy"):
+        for key in ("train/epoch_loss", "val/loss", "val/accuracy"):
             assert other.metrics[key] == fork.metrics[key], (start_method, key)
         b = torch.load(other.job_dir / "model.pt", weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a), start_method

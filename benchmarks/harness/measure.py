@@ -52,6 +52,19 @@ def measure(v: Variant, repeat: int, timeout_s: float, keep: str | None) -> dict
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _rate_with_warmup(m: dict) -> float | None:
+    """ddp_exp's rate over every step, as the hand-written scripts time theirs: metrics.json's
+    rates leave the first step out (``perf/warmup_s``; docs/metrics-and-tensorboard.md), so its
+    global batch (in tokens for token data) and seconds are put back."""
+    rate = m.get("train/tokens_per_sec", m.get("train/samples_per_sec"))
+    warm_s, train_s = m.get("perf/warmup_s"), m.get("time/train_s")
+    if rate is None or not warm_s or not train_s:
+        return rate
+    per_sample = (m["train/num_tokens"] / m["train/num_samples"]
+                  if "train/num_tokens" in m and m.get("train/num_samples") else 1)
+    return (rate * train_s + m["global_batch_size"] * per_sample) / (train_s + warm_s)
+
+
 def _read_result(v: Variant, workdir: str, row: dict) -> None:
     """ddp_exp's metrics.json or a script's result file into ``row``."""
     if v.impl == "ddp_exp":
@@ -59,10 +72,10 @@ def _read_result(v: Variant, workdir: str, row: dict) -> None:
             m = json.load(fh)
         # Token data: a token is the sample the lm group compares (metrics.json's
         # train/samples_per_sec counts windows there).
-        row.update(samples_per_sec=m.get("train/tokens_per_sec", m.get("train/samples_per_sec")),
+        row.update(samples_per_sec=_rate_with_warmup(m),
                    train_s=m.get("time/train_s"), wall_s_inside=m.get("time/total_s"),
                    threads_per_rank=m.get("threads_per_rank"),
-                   train_loss=m.get("train/loss"), val_loss=m.get("val/loss"),
+                   train_loss=m.get("train/epoch_loss"), val_loss=m.get("val/loss"),
                    val_accuracy=m.get("val/accuracy"),
                    model_flops_per_sec=m.get("perf/model_flops_per_sec"))
     else:

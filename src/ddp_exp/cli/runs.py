@@ -27,7 +27,7 @@ from ddp_exp.io.files import read_json
 from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
 
-METRICS = ("val/loss", "val/accuracy", "train/loss")  # always shown when a run has them
+METRICS = ("val/loss", "val/accuracy", "train/epoch_loss")  # always shown when a run has them
 SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "errors", ".hydra", "mlartifacts"}
 # run.json entries that differ between any two runs: left out of --diff
 RECORD_NOISE = ("start_time", "end_time", "wall_s", "attempts", "command", "status")

@@ -246,8 +246,9 @@ class TrainerConfig:
     output_key: str = "logits"  # a model returning a mapping: the output's key
     # per-element labels [B, *dims]: logits [B, *dims, C] (last) or [B, C, *dims] (1)
     class_dim: str = "last"
-    # validation on the first limit_val_batches x data.batch_size samples (x
-    # data.global_batch_size where set: the same for any world size; null: all of them)
+    # validation on the first limit_val_batches global batches of samples (x the global batch:
+    # batch_size x world_size x accumulate_grad_batches; the same set for any world size with
+    # the same global batch; null: all of them)
     limit_val_batches: int | None = None
     peak_flops: float | None = None  # FLOP/s of one device: perf/mfu (data=tokens, model=gpt)
     sample_every_n_epochs: int = 1  # data=tokens: rank 0's text sample (TensorBoard, 0: never)

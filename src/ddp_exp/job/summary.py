@@ -21,7 +21,7 @@ from ddp_exp.io.files import atomic_write, best_effort, read_json
 from ddp_exp.job import pruning
 from ddp_exp.job.folder import STATUS_FILE
 
-COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/loss", "wall_s",
+COLUMNS = ("job", "overrides", "status", "val/loss", "val/accuracy", "train/epoch_loss", "wall_s",
            "samples_per_sec", "error")
 # Under summary.md's table: what wall_s measures, and why the first job's is longer.
 WALL_S_NOTE = ("`wall_s`: seconds from the job's start to its end in the process that ran it "
@@ -71,7 +71,7 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
             "status": state,
             "val/loss": metrics.get("val/loss"),
             "val/accuracy": metrics.get("val/accuracy"),
-            "train/loss": metrics.get("train/loss"),
+            "train/epoch_loss": metrics.get("train/epoch_loss"),
             "wall_s": status.get("wall_s", metrics.get("time/total_s")),
             "samples_per_sec": metrics.get("train/samples_per_sec"),
             "error": status.get("error"),
@@ -208,14 +208,14 @@ def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
             xs = values
         x_label = keys[0]
     metrics = [("val/loss", "val/loss"), ("val/accuracy", "val/accuracy"),
-               ("train/loss", "train/loss"), ("samples_per_sec", "train samples/s")]
+               ("train/epoch_loss", "train/epoch_loss"), ("samples_per_sec", "train samples/s")]
     trials = pruning.trial_states(sweep_dir)
     fig, axes = plt.subplots(1, len(metrics) + bool(trials),
                              figsize=(4 * (len(metrics) + bool(trials)), 3.2))
     if trials:  # a ddp_optuna sweep: each trial's curve, pruned ones cut
         pruning.plot_curves(axes[-1], trials)
     for ax, (key, title) in zip(axes, metrics, strict=False):
-        ys = [r[key] if r[key] is not None else math.nan for r in done]
+        ys = [r[key] if r.get(key) is not None else math.nan for r in done]
         if numeric:
             order = sorted(range(len(xs)), key=lambda i: xs[i])
             ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o")

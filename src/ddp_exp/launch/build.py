@@ -37,6 +37,7 @@ from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.launch import model_size
 from ddp_exp.launch.run_record import record_start
 from ddp_exp.launch.tracker_plan import plan_trackers, start_trackers
 from ddp_exp.metrics.writer import flatten_hparams
@@ -60,13 +61,25 @@ def load_data(cfg: DictConfig) -> Datasets:
     datasets = data_module.load(OmegaConf.to_container(cfg.data, resolve=True), cfg.seed,
                                 cfg.world_size)
     limit = cfg.trainer.get("limit_val_batches")
-    # The batch the user set: data.global_batch_size where given (the per-rank batch then
-    # follows from the world's size), else data.batch_size.
-    batch = cfg.data.get("global_batch_size") or cfg.data.batch_size
-    if limit is not None and len(datasets.val) > limit * batch:
-        # the first limit x batch validation samples, whatever world_size
-        datasets.val = datasets.val.subset(np.arange(limit * batch))
+    if limit is not None:
+        # the first limit x global batch validation samples of the single-process order:
+        # counted in the world's batches, so equal training validates on equal samples
+        # (the same set for any world_size with the same global batch)
+        keep = limit * global_batch_size(cfg)
+        if len(datasets.val) > keep:
+            datasets.val = datasets.val.subset(np.arange(keep))
     return datasets
+
+
+def config_as_run(cfg: DictConfig, world_size: int, device: str) -> dict[str, Any]:
+    """The resolved config as the ranks will run it, known before any data is read (what
+    ``print_config`` shows first): ``world_size`` and ``device`` resolved, the per-rank batch
+    of ``data.global_batch_size``. Keys resolved later from the data (``trainer.monitor_mode``,
+    ``trainer.test_weights`` left null) are in ``.hydra/`` and metrics.json."""
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plain["world_size"], plain["device"] = world_size, device
+    apply_global_batch(plain, world_size)
+    return plain
 
 
 def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +118,9 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
     killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
+    model_size.check_fits(OmegaConf.to_container(cfg.model, resolve=True),
+                          datasets.train.input_shape, datasets.train.num_outputs,
+                          world_size // cfg.launcher.nnodes, device)  # before allocating it
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every rerun
     model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                         datasets.train.input_shape, datasets.train.num_outputs)
@@ -123,8 +139,8 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                           plain["data"].get("ignore_index", -100))
     _check_objective(objective, model, datasets, cfg.seed)
     note = monitor.resolve(plain, objective.metrics, len(datasets.val))
-    if note:
-        log.info(note)
+    if note and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+        log.warning(note)  # a run that trains blind: a user's Dataset holds out none by default
     view = rank_config(plain)  # what every rank will read (typed), checked here first
     check_optimizer(view)  # a bad optim fails here, not in ranks; built only where needed:
     optimizer = None  # building one imports torch._dynamo (~1.3 s), which the ranks do anyway
@@ -252,7 +268,26 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
                           f"{type(exc).__name__}: {first}") from None
     finally:
         datasets.items_read.clear()
-    objective.check(model, probe_x, probe_y)
+    objective.check(model, *bounded_probe(model, probe_x, probe_y))
+
+
+PROBE_TOKENS = 64  # a sequence model's check forward: this many positions of each window
+
+
+def bounded_probe(model: torch.nn.Module, x: Any, y: Any) -> tuple[Any, Any]:
+    """The check's probe cut to a bounded cost: a sequence model that takes any length up to
+    its context (a ``block_size`` attribute, nanoGPT's convention, at least the window's length
+    ``T``) gets the first :data:`PROBE_TOKENS` positions of token windows ``x [B, T]`` and
+    per-token targets ``y [B, T]``; anything else as it is. The check is of shapes and of the
+    objective, which the first positions show; a full window of 100,000 tokens would cost the
+    attention's ``T^2`` before the first line (issue 41 item 2). A model whose context is shorter
+    than ``T`` gets the whole window, so that its forward refuses it at once."""
+    context = getattr(model, "block_size", None)
+    if (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 2
+            and not x.is_floating_point() and y.shape == x.shape
+            and isinstance(context, int) and context >= x.shape[1] > PROBE_TOKENS):
+        return x[:, :PROBE_TOKENS], y[:, :PROBE_TOKENS]
+    return x, y
 
 
 def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer | None, n_train: int

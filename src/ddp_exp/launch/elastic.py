@@ -55,7 +55,7 @@ from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
 from ddp_exp.job.sweep import log_config
 from ddp_exp.launch import cluster
-from ddp_exp.launch.build import prepare
+from ddp_exp.launch.build import config_as_run, prepare
 from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
 from ddp_exp.launch.trial_link import refuse_trial_link_in_a_plain_run
@@ -107,8 +107,6 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
             env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * sharing)))
         if cfg.launcher.start_method == "fork":
             _preload_for_ranks()
-        if cfg.print_config:  # once per sweep: later jobs print their overrides
-            log_config(inputs.cfg)
         if owner:  # an earlier attempt's errors/ would contradict this run's status
             jobdir.clear_errors(inputs.job_dir)
         la = cfg.launcher
@@ -135,7 +133,8 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: i
     config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
     precision on that device, the oversubscription warning (over the ranks of
     ``tasks_on_host`` tasks on this machine, ``jobs`` of them a sweep's jobs running at once),
-    then the data, model and the rest
+    the config printed (``print_config``: before anything that may take long), then the data,
+    model and the rest
     (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
 
     Raises:
@@ -154,6 +153,8 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: i
     warning = oversubscription_warning(nproc * tasks_on_host, jobs)
     if warning:
         log.warning("%s", warning)
+    if cfg.print_config:  # before the data and the model: the first line comes at once
+        log_config(config_as_run(cfg, cfg.world_size, device))  # a sweep's later jobs: overrides
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
 
 

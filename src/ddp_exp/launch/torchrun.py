@@ -39,7 +39,7 @@ from ddp_exp.distributed.process_group import (
 )
 from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
-from ddp_exp.launch.build import prepare
+from ddp_exp.launch.build import config_as_run, prepare
 from ddp_exp.launch.torchrun_env import (  # noqa: F401  (re-exported: their home before)
     MULTIRUN_UNDER_TORCHRUN,
     RANK_VARIABLES,
@@ -110,10 +110,11 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
+        if world.is_main and cfg.print_config:  # before the data and the model
+            log.info("config:\n%s", OmegaConf.to_yaml(config_as_run(cfg, world.world_size,
+                                                                     device)))
         with build_failure_recorded(job_dir, world.is_main):
             inputs = prepare(cfg, job_dir, world.world_size, device, backend)
-        if world.is_main and cfg.print_config:
-            log.info("config:\n%s", OmegaConf.to_yaml(inputs.cfg))
         try:
             result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
         except Exception as exc:  # recorded as the built-in launcher records a failed rank

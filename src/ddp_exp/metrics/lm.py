@@ -11,16 +11,19 @@ second, model FLOP/s and MFU, and text samples in TensorBoard.
   training FLOPs per token are ``6 N + 12 L d T`` (PaLM, appendix B: N parameters without the
   position embedding, L layers, width d, context T; :meth:`ddp_exp.train.gpt.GPT.flops_per_token`);
   with ``trainer.peak_flops`` (FLOP/s of one device) ``perf/mfu`` = that over
-  ``peak_flops x world_size``.
-* Every ``trainer.sample_every_n_epochs`` epochs rank 0 continues ``trainer.sample_prompt`` and
-  writes the text to TensorBoard's text tab (tag ``samples``), drawing from a generator of its
-  own seeded from ``(seed, epoch)``: no rank's global RNG moves, so resuming stays exact.
+  ``peak_flops x world_size`` (without it, one log line says why there is none). Every rate
+  leaves warm-up out (the first step, compiling steps: :mod:`ddp_exp.metrics.warmup`).
+* Every ``trainer.sample_every_n_epochs`` epochs rank 0 continues ``trainer.sample_prompt``
+  and writes the text to the log and TensorBoard's text tab (tag ``samples``), drawing from a
+  generator of its own seeded from ``(seed, epoch)``: no rank's global RNG moves, so resuming
+  stays exact.
 
 May use: torch, :mod:`ddp_exp.data.tokens`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 SAMPLE_TOKENS = 120  # new tokens per sample
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_STREAM = 0x5A3
+
+log = logging.getLogger("ddp_exp.train")
 
 __all__ = ["LanguageModelReport", "val_scalars"]
 
@@ -54,6 +59,13 @@ def val_scalars(val_loss: float | None, split: Any) -> dict[str, float]:
     if split.stream.byte_level:
         out["val/bits_per_byte"] = val_loss / math.log(2)
     return out
+
+
+def printable(text: str) -> str:
+    """``text`` for a log line: control characters other than line breaks (an untrained
+    model's ``\\r``, ``\\x1b``, which would rewrite a terminal) as Python escapes."""
+    return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode()
+                   for c in text)
 
 
 class LanguageModelReport:
@@ -80,6 +92,9 @@ class LanguageModelReport:
         self.every = trainer.sample_every_n_epochs or 0
         self.prompt = trainer.sample_prompt or "\n"
         self.stream = datasets.train.stream if self.active else None
+        if self.flops is not None and not peak and is_main:  # once per run, rank 0
+            log.info("perf/mfu is not reported: set trainer.peak_flops to one device's peak "
+                     "FLOP/s (e.g. 989e12, an H100's dense bf16); perf/model_flops_per_sec is")
 
     @property
     def unit(self) -> str:
@@ -134,7 +149,10 @@ class LanguageModelReport:
             text = bytes(t for t in out if t < 256).decode("utf-8", "replace")
         else:
             text = " ".join(map(str, out))
+        indented = "    " + text.replace("\n", "\n    ")  # markdown: keep line breaks
+        log.info("sample after epoch %d (trainer.sample_prompt=%r, %d tokens):\n%s",
+                 epoch + 1, self.prompt, SAMPLE_TOKENS, printable(indented))
         tb = getattr(self.writer, "writer", None)
-        if tb is not None:  # rank 0's SummaryWriter; markdown: keep line breaks
-            tb.add_text("samples", "    " + text.replace("\n", "\n    "), step)
+        if tb is not None:  # rank 0's SummaryWriter
+            tb.add_text("samples", indented, step)
         return text

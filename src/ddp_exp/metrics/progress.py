@@ -7,7 +7,7 @@ all-reduce. In ``log`` mode an interval line is written at most every ``LOG_EVER
 so a file or CI log gets a heartbeat without a line per step. The epoch's summary line
 (:func:`epoch_line`: its reduced train and validation values) is logged by the loop in every mode.
 
-Uses :mod:`ddp_exp.metrics.writer` (means of reduced sums) and tqdm; the loop
+Uses :mod:`ddp_exp.metrics.warmup` (rates without warm-up) and tqdm; the loop
 (:mod:`ddp_exp.train.loop`)
 uses it.
 """
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddp_exp.metrics.writer import mean
+from ddp_exp.metrics import warmup
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -59,9 +59,9 @@ class Progress:
 
     def interval(self, loss: float | None, samples_per_sec: float | None) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "-",
-                                 samples_s=f"{samples_per_sec:,.0f}" if samples_per_sec else "-",
-                                 refresh=False)
+            rate = f"{samples_per_sec:,.0f}" if samples_per_sec else "-"
+            self.bar.set_postfix({"loss": f"{loss:.4f}" if loss is not None else "-",
+                                  f"{self.unit}_s": rate}, refresh=False)  # tokens_s, samples_s
         elif self.mode == "log" and time.monotonic() - self.last_line >= LOG_EVERY_S:
             self.last_line = time.monotonic()
             log.info("progress: epoch %d/%d, step %d/%d | train/loss %s | %s %s/s",
@@ -86,15 +86,16 @@ class EpochResult:
     train_s: float
     val: dict[str, Any]
     unit: str = "samples"  # what train_samples counts: samples, or tokens (data=tokens)
+    timed_samples: int | None = None  # of train_samples, those in train_s (warm-up left out)
 
 
 def epoch_line(r: EpochResult, epochs: int) -> str:
-    """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/loss ... | val/... |
-    N samples/s`` (``tokens/s`` for token data: the unit ``r.unit`` the loss counts; a value
-    that does not apply is left out)."""
+    """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/epoch_loss ... |
+    val/... | N samples/s`` (``tokens/s`` for token data: the unit ``r.unit`` the loss counts;
+    a value that does not apply is left out; the rate leaves warm-up out)."""
     parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
     if r.train_loss is not None:
-        parts.append(f"train/loss {r.train_loss:.4f}")
+        parts.append(f"train/epoch_loss {r.train_loss:.4f}")
     if r.val["val/loss"] is not None:
         parts.append(f"val/loss {r.val['val/loss']:.4f}")
     if r.val["val/accuracy"] is not None:
@@ -104,7 +105,8 @@ def epoch_line(r: EpochResult, epochs: int) -> str:
     for key, value in r.val.items():
         if key not in ("val/loss", "val/accuracy", "val/num_samples") and value is not None:
             parts.append(f"{key} {value:.4f}")
-    rate = mean(r.train_samples, r.train_s)
+    rate = warmup.rate(r.train_samples if r.timed_samples is None else r.timed_samples,
+                       r.train_s)
     if rate is not None:
         parts.append(f"{rate:,.0f} {r.unit}/s")
     return " | ".join(parts)

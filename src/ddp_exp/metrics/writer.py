@@ -28,11 +28,11 @@ from ddp_exp.metrics.trackers import Trackers
 
 # Final metrics (metrics.json keys) paired with each run's hyper-parameters in TensorBoard's
 # HParams dashboard. The dashboard shows, for each metric, the last point of the scalar with its
-# tag, and the ``train/loss`` curve's last point is the last logging interval, not the last
-# epoch's mean that metrics.json holds. So each is written once more, at the end, from the very
+# tag; ``train/loss`` is the last logging interval's mean and ``train/epoch_loss`` the last
+# epoch's mean (metrics.json's). Each is written once more, at the end, from the very
 # value that goes into metrics.json, under its own tag ``final/<key>`` (float64), and the
 # dashboard shows it under the metrics.json name.
-HPARAM_METRICS = ("val/loss", "val/accuracy", "train/loss")
+HPARAM_METRICS = ("val/loss", "val/accuracy", "train/epoch_loss")
 FINAL_PREFIX = "final/"
 QUEUE_S = 10.0  # MetricsWriter.queue_scalars writes at least this often
 

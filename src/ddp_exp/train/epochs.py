@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ddp_exp.metrics import dashboard
+from ddp_exp.metrics import dashboard, warmup
 from ddp_exp.metrics.progress import EpochResult, epoch_line
 from ddp_exp.metrics.writer import mean
 from ddp_exp.train import checkpointing, schedule, step_checkpoint
@@ -31,7 +31,8 @@ log = logging.getLogger("ddp_exp.train")
 
 def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
     """The epochs of :meth:`ddp_exp.train.loop.Trainer.fit`: returns the last epoch's result
-    (None if none ran), the seconds in the training loops and the samples trained."""
+    (None if none ran), the seconds in the training loops and the samples trained in them,
+    warm-up left out of both (:mod:`ddp_exp.metrics.warmup`)."""
     trainer = loop.cfg.trainer
     max_steps = trainer.max_steps
     last: EpochResult | None = None
@@ -47,11 +48,13 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
                    and done_in_epoch < loop.steps_per_epoch)
         if partial:
             step_checkpoint.at_stop(loop, done_in_epoch, loss_sum, samples, seconds)
-        train_s, run_samples = train_s + seconds, run_samples + samples
+        timed = samples - loop.warmup.take_epoch_samples()  # warm-up is not in seconds
+        train_s, run_samples = train_s + seconds, run_samples + timed
         last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
                            seconds, loop.evaluator.validate(loop.epoch, loop.global_step),
-                           loop.lm.unit)
+                           loop.lm.unit, timed)
         log.info(epoch_line(last, trainer.epochs))
+        warmup.report(loop.warmup, loop.writer, loop.global_step)  # perf/compile_s, its line
         loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
         if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
@@ -91,12 +94,13 @@ def final_metrics(loop: Any, last: EpochResult, run_samples: int, train_s: float
     tokens = {"train/num_tokens": last.train_samples} if loop.lm.active else {}
     return {
         **last.val,
-        "train/loss": last.train_loss,
+        "train/epoch_loss": last.train_loss,  # TensorBoard's train/loss: an interval
         "train/num_samples": None if windows is None else round(windows),
         **tokens,
-        "train/samples_per_sec": loop.lm.windows(mean(run_samples, train_s)),
-        **loop.lm.train_scalars(mean(run_samples, train_s)),
+        "train/samples_per_sec": loop.lm.windows(warmup.rate(run_samples, train_s)),
+        **loop.lm.train_scalars(warmup.rate(run_samples, train_s)),
         "time/train_s": train_s,
+        **warmup.final_metrics(loop.warmup),
         "epoch": last.epoch + 1,
         "global_step": loop.global_step,
         "steps_per_epoch": loop.steps_per_epoch,

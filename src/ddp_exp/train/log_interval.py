@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ddp_exp.metrics import dashboard
+from ddp_exp.metrics import dashboard, warmup
 from ddp_exp.metrics.progress import Progress
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.metrics.writer import mean
@@ -45,7 +45,7 @@ def write_interval(loop: Any, window: LossWindow, progress: Progress,
     the next interval; ``timing``: the world's perf table of the interval
     (``trainer.perf_metrics``); ``grad_norm`` and ``lr``: the logging step's."""
     loss_sum, samples, seconds = window.take_interval()
-    rate = mean(samples, seconds)
+    rate = warmup.rate(samples - loop.warmup.take_interval_samples(), seconds)  # no warm-up
     loss = mean(loss_sum, samples)
     scalars = {
         "train/loss": loss,

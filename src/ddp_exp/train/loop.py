@@ -76,6 +76,7 @@ from ddp_exp.metrics.lm import LanguageModelReport
 from ddp_exp.metrics.perf import StepTimer
 from ddp_exp.metrics.progress import EpochResult, Progress, resolve_mode
 from ddp_exp.metrics.train_loss import LossWindow
+from ddp_exp.metrics.warmup import Warmup
 from ddp_exp.metrics.writer import MetricsWriter, mean
 from ddp_exp.train import schedule, step_checkpoint, steps
 from ddp_exp.train.epochs import final_metrics, run_epochs
@@ -183,6 +184,8 @@ class Trainer:
         self.preempted = self.checkpoint_due = False  # decided at the epoch's last check
         self.global_step = 0
         self.window = LossWindow(device)  # train/loss intervals, across epochs
+        # The first step and compiling steps: timed, left out of every rate (metrics.warmup).
+        self.warmup = Warmup(trainer.compile, device, world.world_size)
         self.last_train: tuple[float | None, int] = (None, 0)  # last epoch's train loss, samples
 
     @property
@@ -229,10 +232,13 @@ class Trainer:
             padded_step = self.steps_per_epoch - 1 if self.data.padded else -1
             deferred = None  # a cadence step checkpoint begun at the step before
             for k, group in enumerate(steps.groups(batches, self.accumulate), start=first):
+                self.warmup.begin(window.sizes)
                 if k == padded_step:
                     steps.padded_step(self, group, window)
                 else:
                     steps.train_step(self, group, window)
+                warm_s = self.warmup.end(window.sizes)  # 0.0 for a steady step
+                t_mark, t_epoch = t_mark + warm_s, t_epoch + warm_s  # not in any rate
                 progress.step()
                 carried = False  # a preemption the completed checkpoint's check carried
                 if deferred is not None:
@@ -251,6 +257,7 @@ class Trainer:
                     # The logging step before: its all-reduce has run during the steps since.
                     s, n = settle(self, window, progress)
                     loss_sum, samples = loss_sum + s, samples + n
+                    self.warmup.checked()  # warm-up samples: the interval reduced next
                     clock, preempt = decided(window.flags)
                     preempt = preempt or carried
                     now = time.perf_counter()

@@ -53,8 +53,9 @@ def resolve(cfg: dict[str, Any], metric_names: Iterable[str], val_size: int) -> 
             value = t["early_stopping_patience"] if key.endswith("patience") else "best"
             raise ConfigError(f"{key}={value!r} is invalid with data.val_size=0: it watches "
                               f"trainer.monitor={t['monitor']} (set data.val_size > 0)")
-        note = (f"trainer.monitor={t['monitor']} is off: data.val_size=0 (no best.pt, no "
-                "best/ metrics)")
+        note = (f"no validation set (data.val_size=0): no val/ metrics, no best.pt, "
+                f"trainer.monitor={t['monitor']} is off; set data.val_size=N to hold out N "
+                "samples")
         t["monitor"] = None
     if t["monitor"] is not None:
         valid = ["val/loss", *(f"val/{name}" for name in metric_names)]
