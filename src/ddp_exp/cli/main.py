@@ -1,4 +1,5 @@
-"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point.
+"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point (and the
+subcommands ``ddp-exp prepare`` and ``ddp-exp sample``: :mod:`ddp_exp.cli.commands`).
 
 One Hydra job is one training world (:func:`ddp_exp.launch.elastic.run_job`); ``-m`` sweeps run one
 world
@@ -46,6 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where S
 import hydra
 from omegaconf import DictConfig
 
+from ddp_exp.cli import commands
 from ddp_exp.cli.errors import (
     EXIT_CONFIG_ERROR,
     EXIT_RANK_FAILED,
@@ -226,6 +228,11 @@ def main() -> None:
     # dropped, not printed as '--- Logging error ---' with a traceback; the run's own error
     # line says what failed (R16). The forked ranks inherit it.
     logging.raiseExceptions = False
+    command = commands.subcommand(sys.argv)
+    if command is not None:  # ddp-exp prepare ... / ddp-exp sample ...: no Hydra job
+        code = commands.run(command, sys.argv[2:])
+        exit_now(code)
+        raise SystemExit(code)
     leftover = ignore_leftover_torchrun_variables()
     if leftover:  # a shell's variables from an earlier torchrun experiment (R12)
         print(f"warning: ignored {', '.join(leftover)}: set, but no torchrun started this "

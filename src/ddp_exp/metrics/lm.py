@@ -2,7 +2,8 @@
 second, model FLOP/s and MFU, and text samples in TensorBoard.
 
 * ``val/perplexity = exp(val/loss)`` (the per-token mean cross-entropy, nats);
-  ``val/bits_per_byte = val/loss / ln 2`` where a token is one byte (the built-in corpus).
+  ``val/bits_per_byte = val/loss x tokens / bytes / ln 2``: the validation tokens' nats over
+  the UTF-8 bytes of their text (world sums), for any byte-level tokenizer.
 * ``train/tokens_per_sec``: the counted tokens the world trained per second; in TensorBoard
   and ``metrics.json`` alike ``train/samples_per_sec`` (and ``metrics.json``'s
   ``train/num_samples``) count windows, ``train/num_tokens`` their tokens; the epoch line
@@ -14,13 +15,15 @@ second, model FLOP/s and MFU, and text samples in TensorBoard.
   ``peak_flops x world_size``.
 * Every ``trainer.sample_every_n_epochs`` epochs rank 0 continues ``trainer.sample_prompt`` and
   writes the text to TensorBoard's text tab (tag ``samples``), drawing from a generator of its
-  own seeded from ``(seed, epoch)``: no rank's global RNG moves, so resuming stays exact.
+  own seeded from ``(seed, epoch)``: no rank's global RNG moves, so resuming stays exact;
+  the text is decoded with the run's tokenizer (:mod:`ddp_exp.metrics.sampling`).
 
-May use: torch, :mod:`ddp_exp.data.tokens`.
+May use: torch, :mod:`ddp_exp.data` (token splits, the tokenizer), :mod:`ddp_exp.config`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.data.text_tokenizer import TextTokenizer
 from ddp_exp.data.tokens import TokenSplit
+from ddp_exp.metrics.sampling import context_length, sample_ids, seeded_generator
 
 if TYPE_CHECKING:
     from ddp_exp.config.schema import TrainerConfig
@@ -36,6 +42,8 @@ if TYPE_CHECKING:
 SAMPLE_TOKENS = 120  # new tokens per sample
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_STREAM = 0x5A3
+
+log = logging.getLogger("ddp_exp.train")
 
 __all__ = ["LanguageModelReport", "val_scalars"]
 
@@ -45,15 +53,54 @@ def is_token_data(split: Any) -> bool:
     return isinstance(split, TokenSplit)
 
 
-def val_scalars(val_loss: float | None, split: Any) -> dict[str, float]:
-    """``val/perplexity`` and, for byte-level tokens, ``val/bits_per_byte`` from the per-token
-    ``val/loss`` (nats); empty for other data or no loss."""
+def val_scalars(val_loss: float | None, split: Any, tokens: int = 0,
+                num_bytes: float | None = None) -> dict[str, float]:
+    """``val/perplexity`` and ``val/bits_per_byte`` from the per-token ``val/loss`` (nats);
+    empty for other data or no loss.
+
+    ``val/bits_per_byte = val/loss x tokens / num_bytes / ln 2``: the nats of every counted
+    validation token over the UTF-8 bytes of the text those tokens stand for (both world-wide
+    sums, :func:`token_byte_lengths`), so runs with different tokenizers compare. Without a
+    byte count (a token file whose tokenizer ddp_exp does not know) there is none."""
     if val_loss is None or not is_token_data(split):
         return {}
     out = {"val/perplexity": math.exp(min(val_loss, 700.0))}
-    if split.stream.byte_level:
-        out["val/bits_per_byte"] = val_loss / math.log(2)
+    if num_bytes:
+        out["val/bits_per_byte"] = val_loss * tokens / num_bytes / math.log(2)
     return out
+
+
+def split_tokenizer(split: Any) -> TextTokenizer | None:
+    """The tokenizer of a token split's ids: a prepared folder's ``tokenizer.json``, bytes
+    for the built-in corpus, None for a bare token file.
+
+    Raises:
+        ConfigError: the folder's tokenizer does not load (e.g. no ``tokenizers`` library).
+    """
+    stream = split.stream
+    if stream.tokenizer is not None:
+        return TextTokenizer.load(stream.tokenizer)
+    return TextTokenizer.bytes() if stream.byte_level else None
+
+
+def token_byte_lengths(split: Any) -> torch.Tensor | None:
+    """UTF-8 bytes per token id, float64 ``[vocab_size]`` (special tokens 0), for token data
+    whose tokenizer is byte-level; else None (no ``val/bits_per_byte``)."""
+    if not is_token_data(split):
+        return None
+    try:
+        tokenizer = split_tokenizer(split)
+        if tokenizer is None or not tokenizer.byte_level:
+            return None
+        lengths = tokenizer.byte_lengths()
+    except (ConfigError, ValueError) as e:
+        log.warning("no val/bits_per_byte: %s", e)
+        return None
+    vocab = split.stream.vocab_size
+    table = torch.zeros(vocab, dtype=torch.float64)
+    n = min(vocab, len(lengths))
+    table[:n] = torch.tensor(lengths[:n], dtype=torch.float64)
+    return table
 
 
 class LanguageModelReport:
@@ -64,7 +111,7 @@ class LanguageModelReport:
             ``sample_prompt``.
         seed: the run's ``seed``.
         datasets: the splits (token data when ``datasets.train`` is a token split).
-        model: the unwrapped model (``flops_per_token`` and ``generate`` if it has them).
+        model: the unwrapped model (``flops_per_token`` if it has it; any causal LM samples).
         world_size, is_main: the world; only rank 0 samples.
         writer: the run's :class:`ddp_exp.metrics.writer.MetricsWriter`.
     """
@@ -80,6 +127,9 @@ class LanguageModelReport:
         self.every = trainer.sample_every_n_epochs or 0
         self.prompt = trainer.sample_prompt or "\n"
         self.stream = datasets.train.stream if self.active else None
+        self.train_split = datasets.train
+        self.output_key = getattr(trainer, "output_key", None) or "logits"
+        self.tokenizer: TextTokenizer | None | bool = False  # False: not loaded yet
 
     @property
     def unit(self) -> str:
@@ -105,36 +155,52 @@ class LanguageModelReport:
                 out["perf/mfu"] = tokens_per_sec * self.flops / self.peak_world
         return out
 
-    def prompt_tokens(self) -> list[int]:
-        """The prompt as token ids: its UTF-8 bytes for byte-level data; otherwise the
-        stream's first 8 tokens (ddp_exp has no tokenizer of a user's vocabulary)."""
-        if self.stream.byte_level:
-            return list(self.prompt.encode("utf-8")) or [10]
+    def prompt_tokens(self, tokenizer: TextTokenizer | None) -> list[int]:
+        """The prompt as token ids (the run's tokenizer); without one (a bare token file)
+        the stream's first 8 tokens."""
+        if tokenizer is not None:
+            ids = tokenizer.encode(self.prompt)
+            if ids:
+                return ids
+            return [tokenizer.end_of_text] if tokenizer.end_of_text is not None else [10]
         return [int(t) for t in np.asarray(self.stream.tokens[:8])]
 
     def sample(self, epoch: int, step: int) -> str | None:
         """After (0-based) ``epoch``: rank 0 writes a sample every ``sample_every_n_epochs``
-        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text."""
-        generate = getattr(self.model, "generate", None)
-        if (not self.active or not self.is_main or self.every <= 0 or not callable(generate)
+        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text.
+
+        The sample is ddp_exp's own loop over the model's next-token logits
+        (:func:`ddp_exp.metrics.sampling.sample_ids`), decoded with the run's tokenizer. A
+        sample that cannot be made (a model whose forward takes no bare ids, a tokenizer that
+        does not load) is one warning, never a failed run."""
+        if (not self.active or not self.is_main or self.every <= 0
                 or (epoch + 1) % self.every):
             return None
-        device = next(self.model.parameters()).device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(np.random.SeedSequence([self.seed, epoch, SAMPLE_STREAM])
-                                  .generate_state(1)[0]))
-        idx = torch.tensor([self.prompt_tokens()], device=device)
-        was_training = self.model.training
-        self.model.eval()
         try:
-            out = generate(idx, SAMPLE_TOKENS, SAMPLE_TEMPERATURE, generator)[0].tolist()
-        finally:
-            self.model.train(was_training)
-        if self.stream.byte_level:
-            text = bytes(t for t in out if t < 256).decode("utf-8", "replace")
-        else:
-            text = " ".join(map(str, out))
+            text = self.sample_text(epoch)
+        except Exception as e:  # a view of the run: it never fails the run
+            log.warning("no text sample after epoch %d: %s: %s", epoch + 1, type(e).__name__,
+                        str(e).splitlines()[0][:200] if str(e) else "")
+            return None
         tb = getattr(self.writer, "writer", None)
         if tb is not None:  # rank 0's SummaryWriter; markdown: keep line breaks
             tb.add_text("samples", "    " + text.replace("\n", "\n    "), step)
         return text
+
+    def sample_text(self, epoch: int) -> str:
+        """The text of the sample after ``epoch``, from a generator seeded by
+        ``(seed, epoch)``: the run's tokenizer's text, or ids for a bare token file."""
+        if self.tokenizer is False:
+            self.tokenizer = split_tokenizer(self.train_split)
+        tokenizer = self.tokenizer
+        device = next(self.model.parameters()).device
+        seeds = np.random.SeedSequence([self.seed, epoch, SAMPLE_STREAM])
+        seed = int(seeds.generate_state(1)[0])
+        prompt = self.prompt_tokens(tokenizer)
+        new = sample_ids(self.model, prompt, SAMPLE_TOKENS, SAMPLE_TEMPERATURE,
+                         generator=seeded_generator(seed, device),
+                         context=context_length(self.model, self.stream.block_size),
+                         output_key=self.output_key)
+        if tokenizer is None:
+            return " ".join(map(str, prompt + new))
+        return tokenizer.decode(prompt + new)
