@@ -40,7 +40,9 @@ from ddp_exp.data.text_tokenizer import END_OF_TEXT, TextTokenizer, require_toke
 
 META_FORMAT = "ddp_exp prepared tokens 1"
 BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
-MIN_BPE_VOCAB = 257  # the 256 bytes and <|endoftext|>
+# The 256 bytes, <|endoftext|> and at least 255 merges: a BPE with fewer merges is bytes with a
+# handful of pairs (use --tokenizer bytes), and a vocabulary under the byte alphabet is no BPE.
+MIN_BPE_VOCAB = 512
 
 
 @dataclass
@@ -74,10 +76,11 @@ def check_options(opts: PrepareOptions) -> None:
             validation fraction outside ``[0, 1)``, an existing non-empty ``--out`` that is not
             a prepared folder.
     """
-    if opts.tokenizer == "bpe" and opts.vocab_size < MIN_BPE_VOCAB + 1:
+    if opts.tokenizer == "bpe" and opts.vocab_size < MIN_BPE_VOCAB:
         raise ConfigError(f"--vocab-size={opts.vocab_size} is invalid: a byte-level BPE holds "
-                          f"the 256 bytes and {END_OF_TEXT}, so at least {MIN_BPE_VOCAB + 1} "
-                          "(e.g. 2000 for a few MB of text, 32000 for GBs)")
+                          f"the 256 bytes, {END_OF_TEXT} and its merges, at least "
+                          f"{MIN_BPE_VOCAB} (e.g. 2000 for a few MB of text, 32000 for GBs); "
+                          "--tokenizer bytes for a byte-level vocabulary")
     if opts.tokenizer == "bpe" and opts.vocab_size > 1 << 32:
         raise ConfigError(f"--vocab-size={opts.vocab_size} is invalid: at most 2^32 ids")
     if not 0 <= opts.val_fraction < 1:
