@@ -165,19 +165,22 @@ class LanguageModelReport:
             return [tokenizer.end_of_text] if tokenizer.end_of_text is not None else [10]
         return [int(t) for t in np.asarray(self.stream.tokens[:8])]
 
-    def sample(self, epoch: int, step: int) -> str | None:
+    def sample(self, epoch: int, step: int, validation: int | None = None) -> str | None:
         """After (0-based) ``epoch``: rank 0 writes a sample every ``sample_every_n_epochs``
-        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text.
+        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text. With
+        validation by steps, after the (0-based) ``validation``-th validation instead: every
+        ``sample_every_n_epochs`` validations, seeded from ``(seed, step)``.
 
         The sample is ddp_exp's own loop over the model's next-token logits
         (:func:`ddp_exp.metrics.sampling.sample_ids`), decoded with the run's tokenizer. A
         sample that cannot be made (a model whose forward takes no bare ids, a tokenizer that
         does not load) is one warning, never a failed run."""
+        count = epoch if validation is None else validation
         if (not self.active or not self.is_main or self.every <= 0
-                or (epoch + 1) % self.every):
+                or (count + 1) % self.every):
             return None
         try:
-            text = self.sample_text(epoch)
+            text = self.sample_text([epoch] if validation is None else [step, 1])
         except Exception as e:  # a view of the run: it never fails the run
             log.warning("no text sample after epoch %d: %s: %s", epoch + 1, type(e).__name__,
                         str(e).splitlines()[0][:200] if str(e) else "")
@@ -187,14 +190,15 @@ class LanguageModelReport:
             tb.add_text("samples", "    " + text.replace("\n", "\n    "), step)
         return text
 
-    def sample_text(self, epoch: int) -> str:
-        """The text of the sample after ``epoch``, from a generator seeded by
-        ``(seed, epoch)``: the run's tokenizer's text, or ids for a bare token file."""
+    def sample_text(self, key: list[int]) -> str:
+        """The text of a sample, from a generator seeded by ``(seed, *key)`` (``[epoch]``,
+        or ``[global step, 1]`` with validation by steps): the run's tokenizer's text, or
+        ids for a bare token file."""
         if self.tokenizer is False:
             self.tokenizer = split_tokenizer(self.train_split)
         tokenizer = self.tokenizer
         device = next(self.model.parameters()).device
-        seeds = np.random.SeedSequence([self.seed, epoch, SAMPLE_STREAM])
+        seeds = np.random.SeedSequence([self.seed, key[0], SAMPLE_STREAM, *key[1:]])
         seed = int(seeds.generate_state(1)[0])
         prompt = self.prompt_tokens(tokenizer)
         new = sample_ids(self.model, prompt, SAMPLE_TOKENS, SAMPLE_TEMPERATURE,

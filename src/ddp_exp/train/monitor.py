@@ -82,13 +82,17 @@ class Monitor:
         self.metric, self.mode, self.patience = metric, str(mode or "min"), patience
         self.best: float | None = None
         self.best_epoch: int | None = None  # 0-based
+        self.best_step: int | None = None  # the global step of the best validation
         self.bad_epochs = 0
         self.stopped_early = False
         self.trial: Any = None  # a ddp_exp.job.pruning.TrialLink in a ddp_optuna sweep's trial
         self.pruned_at_epoch: int | None = None  # 1-based
 
-    def update(self, val: dict[str, Any], epoch: int) -> bool:
-        """Record ``epoch``'s (0-based) reduced validation results; True if it is the new best."""
+    def update(self, val: dict[str, Any], epoch: int, step: int | None = None) -> bool:
+        """Record a validation's reduced results, in (0-based) ``epoch`` at global ``step``;
+        True if it is the new best. Patience counts validations; a sweep's pruner gets the
+        value at the epoch's number, or at ``step`` when validation is by steps
+        (``trainer.val_every_n_steps``: ``step`` given)."""
         if self.metric is None:
             return False
         value = val.get(self.metric)
@@ -97,11 +101,13 @@ class Monitor:
                                                    else value > self.best))
         if better:
             self.best, self.best_epoch, self.bad_epochs = float(value), epoch, 0
+            self.best_step = step
         else:
             self.bad_epochs += 1
         if self.patience is not None and self.bad_epochs >= self.patience:
             self.stopped_early = True
-        if self.trial is not None and self.trial.should_prune(value, epoch):
+        report_at = epoch if step is None else step - 1  # should_prune reports at +1
+        if self.trial is not None and self.trial.should_prune(value, report_at):
             self.stopped_early, self.pruned_at_epoch = True, epoch + 1
         return better
 
@@ -126,11 +132,14 @@ class Monitor:
         if self.metric is not None:
             out[f"best/{self.metric}"] = self.best
             out["best/epoch"] = None if self.best_epoch is None else self.best_epoch + 1
+            if self.best_step is not None:  # validation by steps
+                out["best/step"] = self.best_step
         return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "mode": self.mode, "best": self.best,
-                "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs,
+                "best_epoch": self.best_epoch, "best_step": self.best_step,
+                "bad_epochs": self.bad_epochs,
                 "stopped_early": self.stopped_early, "pruned_at_epoch": self.pruned_at_epoch}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -141,3 +150,4 @@ class Monitor:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.bad_epochs, self.stopped_early = state["bad_epochs"], state["stopped_early"]
         self.pruned_at_epoch = state.get("pruned_at_epoch")
+        self.best_step = state.get("best_step")
