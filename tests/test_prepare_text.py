@@ -307,3 +307,20 @@ def test_the_chinese_example_corpus_prepares_and_round_trips(tmp_path):
     texts = [Path(p).read_bytes().decode("utf-8") for p in paths]
     assert sorted(docs) == sorted(texts)
     assert any("\r\n" in t for t in texts) and all("\ufffd" not in d for d in docs)
+
+
+def test_long_documents_stream_in_pieces_with_the_ids_of_the_whole(tmp_path, monkeypatch):
+    """A document longer than a piece is read in blocks and encoded in pieces cut after a
+    newline: the same ids as the whole text encoded at once (the BPE's pre-tokenizer splits
+    there too), and a multi-byte character cut by a block boundary decodes whole."""
+    from ddp_exp.data import text_sources
+
+    write_corpus(tmp_path / "c", 6)
+    whole = tmp_path / "whole"
+    run_prepare([tmp_path / "c"], whole, vocab_size=700, val_fraction=0.0)
+    monkeypatch.setattr(text_sources, "PIECE_CHARS", 50)
+    monkeypatch.setattr(text_sources, "READ_BYTES", 7)  # cuts inside UTF-8 sequences
+    pieces = tmp_path / "pieces"
+    run_prepare([tmp_path / "c"], pieces, tokenizer=str(whole / "tokenizer.json"),
+                val_fraction=0.0)
+    assert (pieces / "train.bin").read_bytes() == (whole / "train.bin").read_bytes()

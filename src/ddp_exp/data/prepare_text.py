@@ -25,6 +25,7 @@ May use: NumPy, tqdm, :mod:`ddp_exp.config` (``ConfigError``), this package's te
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ from ddp_exp.data.text_sources import Corpus
 from ddp_exp.data.text_tokenizer import END_OF_TEXT, TextTokenizer, require_tokenizers
 
 META_FORMAT = "ddp_exp prepared tokens 1"
-BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
+BATCH_CHARS = 4 << 20  # characters encoded per encode_batch call
 # The 256 bytes, <|endoftext|> and at least 255 merges: a BPE with fewer merges is bytes with a
 # handful of pairs (use --tokenizer bytes), and a vocabulary under the byte alphabet is no BPE.
 MIN_BPE_VOCAB = 512
@@ -218,11 +219,13 @@ def _encode(corpus: Corpus, tokenizer: TextTokenizer, val_docs: np.ndarray, work
     try:
         for doc, pieces in enumerate(_bar(corpus.documents_stream(), progress, "encoding",
                                           "documents")):
-            for j, text in enumerate(pieces):
-                batch.append((doc, j == len(pieces) - 1, text))
+            text = next(pieces)
+            for following in itertools.chain(pieces, [None]):  # a piece ahead: the last?
+                batch.append((doc, following is None, text))
                 size += len(text)
                 if size >= BATCH_CHARS:
                     flush()
+                text = following
         if batch:
             flush()
     finally:

@@ -6,8 +6,8 @@ ones skipped), a JSON lines / CSV / Parquet file (one document per row, the text
 ``text_key``), or a Hugging Face ``datasets`` dataset (a hub name or a local path, one split).
 
 Text is read as bytes and decoded as strict UTF-8 (CRLF and every other character kept as they
-are); a file with a NUL byte in its first 8 KB is binary. A document is yielded as a list of
-pieces of at most about :data:`PIECE_CHARS` characters, cut only where a newline is followed by
+are); a file with a NUL byte in its first 8 KB is binary. A document is yielded as an iterator
+of pieces of at most about :data:`PIECE_CHARS` characters, cut only where a newline is followed by
 a non-blank character: GPT-2's pre-tokenizer splits there anyway, so encoding the pieces one by
 one gives the ids of the whole document, and no document is ever held whole in memory.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import csv
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -91,8 +92,9 @@ class Corpus:
                     src.size += len(block)
             src.sha256 = h.hexdigest()
 
-    def documents_stream(self) -> Iterator[list[str]]:
-        """Every document of every source, in order: a list of pieces each."""
+    def documents_stream(self) -> Iterator[Iterator[str]]:
+        """Every non-empty document of every source, in order: an iterator of text pieces
+        each, to be consumed before the next document is asked for."""
         for src in self.files:
             if src.kind == "text":
                 yield from _text_documents(src.path, self.documents)
@@ -120,42 +122,63 @@ def _source(path: str) -> Source:
     return Source(path, kind)
 
 
-def _text_documents(path: str, documents: str) -> Iterator[list[str]]:
-    """A text file's documents, decoded as strict UTF-8 in blocks."""
+def _text_documents(path: str, documents: str) -> Iterator[Iterator[str]]:
+    """A text file's documents, each an iterator of pieces (consume one before the next)."""
+    if documents == "paragraph":
+        rest = ""
+        for text in _decoded_blocks(path):
+            parts = _PARAGRAPH.split(rest + text)
+            rest = parts.pop()
+            yield from (iter([part]) for part in parts if part.strip())
+        if rest.strip():
+            yield iter([rest])
+        return
+    pieces = _file_pieces(path)
+    first = next(pieces, None)
+    if first is not None:  # an empty file is no document
+        yield itertools.chain([first], pieces)
+
+
+def _file_pieces(path: str) -> Iterator[str]:
+    """A text file's text in pieces of about :data:`PIECE_CHARS` (module docstring)."""
+    buffer = ""
+    for text in _decoded_blocks(path):
+        buffer += text
+        while len(buffer) > PIECE_CHARS:
+            cut = _last_cut(buffer, PIECE_CHARS)
+            if cut is None:
+                break
+            yield buffer[:cut]
+            buffer = buffer[cut:]
+    if buffer:
+        yield buffer
+
+
+def _decoded_blocks(path: str) -> Iterator[str]:
+    """A file's text, decoded as strict UTF-8 block by block.
+
+    Raises:
+        ConfigError: a NUL byte in the first 8 KB (binary), or bytes that are not UTF-8.
+    """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    offset, buffer, pieces = 0, "", []
+    offset = 0
     with open(path, "rb") as f:
-        first = True
         while True:
             block = f.read(READ_BYTES)
-            if first and b"\0" in block[:8192]:
+            if offset == 0 and b"\0" in block[:8192]:
                 raise ConfigError(f"{path}: a binary file (a NUL byte in its first 8 KB), not "
                                   "text; give UTF-8 text files")
-            first = False
             try:
-                buffer += decoder.decode(block, final=not block)
+                text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as e:
                 raise ConfigError(f"{path}: not UTF-8 text (near byte {offset + e.start}: "
                                   f"{e.reason}); convert it, e.g. iconv -f latin1 -t "
                                   "utf-8") from None
             offset += len(block)
-            if documents == "paragraph":
-                parts = _PARAGRAPH.split(buffer)
-                buffer = parts.pop() if block else ""
-                for part in parts + ([buffer] if not block else []):
-                    if part.strip():
-                        yield [part]
-            else:
-                while len(buffer) > PIECE_CHARS:
-                    cut = _last_cut(buffer, PIECE_CHARS)
-                    if cut is None:
-                        break
-                    pieces.append(buffer[:cut])
-                    buffer = buffer[cut:]
+            if text:
+                yield text
             if not block:
-                break
-    if documents == "file" and (pieces or buffer):
-        yield pieces + ([buffer] if buffer else [])
+                return
 
 
 def _last_cut(text: str, limit: int) -> int | None:
@@ -167,13 +190,13 @@ def _last_cut(text: str, limit: int) -> int | None:
     return cut
 
 
-def _row_documents(src: Source, text_key: str, split: str) -> Iterator[list[str]]:
+def _row_documents(src: Source, text_key: str, split: str) -> Iterator[Iterator[str]]:
     for row, text in enumerate(_rows(src, text_key, split)):
         if not isinstance(text, str):
             raise ConfigError(f"{src.path}: row {row} has {text_key!r} of type "
                               f"{type(text).__name__}; --text-key names a column of text")
         if text:
-            yield [text]
+            yield iter([text])
 
 
 def _rows(src: Source, key: str, split: str) -> Iterator[object]:

@@ -115,6 +115,13 @@ class Monitor:
         """Why the run stops (for the log)."""
         best = "none" if self.best is None else f"{self.best:.6g}"
         epoch = "-" if self.best_epoch is None else self.best_epoch + 1
+        if self.best_step is not None:  # validation by steps: patience counts validations
+            return (f"early stopping: {self.metric} has not improved ({self.mode}) for "
+                    f"{self.bad_epochs} validation(s), trainer.early_stopping_patience="
+                    f"{self.patience}; best {best} at step {self.best_step} (epoch {epoch}); "
+                    "every rank stops here") if self.pruned_at_epoch is None else (
+                f"pruned: the sweep's pruner stops this trial in epoch {self.pruned_at_epoch} "
+                f"({self.metric} best {best} at step {self.best_step}); every rank stops here")
         if self.pruned_at_epoch is not None:
             return (f"pruned: the sweep's pruner stops this trial after epoch "
                     f"{self.pruned_at_epoch}/{epochs} ({self.metric} best {best} at epoch "
