@@ -11,7 +11,7 @@ document, cycled with a document number until ``--mb`` MB. Reported:
 * ``prepare_s`` and ``peak_rss_mb``: ``ddp-exp prepare --tokenizer bpe --vocab-size 8192`` as a
   child process, wall seconds and its peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``);
 * ``encode_tokens_per_s``: the trained tokenizer's ``encode_batch`` (every core) on the first
-  32 MB of the corpus, tokens per second;
+  8 MB of the corpus, tokens per second;
 * ``tokens``: the prepared folder's token count.
 
 A group of its own, with ``main()``, beside ``benchmarks/run.py``'s groups.
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         for path in sorted(corpus.iterdir()):
             texts.append(path.read_bytes().decode("utf-8"))
             total += len(texts[-1])
-            if total > 32e6:
+            if total > 8e6:
                 break
         t1 = time.perf_counter()
         tokens = sum(len(ids) for ids in tok.encode_batch(texts))

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 
 from ddp_exp.config.errors import ConfigError
 
-PIECE_CHARS = 1 << 20  # characters per piece of a long document
+PIECE_CHARS = 1 << 16  # characters per piece of a long document (what the BPE trainer buffers)
 READ_BYTES = 1 << 20
 TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _CUT = re.compile(r"\n(?=\S)")
+_WORD_CUT = re.compile(r"(?<=\S)(?= \S)")  # before " word": GPT-2's pre-tokens split there
+HARD_CUT = 16  # pieces: a text with neither cut this long is cut anywhere
 _PARAGRAPH = re.compile(r"(?:\r?\n)[ \t]*(?:\r?\n)+")
 
 
@@ -146,6 +148,8 @@ def _file_pieces(path: str) -> Iterator[str]:
         buffer += text
         while len(buffer) > PIECE_CHARS:
             cut = _last_cut(buffer, PIECE_CHARS)
+            if cut is None and len(buffer) > HARD_CUT * PIECE_CHARS:  # no newline, no space
+                cut = PIECE_CHARS
             if cut is None:
                 break
             yield buffer[:cut]
@@ -183,11 +187,15 @@ def _decoded_blocks(path: str) -> Iterator[str]:
 
 def _last_cut(text: str, limit: int) -> int | None:
     """The last place before ``limit`` right after a newline followed by a non-blank
-    character (where GPT-2's pre-tokenizer splits anyway), or None."""
-    cut = None
-    for m in _CUT.finditer(text, 0, limit + 1):
-        cut = m.end()
-    return cut
+    character, else before a single space between words (where GPT-2's pre-tokenizer splits
+    anyway), or None."""
+    for pattern in (_CUT, _WORD_CUT):
+        cut = None
+        for m in pattern.finditer(text, 0, limit + 1):
+            cut = m.end()
+        if cut:
+            return cut
+    return None
 
 
 def _row_documents(src: Source, text_key: str, split: str) -> Iterator[Iterator[str]]:
