@@ -324,3 +324,28 @@ def test_long_documents_stream_in_pieces_with_the_ids_of_the_whole(tmp_path, mon
     run_prepare([tmp_path / "c"], pieces, tokenizer=str(whole / "tokenizer.json"),
                 val_fraction=0.0)
     assert (pieces / "train.bin").read_bytes() == (whole / "train.bin").read_bytes()
+
+
+def test_parquet_rows_and_a_datasets_dataset_are_documents(tmp_path, monkeypatch):
+    """Parquet (pyarrow, read in batches) and ``--dataset`` (Hugging Face datasets, here a
+    local JSON lines file: no network) give the same documents as the rows."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = [f"row {i}: " + SENTENCES[i % len(SENTENCES)] for i in range(12)]
+    pq.write_table(pa.table({"body": texts, "n": list(range(12))}), tmp_path / "t.parquet")
+    meta = run_prepare([tmp_path / "t.parquet"], tmp_path / "p", tokenizer="bytes",
+                       text_key="body", val_fraction=0.25)
+    tok = TextTokenizer.bytes()
+    docs = documents_of(tmp_path / "p", "train", tok) + documents_of(tmp_path / "p", "val", tok)
+    assert sorted(docs) == sorted(texts) and meta["sources"][0]["kind"] == "parquet"
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    (tmp_path / "ds").mkdir()
+    lines = [json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts]
+    (tmp_path / "ds" / "d.jsonl").write_text("".join(lines), encoding="utf-8")
+    meta = prepare(PrepareOptions([], str(tmp_path / "q"), tokenizer="bytes", progress=False,
+                                  dataset=str(tmp_path / "ds"), split="train",
+                                  val_fraction=0.25))
+    docs = documents_of(tmp_path / "q", "train", tok) + documents_of(tmp_path / "q", "val", tok)
+    assert sorted(docs) == sorted(texts) and meta["sources"][0]["kind"] == "dataset"

@@ -2,7 +2,7 @@
 
 :func:`write_chinese_corpus` writes ``documents`` text files of Chinese sentences drawn from a
 small grammar (subject, time, place, verb, object, clause linkers and punctuation, a few hundred
-common words), deterministic from ``seed``: each file is one document, a few hundred KB in all
+common words), deterministic from ``seed``: each file is one document, about 290 KB in all
 by default. The text is not meaningful prose, but it has what a tokenizer and a language
 model meet in Chinese: three-byte UTF-8 characters, no spaces between words, full-width
 punctuation, line breaks (some CRLF), and a few Latin words and digits mixed in; a trained
@@ -68,10 +68,10 @@ def chinese_document(rng: np.random.Generator, paragraphs: int = 4) -> str:
     return newline.join([title, *body]) + newline
 
 
-def write_chinese_corpus(folder: str, documents: int = 150, seed: int = 0) -> list[str]:
+def write_chinese_corpus(folder: str, documents: int = 200, seed: int = 0) -> list[str]:
     """Write ``documents`` files ``doc_0000.txt ...`` of generated Chinese text (UTF-8) to
     ``folder`` (created); returns their paths. The same ``seed`` writes the same bytes. The
-    default is about 300 KB."""
+    default is about 290 KB."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths = []
