@@ -143,6 +143,7 @@ def test_subcommands_refuse_bad_input_in_one_line(tmp_path):
         ("prepare", "blob.txt", "--out", "o", "--vocab-size", "300"):
             "--vocab-size=300 is invalid",
         ("sample", "run"): "run: no checkpoint to sample from",
+        ("prepare", "empty"): "ddp-exp prepare: the following arguments are required: --out",
         (*TINY, "data.path=empty", f"hydra.run.dir={tmp_path / 'job'}"):
             "/empty is a folder without meta.json",
     }

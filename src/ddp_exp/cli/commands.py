@@ -9,13 +9,23 @@ May use: :mod:`ddp_exp.cli.errors`, :mod:`ddp_exp.cli.prepare`, :mod:`ddp_exp.cl
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from collections.abc import Sequence
 
 from ddp_exp.cli.errors import error_exit
+from ddp_exp.config.errors import ConfigError
 
 SUBCOMMANDS = {"prepare": "ddp_exp.cli.prepare", "sample": "ddp_exp.cli.sample"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose bad command line is one line (a :class:`ConfigError`:
+    ``error: ddp-exp prepare: ...``, exit 2), not argparse's usage block."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{self.prog}: {message} ({self.prog} --help lists the options)")
 
 
 def subcommand(argv: Sequence[str]) -> str | None:

@@ -1,21 +1,21 @@
 """``ddp-exp prepare SOURCE... --out DIR``: text into a folder ``data=tokens data.path=DIR``
 trains on (:mod:`ddp_exp.data.prepare_text`; docs/language-models.md).
 
-May use: :mod:`ddp_exp.data.prepare_text`.
+May use: :mod:`ddp_exp.data.prepare_text`, :mod:`ddp_exp.cli.commands` (the parser).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
+from ddp_exp.cli.commands import OneLineParser
 from ddp_exp.data.prepare_text import PrepareOptions, prepare
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> OneLineParser:
     """The command's options."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ddp-exp prepare",
         description="Tokenize text into train.bin, val.bin, tokenizer.json and meta.json for "
                     "`python -m ddp_exp data=tokens data.path=DIR`.")

@@ -7,23 +7,23 @@ loads the weights (``--checkpoint best`` | ``last`` | a path; default: ``best.pt
 (:mod:`ddp_exp.metrics.sampling`): the same text for the same ``--seed``.
 
 May use: :mod:`ddp_exp.train.models`, :mod:`ddp_exp.metrics`, :mod:`ddp_exp.data`,
-:mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.config`.
+:mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.config`, :mod:`ddp_exp.cli.commands` (the parser).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ddp_exp.cli.commands import OneLineParser
 from ddp_exp.config.errors import ConfigError
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> OneLineParser:
     """The command's options."""
-    p = argparse.ArgumentParser(prog="ddp-exp sample",
+    p = OneLineParser(prog="ddp-exp sample",
                                 description="Continue a prompt with a trained run's model.")
     p.add_argument("run", metavar="RUN", help="the run's job folder")
     p.add_argument("--prompt", default=None,
