@@ -60,10 +60,10 @@ sweep: $(VENV)/.installed-run  ## a batch-size sweep, one world per job, under o
 tensorboard: $(VENV)/.installed-run  ## every run under outputs/, on http://127.0.0.1:$(PORT)
 	$(BIN)/tensorboard --logdir outputs --host 127.0.0.1 --port $(PORT)
 
-bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP, Lightning and a nanoGPT-style loop: docs/benchmarks.md, benchmarks/results.csv (ARGS="--quick" to smoke-test, ARGS="--only lm" for the language model alone)
+bench: $(VENV)/.installed-run  ## ddp_exp vs hand-written DDP, Lightning and a nanoGPT-style loop: benchmarks/results/, docs/benchmarks.md (ARGS="--quick" to smoke-test, ARGS="--only lm" for one group, ARGS="--list" for the groups)
 	@if [ -z "$(NO_BENCH_EXTRA)" ]; then $(EDITABLE_QUIET) $(BIN)/python -m pip install --quiet -e ".[bench]" \
 	  || echo "lightning did not install: its baseline is skipped"; fi
-	$(BIN)/python benchmarks/run.py $(ARGS)
+	$(BIN)/python -m benchmarks $(ARGS)
 
 lint: install  ## ruff, and the layering of src/ddp_exp's packages (tests/test_layers.py)
 	$(BIN)/ruff check src tests benchmarks examples

@@ -6,7 +6,8 @@ The training loops are not here: each script keeps its own, written the way its 
 writes it, because the loops are what the benchmark compares. What is here is the same in every
 script and is not timed (set-up, validation, results), or builds the same model for all of them.
 
-May use: the standard library, torch, ``workloads`` (the settings of a workload).
+May use: the standard library, torch, ``benchmarks.workloads`` (the settings of a workload).
+Used by the scripts (``baselines/``, ``probes/``) and the runner (``harness/``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-import workloads
 from torch import nn
+
+from benchmarks import workloads
 
 BENCH = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
 ROOT = os.path.dirname(BENCH)  # the repository

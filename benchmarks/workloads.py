@@ -3,8 +3,11 @@
 The arrays are the ones ddp_exp trains on, bit for bit: :func:`load` repeats what
 ``ddp_exp.data.load_digits`` / ``make_synthetic`` / ``build_datasets`` do, in NumPy alone, so the
 hand-written scripts do not pay for importing ddp_exp (``ddp_exp.data`` imports Hydra, ~0.5 s).
-``benchmarks/run.py`` checks the arrays against ddp_exp's own loaders before it measures anything
-(:func:`check_against_ddp_exp`).
+``python -m benchmarks`` checks the arrays against ddp_exp's own loaders before it measures
+anything (:func:`check_against_ddp_exp`).
+
+May use: the standard library and NumPy (Pillow and ddp_exp lazily); the bottom of
+``benchmarks/``: every other module may import it.
 
 Workloads:
 
@@ -17,14 +20,14 @@ Workloads:
   workers per rank; 297 files held out by seed 0 as ddp_exp holds them out
   (:func:`image_folder_split`), ``model=cnn`` (conv 32, conv 64, 128 hidden), 32 per rank, 5
   epochs.
-* ``lm`` (issue 29, the runner's ``lm`` group): ``experiment=gpt_tokens``'s GPT (2 layers, width
+* ``lm`` (issue 29, the ``lm`` group): ``experiment=gpt_tokens``'s GPT (2 layers, width
   128, 4 heads, context 128) on the built-in corpus written as a uint16 ``.bin``, 16 windows per
   rank, 60 steps, AdamW lr 0.003 with 10 warmup steps, clipping 1.0.
-* ``synthetic`` (issue 13 point 3, the runner's ``scaling`` group; ddp_exp only, no script reads
-  it): ddp_exp's ``data=synthetic`` defaults (4,096 samples of 32 features, 512 held out,
-  regression) and ``model=mlp`` (one hidden layer of 128), 32 per rank, 10 epochs, SGD lr 0.002
-  (at 0.05 the loss of the 2,048-wide MLP overflows within 10 steps; the lr changes no step's
-  cost); the group changes ``data.num_samples`` and ``model.hidden_sizes``.
+* ``synthetic`` (issue 13 point 3, the ``scaling`` and ``memory`` groups; ddp_exp only, no
+  script reads it): ddp_exp's ``data=synthetic`` defaults (4,096 samples of 32 features, 512
+  held out, regression) and ``model=mlp`` (one hidden layer of 128), 32 per rank, 10 epochs,
+  SGD lr 0.002 (at 0.05 the loss of the 2,048-wide MLP overflows within 10 steps; the lr
+  changes no step's cost); the group changes ``data.num_samples`` and ``model.hidden_sizes``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ WORKLOADS = {
                      "val_size": 297, "num_workers": 2},
     "synthetic": {"hidden": [128], "batch_size": 32, "epochs": 10, "val_size": 512,
                   "num_samples": 4096, "num_features": 32, "lr": 0.002, "ddp_exp_only": True},
-    # issue 29 (``lm_group.py``, ``nanogpt_loop.py``): experiment=gpt_tokens's shapes and settings
+    # issue 29 (groups/lm.py, baselines/nanogpt_loop.py): experiment=gpt_tokens's settings
     "lm": {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 128, "vocab_size": 256,
            "batch_size": 16, "steps": 60, "limit_val_batches": 4, "lr": 0.003,
            "weight_decay": 0.1, "warmup_steps": 10, "min_lr": 0.0003, "grad_clip": 1.0},
@@ -164,20 +167,12 @@ def ddp_exp_overrides(name: str, world_size: int, batch_size: int, epochs: int,
             f"data.val_size={w['val_size']}", f"data.noise_std={w['noise_std']}"] + common
 
 
-def check_against_ddp_exp(name: str, num_train: int | None = None,
-                          data_path: str | None = None) -> None:
-    """Raise AssertionError unless :func:`load` gives ddp_exp's arrays exactly (for
-    ``image_folder``: :func:`check_image_folder` on the folder ``data_path``)."""
+def check_against_ddp_exp(name: str, num_train: int | None = None) -> None:
+    """Raise AssertionError unless :func:`load` gives ddp_exp's arrays exactly (``digits`` and
+    ``compute``; the image folder and the token file are checked by their groups:
+    ``benchmarks/groups/image_folder.py`` and ``lm.py``)."""
     from ddp_exp import data
 
-    if name == "lm":
-        import lm_group
-
-        lm_group.check_corpus(str(data_path))
-        return
-    if name == "image_folder":
-        check_image_folder(str(data_path))
-        return
     w = spec(name, num_train)
     if name == "digits":
         ds = data.load_digits()
@@ -190,35 +185,3 @@ def check_against_ddp_exp(name: str, num_train: int | None = None,
     for a, b in zip(mine[:4], theirs, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
     assert mine[4] == split.num_classes, name
-
-
-def check_image_folder(root: str) -> None:
-    """Raise AssertionError unless the hand-written script (``ddp_image_folder.py``) trains on
-    what ddp_exp's ``data=image_folder data.channels=1`` reads from ``root``: the same training
-    and validation files in the same order, the same labels and float32 pixels, and a CNN with
-    the same initial weights as ``ddp_exp.train.models.CNN`` under seed 0."""
-    import ddp_image_folder as script
-    import torch
-
-    from ddp_exp import data
-    from ddp_exp.train.models import CNN
-
-    w = spec("image_folder")
-    theirs = data.load({"_target_": "ddp_exp.data.images.load_image_folder", "path": root,
-                        "image_size": None, "channels": 1, "val_size": w["val_size"],
-                        "batch_size": w["batch_size"], "num_workers": 0}, SEED, 1)
-    for mine, part in zip(image_folder_split(root), (theirs.train, theirs.val), strict=True):
-        files = [part.dataset.samples[i] for i in part.indices]
-        rel = [(os.path.relpath(p, root), label) for p, label in files]
-        assert rel == [(os.path.relpath(p, root), label) for p, label in mine], "file lists"
-        x, y = part.batch(range(len(part)))
-        items = script.PngFiles(mine)
-        assert torch.equal(x, torch.stack([items[i][0] for i in range(len(items))])), "pixels"
-        assert y.tolist() == [label for _, label in mine], "labels"
-    shape, classes = theirs.train.input_shape, theirs.train.num_classes
-    torch.manual_seed(SEED)
-    reference = CNN(shape, classes, w["channels"], w["hidden"][0])
-    built = script.build_cnn(shape[0], shape[-1], classes, w["channels"], w["hidden"][0])
-    a, b = list(reference.parameters()), list(built.parameters())
-    assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b, strict=True)), \
-        "initial CNN weights"

@@ -432,3 +432,29 @@ def cosine_lr(k: int, lr: float, warmup: int, total: int, min_lr: float) -> floa
         return lr * k / warmup
     progress = (k - warmup) / (total - warmup)
     return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def shared_sweep(tmp_path_factory, *overrides: str) -> Path:
+    """A multirun ``python -m ddp_exp -m <overrides> hydra.sweep.dir=<folder>``, made once per
+    test session for all xdist workers (as :func:`shared_run`), keyed by the overrides; returns
+    the sweep folder after asserting exit 0. Tests only read it."""
+    from filelock import FileLock
+
+    key = hashlib.sha256("\0".join(("-m", *overrides)).encode()).hexdigest()[:16]
+    cache = session_dir(tmp_path_factory) / "shared-runs"
+    cache.mkdir(parents=True, exist_ok=True)
+    root, record = cache / key, cache / f"{key}.json"
+    with FileLock(cache / f"{key}.lock"):
+        if not record.exists():
+            root.mkdir(exist_ok=True)
+            proc = run_sweep(root, "-m", *overrides, f"hydra.sweep.dir={root / 'sweep'}")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            record.write_text(json.dumps({"returncode": proc.returncode}))
+    return root / "sweep"
+
+
+# Issue 38's shared sweep (tests/test_trackers.py, test_runs_command.py, test_run_record.py):
+# every tracker on, three jobs differing in optim.lr alone.
+TRACKED_LRS = ("0.01", "0.02", "0.05")
+TRACKED_SWEEP = ("logger=[tensorboard,csv,mlflow,wandb]", "world_size=2", "trainer.epochs=1",
+                 "record.hash_data=true", QUIET, f"optim.lr={','.join(TRACKED_LRS)}")

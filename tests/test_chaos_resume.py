@@ -6,93 +6,12 @@ written, the rename not done), never by a sleep; the whole process group gets SI
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    QUIET,
-    TESTS,
-    assert_no_orphans,
-    cli_env,
-    refused_before_ranks,
-    run_tagged,
-    tagged_processes,
-)
-
-CHAOS_SITE = TESTS / "chaos_site"
-# The reference run's overrides: conftest's default_run_2_epochs.
-RUN = ["world_size=2", "trainer.epochs=2", QUIET]
-# What differs between two runs of the same computation: wall-clock measures and memory.
-TIMING = ("time/", "perf/", "train/samples_per_sec")
-
-
-def _kill_at(job: Path, cwd: Path, point: str | None, *args: str) -> None:
-    """Start the run in ``job`` (overrides ``args``, :data:`RUN` if none) and SIGKILL its
-    process group: at ``point`` (``<file>:<n>``: just before the n-th rename onto that file),
-    or, with None, as soon as the first TensorBoard event file exists (inside the first
-    epoch)."""
-    tag = uuid.uuid4().hex
-    marker = cwd / f"marker-{tag}"
-    env = cli_env(tag, PYTHONPATH=os.pathsep.join([str(CHAOS_SITE),
-                                                   os.environ.get("PYTHONPATH", "")]))
-    if point:
-        env.update(DDP_EXP_TEST_CHAOS=point, DDP_EXP_TEST_MARKER=str(marker))
-    log = cwd / f"killed-{tag}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *(args or RUN),
-                                 f"hydra.run.dir={job}"], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (marker.exists() if point else
-                   list((job / "tensorboard").glob("events.out.tfevents*"))):
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                f"not killed at {point or 'the first event file'}:\n{log.read_text()[-3000:]}"
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in tagged_processes(tag):
-            os.kill(pid, signal.SIGKILL)
-    assert_no_orphans(tag)
-
-
-def _resume(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """``trainer.resume=auto`` in ``job`` (overrides ``args``, :data:`RUN` if none): exit 0."""
-    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *(args or RUN), "trainer.resume=auto",
-                          f"hydra.run.dir={job}"], cwd, uuid.uuid4().hex, 180)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
-
-
-def _same_outputs(job: Path, reference: Path) -> None:
-    """The resumed job's outputs are the uninterrupted run's: metrics.json (wall-clock keys
-    aside), model.pt and best.pt's weights bit for bit (the same computation in the same order
-    on this machine), status completed, no temp file left."""
-    def measured(path: Path) -> dict:
-        return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith(TIMING)}
-
-    assert measured(job / "metrics.json") == measured(reference / "metrics.json")
-    assert json.loads((job / "status.json").read_text())["status"] == "completed"
-    for name in ("model.pt", "checkpoints/best.pt", "checkpoints/last.pt"):
-        got, want = (torch.load(d / name, weights_only=True) for d in (job, reference))
-        if name != "model.pt":
-            assert got["epoch"] == want["epoch"], name
-            got, want = got["model"], want["model"]
-        assert got.keys() == want.keys()
-        assert all(torch.equal(got[k], want[k]) for k in want), name
-    assert [p for p in job.rglob("*.tmp")] == []
+from helpers import QUIET, refused_before_ranks
+from kill_points import RUN, kill_at, resume_auto, same_outputs
 
 
 @pytest.mark.slow
@@ -113,22 +32,22 @@ def test_kills_in_the_first_epoch_and_after_the_last_checkpoint_resume_exactly(
     (the killed attempts' removed), no temp file."""
     reference = default_run_2_epochs.job_dir
     job = tmp_path / "run"
-    _kill_at(job, tmp_path, None)
+    kill_at(job, tmp_path, None)
     assert not (job / "checkpoints" / "last.pt").exists(), "killed too late to test item 1"
 
-    _kill_at(job, tmp_path, "last.pt:1", *RUN, "trainer.resume=auto")
+    kill_at(job, tmp_path, "last.pt:1", *RUN, "trainer.resume=auto")
     assert list((job / "checkpoints").glob(".last.pt.*.tmp"))
     assert not (job / "checkpoints" / "last.pt").exists()
 
-    _kill_at(job, tmp_path, "best.pt:2", *RUN, "trainer.resume=auto")
+    kill_at(job, tmp_path, "best.pt:2", *RUN, "trainer.resume=auto")
     assert torch.load(job / "checkpoints/last.pt", weights_only=True)["epoch"] == 1
     assert torch.load(job / "checkpoints/best.pt", weights_only=True)["epoch"] == 0
     assert list((job / "checkpoints").glob(".best.pt.*.tmp"))
     assert not (job / "metrics.json").exists()
 
-    proc = _resume(job, tmp_path)
+    proc = resume_auto(job, tmp_path)
     assert "finishing it" in proc.stdout + proc.stderr
-    _same_outputs(job, reference)
+    same_outputs(job, reference)
     assert len(list((job / "tensorboard").glob("events.out.tfevents*"))) == 2  # 3rd and 4th
 
 
@@ -208,8 +127,8 @@ def test_a_run_that_stopped_early_killed_before_metrics_json_is_finished(run_cli
     reference = run_cli(*stop, job="reference").ok()
     assert reference.metrics["stopped_early"] is True
     job = tmp_path / "run"
-    _kill_at(job, tmp_path, "metrics.json:1", *stop)
+    kill_at(job, tmp_path, "metrics.json:1", *stop)
     assert (job / "model.pt").exists() and not (job / "metrics.json").exists()
-    proc = _resume(job, tmp_path, *stop)
+    proc = resume_auto(job, tmp_path, *stop)
     assert "finishing it" in proc.stdout + proc.stderr
-    _same_outputs(job, reference.job_dir)
+    same_outputs(job, reference.job_dir)

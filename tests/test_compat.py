@@ -596,10 +596,10 @@ def test_contract_the_sweepers_trial_ids_and_requeue_go_through_the_public_stora
     """The sweeper hands a job its trial's id read through the storage's public methods
     (pruning.trial_id), and the job's optuna.trial.Trial(study, id) reports into that trial;
     an interrupted trial is marked FAIL and "interrupted" through the same storage, and
-    requeued once (it read Optuna's private trial._trial_id and study._storage)."""
+    requeued (it read Optuna's private trial._trial_id and study._storage)."""
     optuna = pytest.importorskip("optuna")
     from ddp_exp.job import pruning
-    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+    from hydra_plugins.ddp_optuna_sweeper.trials import requeue_interrupted
 
     url = (str(tmp_path / "journal.log") if kind == "journal"
            else f"sqlite:///{tmp_path / 'study.db'}")
@@ -614,8 +614,7 @@ def test_contract_the_sweepers_trial_ids_and_requeue_go_through_the_public_stora
     assert study.get_trials()[1].intermediate_values == {1: 0.5}
     assert study.get_trials()[0].intermediate_values == {}
     study.tell(0, 1.0)
-    sweeper = DDPOptunaSweeper({}, {}, None, "s", url, 1, 1, {})
-    sweeper._requeue_interrupted(study, storage)
+    requeue_interrupted(study, storage)
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
     assert trials[1].user_attrs == {"interrupted": True}

@@ -23,6 +23,7 @@ from helpers import TORCHRUN_2, copy_job, refused_before_ranks
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
+from ddp_exp.cli.registry import register
 from ddp_exp.config.checks import validate
 from ddp_exp.config.compose import register_configs
 from ddp_exp.config.errors import ConfigError
@@ -87,7 +88,7 @@ def composed():
 
     def get(*overrides: str, hydra_node: bool = False):
         if overrides not in cache:
-            register_configs()
+            register()  # the entry's: hparams_search's presets name the ddp_optuna sweeper
             with hydra.initialize_config_module(config_module="ddp_exp.conf",
                                                 version_base="1.3"):
                 cache[overrides] = hydra.compose("config", overrides=list(overrides),

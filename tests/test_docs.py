@@ -372,7 +372,7 @@ def test_the_readme_is_a_front_door_to_every_page():
 # the checkout.
 OUTSIDE = re.compile(r"\.\./shared/|\bshared/(?:cases|DESIGN|STYLE)|\b(?:DESIGN|STYLE)\.md\b")
 TEXT_FILES = ("README.md", "Makefile", "pyproject.toml", "docs/**/*.md", "src/**/*.py",
-              "tests/**/*.py", "conf/**/*.yaml", "benchmarks/*.py", "benchmarks/*.md",
+              "tests/**/*.py", "conf/**/*.yaml", "benchmarks/**/*.py", "benchmarks/**/*.md",
               "examples/**/*.py", "examples/**/*.yaml", "examples/**/*.md")
 
 
@@ -386,7 +386,7 @@ def test_nothing_refers_to_files_outside_the_repository():
 # The docs name the code (`rank.worker.run_rank`, `ddp_exp.metrics.perf`,
 # `src/ddp_exp/train/loop.py`): a name that a move or a split left behind sends the reader to
 # nothing. Logger names in quoted output (`[ddp_exp.perf]`) and file names (`ddp_exp.log`) are not
-# code; docs/benchmarks.md is history, naming the code as it was.
+# code.
 FILE_SUFFIXES = {"log", "md", "json", "csv", "pt", "yaml", "png", "lock", "py", "txt"}
 CODE_REF = re.compile(r"(?<![\w./\[-])(ddp_exp(?:\.\w+)+|[a-z_]+\.[a-z_]+(?:\.\w+)*)")
 SOURCE_PATH = re.compile(r"(?<![\w/])src/ddp_exp/[\w/]+\.py\b")
@@ -429,7 +429,6 @@ def test_stale_code_refs():
                                                          "ddp_exp.nothing"]
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "benchmarks.md"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_the_code_the_pages_name_exists(page):
     assert stale_code_refs(page.read_text()) == []

@@ -202,7 +202,7 @@ def test_epochs_run_counts_what_each_trial_ran(tmp_path):
     every complete trial, so a sweep under trainer.max_steps (or with early stopping) reported
     epochs no trial ran. It is each trial's metrics.json epoch; epochs_without_pruning counts a
     pruned trial at trainer.epochs and a complete one at what it ran."""
-    from hydra_plugins.ddp_optuna_sweeper.sweeper import DDPOptunaSweeper
+    from hydra_plugins.ddp_optuna_sweeper.results import write_results
 
     dist = {"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1.0)}
     study = optuna.create_study(direction="maximize")
@@ -213,9 +213,7 @@ def test_epochs_run_counts_what_each_trial_ran(tmp_path):
         study.add_trial(optuna.trial.create_trial(
             state=getattr(optuna.trial.TrialState, state), params={"optim.lr": 0.1},
             distributions=dist, value=0.5 if state == "COMPLETE" else None, user_attrs=attrs))
-    sweeper = DDPOptunaSweeper({"name": "random"}, {"name": "none"}, None, None, None, 3, 1, {})
-    sweeper.sweep_dir, sweeper.monitor = str(tmp_path), "val/accuracy"
-    sweeper._write_results(study, "maximize", 6)
+    write_results(study, str(tmp_path), "val/accuracy", "maximize", 6)
     results = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert results["epochs_run"] == 1 + 3 + 2
     assert results["epochs_without_pruning"] == 1 + 3 + 6
@@ -292,7 +290,7 @@ def test_monitor_stops_every_rank_on_the_pruners_word():
     from ddp_exp.train.monitor import Monitor
 
     class Link:
-        def should_prune(self, value, epoch):
+        def should_prune(self, value, epoch, final=False):
             return epoch == 1
 
     monitor = Monitor("val/accuracy", "max", None)
@@ -322,9 +320,9 @@ def test_old_optuna_sweeper_names_its_replacement():
 def test_presets_use_the_ddp_optuna_sweeper(preset, direction, pruner):
     import hydra
 
-    from ddp_exp.config.compose import register_configs
+    from ddp_exp.cli.registry import register  # the entry's: the ddp_optuna sweeper too
 
-    register_configs()
+    register()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         cfg = hydra.compose("config", overrides=[f"hparams_search={preset}"],
                             return_hydra_config=True)

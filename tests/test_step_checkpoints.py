@@ -161,6 +161,7 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
     )
     from ddp_exp.metrics.writer import MetricsWriter
     from ddp_exp.train import state as train_state
+    from ddp_exp.train import step_checkpoint
     from ddp_exp.train.loop import Trainer
     from ddp_exp.train.models import MLP
     from ddp_exp.train.objective import Objective
@@ -206,9 +207,9 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
                                       "checkpoint_every_n_minutes": 1e-9}}
         clock = trainer("clock", minutes)
         steps = []
-        save = train_state.save_step_checkpoint
-        train_state.save_step_checkpoint = lambda loop, **kw: (steps.append(loop.global_step),
-                                                               save(loop, **kw))
+        land = step_checkpoint._land  # where every step checkpoint lands
+        step_checkpoint._land = lambda loop, taken: (steps.append(loop.global_step),
+                                                     land(loop, taken))
         clock.fit()
         results["clock_steps"] = steps
         out.put(results)

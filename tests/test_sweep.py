@@ -373,9 +373,9 @@ def compose_hydra():
     """``compose_hydra(*overrides)`` -> the composed config including its ``hydra`` node."""
     import hydra
 
-    from ddp_exp.config.compose import register_configs
+    from ddp_exp.cli.registry import register  # the entry's: the ddp_optuna sweeper too
 
-    register_configs()
+    register()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         yield lambda *o: hydra.compose("config", overrides=list(o), return_hydra_config=True)
 

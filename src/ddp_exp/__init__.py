@@ -1,7 +1,8 @@
 """ddp_exp: Hydra-configured experiments with PyTorch DistributedDataParallel.
 
 The packages follow the pipeline, each importing only those below it (checked by
-``make lint``, :mod:`tests.test_layers`): :mod:`ddp_exp.cli` > :mod:`ddp_exp.launch` >
+``make lint``, :mod:`tests.test_layers`): :mod:`ddp_exp.cli` > ``hydra_plugins`` (the sweeper
+the entry registers) > :mod:`ddp_exp.launch` >
 :mod:`ddp_exp.rank` > :mod:`ddp_exp.train` > :mod:`ddp_exp.metrics` > :mod:`ddp_exp.data` |
 :mod:`ddp_exp.job` > :mod:`ddp_exp.distributed` > :mod:`ddp_exp.io` > :mod:`ddp_exp.config` >
 :mod:`ddp_exp.compat`.
@@ -39,7 +40,7 @@ OLD_PATHS = {
     "ddp_exp.progress": "ddp_exp.metrics.progress",
     "ddp_exp.train_loss": "ddp_exp.metrics.train_loss",
     "ddp_exp.jobdir": "ddp_exp.job.folder",
-    "ddp_exp.sweep": "ddp_exp.job.sweep",
+    "sweep": "ddp_exp.job.sweep",
     "ddp_exp.pruning": "ddp_exp.job.pruning",
     "ddp_exp.earlier_run": "ddp_exp.job.earlier_run",
     "ddp_exp.files": "ddp_exp.io.files",

@@ -1,43 +1,30 @@
-"""The ``ddp-exp`` console script's subcommands: ``ddp-exp prepare ...`` and ``ddp-exp sample
-...`` (the first word), beside Hydra's overrides for everything else.
+"""``ddp-exp <command> ...``: the console script's subcommands, beside the Hydra entry.
 
-A subcommand's bad input is one line from the entry's error table
-(:func:`ddp_exp.cli.errors.error_exit`), exit status 2; a bug keeps its traceback.
+:data:`COMMANDS` maps a first argument to the function that takes the rest of the command line
+and returns the exit status. A Hydra command line never starts with one of these words (an
+override has ``=``, a flag starts with ``-``), so :func:`dispatch` leaves every Hydra command
+as it was. A new command is one row here and a module of its own.
 
-May use: :mod:`ddp_exp.cli.errors`, :mod:`ddp_exp.cli.prepare`, :mod:`ddp_exp.cli.sample`.
+``prepare`` and ``sample`` (issue 39; :mod:`ddp_exp.cli.prepare`, :mod:`ddp_exp.cli.sample`):
+their bad input is one line from the entry's error table (:func:`ddp_exp.cli.errors.error_exit`),
+exit status 2; a bug keeps its traceback.
+
+May use: :mod:`ddp_exp.cli.runs` (``runs``, ``rerun``), :mod:`ddp_exp.cli.prepare`,
+:mod:`ddp_exp.cli.sample`, :mod:`ddp_exp.cli.errors`.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
-from collections.abc import Sequence
-
-from ddp_exp.cli.errors import error_exit
-from ddp_exp.config.errors import ConfigError
-
-SUBCOMMANDS = {"prepare": "ddp_exp.cli.prepare", "sample": "ddp_exp.cli.sample"}
+from collections.abc import Callable, Sequence
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose bad command line is one line (a :class:`ConfigError`:
-    ``error: ddp-exp prepare: ...``, exit 2), not argparse's usage block."""
+def _one_line(run: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
+    """``run(argv)``, its user errors as one line from the entry's table (exit 2)."""
+    from ddp_exp.cli.errors import error_exit
 
-    def error(self, message: str):
-        raise ConfigError(f"{self.prog}: {message} ({self.prog} --help lists the options)")
-
-
-def subcommand(argv: Sequence[str]) -> str | None:
-    """The subcommand ``argv`` (``sys.argv``) names as its first word, or None (Hydra's)."""
-    return argv[1] if len(argv) > 1 and argv[1] in SUBCOMMANDS else None
-
-
-def run(name: str, argv: Sequence[str]) -> int:
-    """Run subcommand ``name`` with ``argv`` (the words after it); returns the exit status."""
-    module = importlib.import_module(SUBCOMMANDS[name])
     try:
-        return module.main(argv)
+        return run(argv)
     except KeyboardInterrupt:
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         return 130
@@ -47,3 +34,45 @@ def run(name: str, argv: Sequence[str]) -> int:
             raise
         print(out.text, file=sys.stderr, flush=True)
         return out.code
+
+
+def _prepare(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.prepare import main
+
+    return _one_line(main, argv)
+
+
+def _sample(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.sample import main
+
+    return _one_line(main, argv)
+
+
+def _runs(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.runs import main
+
+    return main(argv)
+
+
+def _rerun(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.rerun import main
+
+    return main(argv)
+
+
+# first argument -> (function of the remaining arguments returning the exit status, summary)
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "runs": (_runs, "a table of runs: status, the keys that differ, final metrics, wall time"),
+    "rerun": (_rerun, "rerun a finished job from its run.json; are the weights bit-identical?"),
+    "prepare": (_prepare, "text files / JSON lines / CSV / Parquet / a dataset to train.bin, "
+                          "val.bin, tokenizer.json, meta.json for data=tokens data.path=DIR"),
+    "sample": (_sample, "text from a trained language-model run's weights and tokenizer"),
+}
+
+
+def dispatch(argv: Sequence[str]) -> int | None:
+    """Run the subcommand ``argv[0]`` names with the rest of ``argv``; None when ``argv`` is
+    no subcommand (a Hydra command line)."""
+    if not argv or argv[0] not in COMMANDS:
+        return None
+    return COMMANDS[argv[0]][0](argv[1:])

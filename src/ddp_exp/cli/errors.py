@@ -35,7 +35,7 @@ from ddp_exp.config.compose import null_group_line
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io.files import DiskFull, is_disk_full
 from ddp_exp.job.folder import job_log_file
-from ddp_exp.launch.torchrun import under_torchrun
+from ddp_exp.launch.torchrun_env import under_torchrun
 from ddp_exp.launch.user_input import TARGET_GROUPS
 
 EXIT_CONFIG_ERROR = 2

@@ -16,7 +16,7 @@ its scheduler's warning (``trainer.preempt_signal``) after a step checkpoint say
 
 May use: :mod:`ddp_exp.cli.errors` (an error's line and exit status), :mod:`ddp_exp.cli.signals`
 (signals, the exit), :mod:`ddp_exp.config`, :mod:`ddp_exp.rank.failures` (a failed world's line, a
-failed rank's record under torchrun),
+failed rank's record under torchrun), :mod:`ddp_exp.cli.commands` (subcommands),
 :mod:`ddp_exp.cli.usage` (``--help``), :mod:`ddp_exp.launch.cluster` (which task owns the folder),
 :mod:`ddp_exp.job.folder`, :mod:`ddp_exp.launch.elastic`, :mod:`ddp_exp.launch.torchrun`,
 :mod:`ddp_exp.job.sweep`.
@@ -47,7 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where S
 import hydra
 from omegaconf import DictConfig
 
-from ddp_exp.cli import commands
+from ddp_exp.cli.commands import dispatch
 from ddp_exp.cli.errors import (
     EXIT_CONFIG_ERROR,
     EXIT_RANK_FAILED,
@@ -55,6 +55,7 @@ from ddp_exp.cli.errors import (
     error_exit,
     rendezvous_line,
 )
+from ddp_exp.cli.registry import register
 from ddp_exp.cli.signals import (
     Interrupted,
     exit_now,
@@ -62,12 +63,8 @@ from ddp_exp.cli.signals import (
     stop_on_sigterm,
     summarize_if_sweep,
 )
-from ddp_exp.cli.usage import register_resolvers
-from ddp_exp.config.compose import (
-    primary_config_overrides,
-    register_configs,
-    task_overrides,
-)
+from ddp_exp.cli.usage import runs_no_job
+from ddp_exp.config.compose import primary_config_overrides, task_overrides
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.job import sweep
 from ddp_exp.job.folder import (
@@ -87,8 +84,7 @@ from ddp_exp.job.sweep import (
     summarize_interrupted,
 )
 from ddp_exp.launch.cluster import owns_folder, requeue
-from ddp_exp.launch.elastic import run_job
-from ddp_exp.launch.torchrun import (
+from ddp_exp.launch.torchrun_env import (
     MULTIRUN_UNDER_TORCHRUN,
     asks_for_multirun,
     ignore_leftover_torchrun_variables,
@@ -97,7 +93,6 @@ from ddp_exp.launch.torchrun import (
     torchrun_overrides,
     under_torchrun,
 )
-from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, RankFailed, world_failure
 from ddp_exp.rank.preemption import EXIT_PREEMPTED, JobPreempted
 
 log = logging.getLogger("ddp_exp")
@@ -105,8 +100,10 @@ log = logging.getLogger("ddp_exp")
 TORCHRUN_REPORT_GRACE_S = 15.0
 MULTIRUN_REFUSAL_GRACE_S = 2.0
 
-register_configs()
-register_resolvers()
+register()  # the schema, the resolvers, the ddp_optuna sweeper
+if not runs_no_job():  # a job: torch and the world's code now, while a Ctrl-C ends at once
+    import ddp_exp.launch.elastic  # noqa: F401  (--help and --cfg job import no torch)
+    import ddp_exp.rank.failures  # noqa: F401
 
 
 @hydra.main(version_base="1.3", config_path="pkg://ddp_exp.conf", config_name="config")
@@ -123,6 +120,10 @@ def _task(cfg: DictConfig) -> float | None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    # torch and the world's code (imported with this module unless it only prints).
+    from ddp_exp.launch.elastic import run_job
+    from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, RankFailed, world_failure
 
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:  # for a signal that comes between this job and the next
@@ -221,18 +222,17 @@ def _task(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses;
-    the process then ends through :func:`exit_now`."""
+    the process then ends through :func:`exit_now`. A subcommand (``ddp-exp runs``, ...:
+    :data:`ddp_exp.cli.commands.COMMANDS`) runs instead of Hydra."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = dispatch(sys.argv[1:])
+    if code is not None:
+        raise SystemExit(code)
     # A log record that cannot be written (a full disk under the job log, a closed pipe) is
     # dropped, not printed as '--- Logging error ---' with a traceback; the run's own error
     # line says what failed (R16). The forked ranks inherit it.
     logging.raiseExceptions = False
-    command = commands.subcommand(sys.argv)
-    if command is not None:  # ddp-exp prepare ... / ddp-exp sample ...: no Hydra job
-        code = commands.run(command, sys.argv[2:])
-        exit_now(code)
-        raise SystemExit(code)
     leftover = ignore_leftover_torchrun_variables()
     if leftover:  # a shell's variables from an earlier torchrun experiment (R12)
         print(f"warning: ignored {', '.join(leftover)}: set, but no torchrun started this "
@@ -259,9 +259,18 @@ def main() -> None:
     exit_now(0)
 
 
-def _main() -> None:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+class _NotRaised(Exception):
+    """Stands for torch elastic's ``SignalException`` where no job imported torch."""
 
+
+def _signal_exception() -> type[BaseException]:
+    """torch elastic's ``SignalException`` (the agent stopped by a signal) once a job has
+    imported it, else :class:`_NotRaised`: ``--help`` and ``--cfg job`` import no torch."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    return getattr(api, "SignalException", _NotRaised)
+
+
+def _main() -> None:
     sys.argv = multirun_flag_first(sys.argv)  # Hydra's parser takes -m before the overrides
     sys.argv += torchrun_overrides(sys.argv) + primary_config_overrides(sys.argv)
     empty = empty_output_folder(sys.argv[1:])
@@ -287,7 +296,7 @@ def _main() -> None:
         if is_rank0():  # under torchrun every rank gets Ctrl-C
             print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
-    except (SignalException, Interrupted) as exc:  # between the jobs of a sweep, or at start-up
+    except (_signal_exception(), Interrupted) as exc:  # between a sweep's jobs, or at start-up
         record_unstarted_job(exc.sigval.name)
         summarize_if_sweep()
         print(f"interrupted ({exc.sigval.name})", file=sys.stderr, flush=True)

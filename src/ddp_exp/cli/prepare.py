@@ -1,7 +1,7 @@
 """``ddp-exp prepare SOURCE... --out DIR``: text into a folder ``data=tokens data.path=DIR``
 trains on (:mod:`ddp_exp.data.prepare_text`; docs/language-models.md).
 
-May use: :mod:`ddp_exp.data.prepare_text`, :mod:`ddp_exp.cli.commands` (the parser).
+May use: :mod:`ddp_exp.data.prepare_text`, :mod:`ddp_exp.cli.one_line_parser`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ddp_exp.cli.commands import OneLineParser
+from ddp_exp.cli.one_line_parser import OneLineParser
 from ddp_exp.data.prepare_text import PrepareOptions, prepare
 
 

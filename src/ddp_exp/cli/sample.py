@@ -7,7 +7,7 @@ loads the weights (``--checkpoint best`` | ``last`` | a path; default: ``best.pt
 (:mod:`ddp_exp.metrics.sampling`): the same text for the same ``--seed``.
 
 May use: :mod:`ddp_exp.train.models`, :mod:`ddp_exp.metrics`, :mod:`ddp_exp.data`,
-:mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.config`, :mod:`ddp_exp.cli.commands` (the parser).
+:mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.config`, :mod:`ddp_exp.cli.one_line_parser`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ddp_exp.cli.commands import OneLineParser
+from ddp_exp.cli.one_line_parser import OneLineParser
 from ddp_exp.config.errors import ConfigError
 
 

@@ -26,7 +26,7 @@ from ddp_exp.compat.submitit import local_job_processes
 from ddp_exp.job import sweep
 from ddp_exp.job.folder import job_log_file, record_unstarted_interrupt
 from ddp_exp.job.sweep import summarize_interrupted
-from ddp_exp.launch.torchrun import is_rank0, under_torchrun
+from ddp_exp.launch.torchrun_env import is_rank0, under_torchrun
 from ddp_exp.rank import preemption
 
 

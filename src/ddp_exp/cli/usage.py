@@ -28,6 +28,19 @@ def help_requested(argv: list[str] | None = None) -> bool:
     return any(arg in HELP_FLAGS for arg in (sys.argv[1:] if argv is None else argv))
 
 
+# Hydra's flags that print and run no job: help, the config, information, shell completion.
+PRINT_ONLY_FLAGS = (*HELP_FLAGS, "--hydra-help", "--cfg", "-c", "--info", "-i",
+                    "--shell-completion", "-sc", "--version")
+
+
+def runs_no_job(argv: list[str] | None = None) -> bool:
+    """True when the command line (``sys.argv`` by default) asks Hydra only to print
+    (:data:`PRINT_ONLY_FLAGS`): no job runs, so the entry imports no torch (issue 42 item 6:
+    ``--help`` and ``--cfg job`` spent 1.3-1.7 s importing it)."""
+    return any(arg.split("=")[0] in PRINT_ONLY_FLAGS
+               for arg in (sys.argv[1:] if argv is None else argv))
+
+
 def help_groups() -> str:
     """``group: option, option, ...`` per line for every group a user chooses from (those of
     ``conf/`` and of any ``--config-dir``), as Hydra formats ``$APP_CONFIG_GROUPS``."""

@@ -19,16 +19,15 @@ from ddp_exp.compat import messages
 from ddp_exp.compat.omegaconf import open_node
 from ddp_exp.config import schema
 from ddp_exp.config.errors import ConfigError
-from hydra_plugins import ddp_optuna_sweeper
 
 
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (:data:`ddp_exp.config.schema.SCHEMAS`, group
     ``schema``) and register the resolvers ``ddp_exp.ranks_per_node`` and ``ddp_exp.run_stamp``,
-    once per process."""
+    once per process. The plugins (``hydra/sweeper=ddp_optuna``) are the entry's to register:
+    :func:`ddp_exp.cli.registry.register`."""
     cs = ConfigStore.instance()
     cs.store(name="ddp_exp_schema", node=schema.Config)
-    ddp_optuna_sweeper.register()  # hydra/sweeper=ddp_optuna, also from an editable install
     for group, name, node in schema.SCHEMAS:
         if (group, name) in schema.OPEN_SCHEMAS:
             node = open_node(node)

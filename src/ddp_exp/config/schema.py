@@ -20,6 +20,7 @@ from omegaconf import MISSING, SI
 from ddp_exp.config import choices, ranges
 from ddp_exp.config.choices import CLUSTERS as CLUSTERS  # allowed values, as before the Enums
 from ddp_exp.config.choices import SCHEDULER_INTERVALS as SCHEDULER_INTERVALS
+from ddp_exp.config.loggers import LoggerConfig, RecordConfig
 
 
 # ----------------------------------------------------------------------------------- data
@@ -311,6 +312,8 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # the `logger` group's trackers
+    record: RecordConfig = field(default_factory=RecordConfig)  # run.json
     loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
     metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,7 +257,13 @@ class RngGather:
         if self._parts is None:
             return [self._own]
         if self._work is not None:
-            self._work.wait()
+            # May run on another thread (the checkpoint writer's): NCCL's wait orders the
+            # current stream of the thread's current device, so make it the parts' device.
+            device = self._parts[0].device
+            with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+                self._work.wait()
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
             self._work = None
         n, has_cuda = self._n, self._own["cuda"] is not None
         return [{"torch": p[:n].cpu().clone(), "cuda": p[n:].cpu().clone() if has_cuda else None}

@@ -10,7 +10,8 @@ Layout, in ``<job_dir>/checkpoints/``:
 * ``best.pt``: the checkpoint of the best epoch of ``trainer.monitor`` so far (as Lightning's
   ``ModelCheckpoint`` keeps by default: the whole state, so a run can also continue from it;
   written in an epoch that stopped early at ``trainer.max_steps``, it is marked not resumable).
-  When the best epoch also writes ``last.pt``, the two names share one file (a hard link).
+  When the best epoch also writes ``last.pt``, each name is a file of its own (a copy, or a
+  copy-on-write clone where the file system offers one), so damage to one leaves the others.
 
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
@@ -34,21 +35,29 @@ is :mod:`ddp_exp.train.state`'s.
 from __future__ import annotations
 
 import filecmp
-import glob
 import io
 import logging
 import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ddp_exp.compat import messages
 from ddp_exp.config.errors import ConfigError
-from ddp_exp.io.files import BackgroundWriter, atomic_write, load_failure, remove_partial, temp_name
+from ddp_exp.io.files import (
+    BackgroundWriter,
+    atomic_write,
+    copy_file,
+    load_failure,
+    remove_partial,
+)
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a checkpoint is made or read, not with this module: the entry's
+# --help and --cfg job import the job folder's names (checkpoint_dir) and no torch.
 log = logging.getLogger("ddp_exp.checkpoint")
 
 FORMAT = "ddp_exp/checkpoint/v1"
@@ -68,6 +77,8 @@ def epoch_path(job_dir: str, epoch: int) -> str:
 
 def _serialized(payload: dict[str, Any]) -> memoryview:
     """``torch.save(payload)`` in memory (a view of the buffer, not a second copy of it)."""
+    import torch
+
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     return buffer.getbuffer()
@@ -79,6 +90,8 @@ def snapshot(value: Any) -> Any:
     and optimizer buffers; its containers may be the scheduler's own). Other values are
     immutable here (numbers, strings, None). Cloning ~80 KB of digits' state takes ~0.07 ms
     where ``torch.save`` takes ~0.7 ms, which the loop thread no longer waits for."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):  # an OrderedDict stays one (a module's state dict)
@@ -104,24 +117,68 @@ def _run(job: Callable[[], object], writer: BackgroundWriter | None) -> None:
         writer.submit(job)
 
 
+def epoch_files(folder: str) -> list[tuple[int, str]]:
+    """The ``epoch_NNNN.pt`` files in ``folder`` as ``(epoch, path)``, oldest first, ordered by
+    the epoch's number, not the name's text: past epoch 9,999 the names grow a digit, and
+    ``epoch_10000.pt`` sorts below ``epoch_9999.pt`` as text (so rotation deleted each new file
+    as soon as it was written; transformers PR #37260 had the kind). Empty when the folder
+    cannot be read."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = ((re.fullmatch(r"epoch_(\d+)\.pt", name), name) for name in names)
+    return sorted((int(match.group(1)), os.path.join(folder, name))
+                  for match, name in found if match)
+
+
+def rotate(folder: str, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` epoch files in ``folder`` (by number:
+    :func:`epoch_files`). Returns the paths deleted."""
+    old = [path for _, path in epoch_files(folder)[:-keep]] if keep > 0 else []
+    for path in old:
+        os.unlink(path)
+    return old
+
+
+def land(paths: list[str], write_first: Callable[[str], object],
+         copy: Callable[[str, str], object] = copy_file) -> None:
+    """Put one checkpoint in place under every name in ``paths``: ``write_first(paths[0])``
+    lands it atomically (temp, fsync, rename), then each other name gets a copy of its own
+    (:func:`ddp_exp.io.files.copy_file`: a copy-on-write clone where the file system offers one),
+    never a second name of the same inode (a hard link: ``truncate -s 0 last.pt`` broke
+    ``best.pt`` and the epoch file with it; ``os.link`` is refused on exFAT and some network
+    mounts). A kill between two names leaves each name the complete old or new checkpoint.
+
+    The one place a checkpoint lands: a writer of another kind (a folder of shards, issue 40)
+    passes its own ``write_first`` and ``copy`` (a tree), and keeps :func:`save`'s names and
+    rotation."""
+    write_first(paths[0])
+    for name in paths[1:]:
+        copy(paths[0], name)
+
+
 def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
          writer: BackgroundWriter | None = None, last: bool = True, best: bool = False,
-         before_write: Callable[[], object] | None = None) -> str:
-    """Write ``state`` once under each name it is due: its epoch file (``keep_epoch_file``),
+         before_write: Callable[[], object] | None = None,
+         late: Callable[[], dict[str, Any]] | None = None, owned: bool = False) -> str:
+    """Write ``state`` under each name it is due: its epoch file (``keep_epoch_file``),
     ``last.pt`` (``last``, and always with an epoch file) and ``best.pt`` (``best``: the epoch
-    is the monitor's new best); then delete all but the newest ``keep`` epoch files. Call on
-    rank 0 only.
+    is the monitor's new best); then delete all but the newest ``keep`` epoch files
+    (:func:`rotate`). Call on rank 0 only. The one place that decides what the names become.
 
-    One file is written and fsynced (the first of those names); each other name becomes a hard
-    link to it, put in place by an atomic rename: one write and one fsync per epoch, however
-    many names (an epoch that is the new best used to write its weights a second time). A
-    later write of ``last.pt`` replaces that name only; ``best.pt`` keeps its file.
+    The checkpoint is serialized once and landed once (:func:`land`: the first name written and
+    fsynced, each other name a copy of its own), so any one file stays loadable when another
+    is damaged. A later write of ``last.pt`` replaces that name only; ``best.pt`` keeps its file.
 
-    With ``writer``, ``state`` is snapshotted before this returns (:func:`snapshot`) and
-    serialized and written on its thread, after every write submitted before (call
-    ``writer.wait()`` before reading the files); without, all of it happens here.
-    ``before_write()``, if given, runs just before the file is written (on that thread): what
-    must be on disk before the checkpoint is (a step checkpoint's TensorBoard events).
+    With ``writer``, ``state`` is snapshotted before this returns (:func:`snapshot`; not when
+    ``owned``: the caller's snapshot, which nothing else holds) and serialized and written on
+    its thread, after every write submitted before (call ``writer.wait()`` before reading the
+    files); without, all of it happens here. ``late()``, if given, runs on that thread first
+    and its fields join the checkpoint (what a collective is still delivering when the loop
+    hands the checkpoint over: every rank's RNG states). ``before_write()``, if given, runs
+    just before the file is written (on that thread): what must be on disk before the
+    checkpoint is (a step checkpoint's TensorBoard events).
 
     Returns:
         The path written (the epoch file, else ``last.pt``, else ``best.pt``).
@@ -136,27 +193,23 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
     if not names:
         raise ValueError("checkpoint.save: neither an epoch file, last.pt nor best.pt is due")
     os.makedirs(folder, exist_ok=True)
-    payload = {"format": FORMAT, **(state if writer is None else snapshot(state))}
-    path, links = names[0], names[1:]
+    payload = {"format": FORMAT, **(state if writer is None or owned else snapshot(state))}
 
     def write() -> None:
         # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
         # writes have finished (one thread, in order).
         remove_partial(folder)
+        if late is not None:
+            payload.update(late())
         data = _serialized(payload)
         if before_write is not None:
             before_write()
-        _write_bytes(path, data)
-        for name in links:  # a second name of the same complete file: no second write
-            tmp = temp_name(name)
-            os.link(path, tmp)
-            os.replace(tmp, name)
+        land(names, lambda path: _write_bytes(path, data))
         if keep_epoch_file:
-            for old in sorted(glob.glob(os.path.join(folder, "epoch_*.pt")))[:-keep]:
-                os.unlink(old)
+            rotate(folder, keep)
 
     _run(write, writer)
-    return path
+    return names[0]
 
 
 def best_path(job_dir: str) -> str:
@@ -168,13 +221,13 @@ def best_path(job_dir: str) -> str:
 def repair_best(source: str, state: dict[str, Any]) -> bool:
     """Put ``best.pt`` back where a kill left it behind: when ``source`` is a run's
     ``last.pt`` whose epoch is the monitor's best (``state["monitor"]["best_epoch"]``), its
-    ``best.pt`` must be the same file; a run killed between the ``last.pt`` rename and the
-    ``best.pt`` link kept an older epoch's ``best.pt`` (and a temp link, which
+    ``best.pt`` must hold the same checkpoint; a run killed between the ``last.pt`` rename and
+    ``best.pt``'s copy kept an older epoch's ``best.pt`` (and a temp file, which
     :func:`ddp_exp.io.files.remove_partial` deletes). Call in the launching process (rank 0 under
     torchrun) once every check has passed, before any rank starts.
 
     Returns:
-        True when ``best.pt`` was replaced by a link to ``source``.
+        True when ``best.pt`` was replaced by a copy of ``source``.
     """
     if os.path.basename(source) != LAST or state.get("position"):
         return False  # a step checkpoint (inside an epoch) is never the best epoch's
@@ -185,11 +238,9 @@ def repair_best(source: str, state: dict[str, Any]) -> bool:
     if os.path.exists(best) and (os.path.samefile(source, best)
                                  or filecmp.cmp(source, best, shallow=False)):
         return False  # the same file, or a copy of it (a copied job folder)
-    tmp = temp_name(best)
-    os.link(source, tmp)
-    os.replace(tmp, best)
-    log.info("%s: best.pt is now epoch %d's checkpoint, the monitor's best (the same file as "
-             "%s)", os.path.dirname(source), best_epoch + 1, LAST)
+    copy_file(source, best)
+    log.info("%s: best.pt is now epoch %d's checkpoint, the monitor's best (a copy of %s)",
+             os.path.dirname(source), best_epoch + 1, LAST)
     return True
 
 
@@ -205,6 +256,8 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
         valid = ("; trainer.resume takes auto (the job folder's last.pt, if any), null, or a "
                  "checkpoint file's path") if key == "trainer.resume" else ""
         raise ConfigError(f"{key}={path!r}: no such checkpoint file{valid}")
+    import torch
+
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
@@ -221,16 +274,13 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
 def intact_beside(path: str) -> str | None:
     """The newest checkpoint in ``path``'s folder that loads (``epoch_NNNN.pt`` newest first,
     then ``best.pt``), other than ``path`` and the files that are ``path`` under another name
-    (``best.pt`` is often a hard link to ``last.pt``): what a user could resume from when
-    ``path`` is truncated or corrupt (R15). None when there is none."""
+    (a hard link, as the previous release made ``best.pt`` of ``last.pt``): what a user could
+    resume from when ``path`` is truncated or corrupt (R15). None when there is none."""
+    import torch
+
     folder = os.path.dirname(os.path.abspath(path))
-    try:
-        names = sorted((n for n in os.listdir(folder) if re.fullmatch(r"epoch_\d+\.pt", n)),
-                       reverse=True) + [BEST]
-    except OSError:
-        return None
-    for name in names:
-        candidate = os.path.join(folder, name)
+    names = [p for _, p in reversed(epoch_files(folder))] + [os.path.join(folder, BEST)]
+    for candidate in names:
         try:
             if os.path.samefile(candidate, path):
                 continue
@@ -243,13 +293,9 @@ def intact_beside(path: str) -> str | None:
 
 def newest_epoch_file(path: str) -> str | None:
     """The newest ``epoch_NNNN.pt`` in ``path``'s folder (a checkpoint at an epoch's end that
-    exists, named as it is), or None when there is none."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"epoch_\d+\.pt", n))
-    except OSError:
-        return None
-    return os.path.join(folder, names[-1]) if names else None
+    exists, named as it is; by number: :func:`epoch_files`), or None when there is none."""
+    files = epoch_files(os.path.dirname(os.path.abspath(path)))
+    return files[-1][1] if files else None
 
 
 def find_resume(job_dir: str, resume: str | None, restarted: bool) -> str | None:

@@ -104,6 +104,56 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
         raise
 
 
+# ioctl(2) FICLONE (linux/fs.h: _IOW(0x94, 9, int)): a copy-on-write clone of a whole file where
+# the file system offers one (btrfs, XFS with reflink, bcachefs, overlayfs on those).
+_FICLONE = 0x40049409
+_COPY_CHUNK = 1 << 24  # bytes per copy_file_range call
+
+
+def _copy_into(src: BinaryIO, dst: BinaryIO) -> None:
+    """The bytes of ``src`` into the empty ``dst``: a copy-on-write clone (``FICLONE``) where
+    the file system offers one, else ``os.copy_file_range`` (in the kernel, no trip through
+    Python), else a plain buffered copy (a file system or kernel that offers neither)."""
+    try:
+        import fcntl
+
+        fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        return
+    except (ImportError, OSError):
+        pass
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while copy_range(src.fileno(), dst.fileno(), _COPY_CHUNK):
+                pass
+            return
+        except OSError as exc:  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: not here
+            if is_disk_full(exc):
+                raise
+        src.seek(0)
+        dst.seek(0)
+        dst.truncate()
+    import shutil
+
+    shutil.copyfileobj(src, dst, _COPY_CHUNK)
+
+
+def copy_file(src: str, dst: str) -> None:
+    """Put a copy of ``src`` at ``dst`` atomically (:func:`atomic_write`: a temp file beside
+    ``dst``, fsynced, renamed): a file of its own, never a second name of ``src``'s inode, so
+    that damage to one (``truncate -s 0``, a copy that stopped) leaves the other loadable. A
+    copy-on-write clone where the file system offers one (no data copied), else a copy in the
+    kernel (:func:`_copy_into`). Uses no hard link: works where ``os.link`` is refused
+    (exFAT, some network mounts; Lightning #18900).
+
+    Raises:
+        DiskFull: the disk (or quota) that holds ``dst`` is full; ``dst`` keeps what it held.
+        OSError: ``src`` cannot be read, or any other failure to write or rename.
+    """
+    with open(src, "rb") as source:
+        atomic_write(dst, lambda fh: _copy_into(source, fh))
+
+
 _unwritten_reported: set[str] = set()
 
 

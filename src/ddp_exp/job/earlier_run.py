@@ -8,6 +8,7 @@ then clears that attempt's files and the temp files a killed writer left, once e
 check has passed. A temp file (``.<name>.<tag>.tmp``) is never an earlier run's output.
 
 May use: :mod:`ddp_exp.job.folder` (the folder's names, its lock's previous record, the refusal),
+:mod:`ddp_exp.job.outputs` (:func:`earlier_outputs`, re-exported here),
 :mod:`ddp_exp.io.checkpoint` (the checkpoints folder's name).
 """
 
@@ -32,41 +33,19 @@ from ddp_exp.job.folder import (
     previous_record,
     remove_partial_files,
 )
+from ddp_exp.job.outputs import earlier_outputs, is_temp, names_in
 
 log = logging.getLogger("ddp_exp")
-
-
-def earlier_outputs(job_dir: str) -> list[str]:
-    """What an earlier run left in ``job_dir``: ``metrics.json``, checkpoints, event files. A
-    temp file (``.last.pt.<tag>.tmp``, left by a writer killed mid-write) is not an output."""
-    found = [name for name in ("metrics.json", "model.pt")
-             if os.path.isfile(os.path.join(job_dir, name))]
-    for sub, pattern in (("checkpoints", ".pt"), ("tensorboard", "tfevents")):
-        folder = os.path.join(job_dir, sub)
-        if any(pattern in f and not _is_temp(f) for f in _names(folder)):
-            found.append(f"{sub}/")
-    return found
-
-
-def _names(folder: str) -> list[str]:
-    """``os.listdir(folder)``; empty when there is no such folder (under torchrun, rank 0 may
-    be deleting a killed attempt's folders while another rank looks)."""
-    try:
-        return os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _is_temp(name: str) -> bool:
-    """A temp file of :func:`ddp_exp.io.files.atomic_write` / :func:`ddp_exp.io.files.temp_name`."""
-    return name.startswith(".") and name.endswith(".tmp")
 
 
 # What a run of ddp_exp writes into its job folder before its first checkpoints/last.pt (the
 # Hydra record and the job log aside, named by Hydra's config): an attempt killed in its first
 # epoch left only these.
 _FIRST_EPOCH_FILES = {LOCK_FILE, STATUS_FILE, ERRORS_DIR, "tensorboard", "checkpoints",
-                      "standardization.json"}
+                      "standardization.json",
+                      # the record (ddp_exp.job.record) and the trackers' files (logger=...)
+                      "run.json", "run.diff", "trackers.json", "metrics.csv", "mlflow.db",
+                      "mlartifacts", "wandb"}
 
 
 def killed_first_epoch(job_dir: str) -> str | None:
@@ -89,18 +68,18 @@ def killed_first_epoch(job_dir: str) -> str | None:
     status = run_status(job_dir)
     if status not in (None, "interrupted", "failed"):
         return f"its status.json says {status!r}"
-    hydra_subdir, log_file = _hydra_names()
+    hydra_subdir, log_file = _hydranames_in()
     allowed = _FIRST_EPOCH_FILES | {n for n in (hydra_subdir, log_file) if n}
     try:
         names = set(os.listdir(job_dir))
-        checkpoints = _names(checkpoint.checkpoint_dir(job_dir))
-        events = _names(os.path.join(job_dir, "tensorboard"))
+        checkpoints = names_in(checkpoint.checkpoint_dir(job_dir))
+        events = names_in(os.path.join(job_dir, "tensorboard"))
     except OSError as exc:
         return f"it cannot be read ({exc.strerror})"
     others = sorted(names - allowed)
     if others:
         return f"it holds {others[0]!r}, which ddp_exp did not write"
-    if not all(_is_temp(n) for n in checkpoints):
+    if not all(is_temp(n) for n in checkpoints):
         return "it holds a checkpoint"
     if not all("tfevents" in n for n in events):
         return "tensorboard/ holds files ddp_exp did not write"
@@ -124,7 +103,7 @@ def run_status(job_dir: str) -> str | None:
         return "unreadable"
 
 
-def _hydra_names() -> tuple[str | None, str | None]:
+def _hydranames_in() -> tuple[str | None, str | None]:
     """The names, in the job folder, of Hydra's record folder and of the job log."""
     from hydra.core.hydra_config import HydraConfig
 

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp.io import checkpoint
 from ddp_exp.io.files import atomic_write, best_effort, remove_partial
+from ddp_exp.job import record
 from ddp_exp.job.lock import (  # noqa: F401  (re-exported: the job folder's names, one place)
     HYDRA_RECORD,
     LOCK_FILE,
@@ -178,6 +179,7 @@ def write_status(job_dir: str, status: str, overrides: Sequence[str], wall_s: fl
     text = json.dumps(payload, indent=2) + "\n"
     path = os.path.join(job_dir, STATUS_FILE)
     best_effort(path, lambda: atomic_write(path, lambda fh: fh.write(text.encode())), error)
+    best_effort(path, lambda: record.write_end(job_dir, status, wall_s), error)  # run.json
 
 
 def record_unstarted_interrupt(signal_name: str, job_log: str | None) -> str | None:

@@ -8,8 +8,7 @@ last held it, put back when a run is refused there (:class:`JobFolderBusy`,
 record of the run that last held the folder. :mod:`ddp_exp.job.folder` re-exports these names.
 
 May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes),
-:mod:`ddp_exp.job.earlier_run` (what a refused run's folder holds; imported where used: it
-imports :mod:`ddp_exp.job.folder`, which imports this module).
+:mod:`ddp_exp.job.outputs` (what a refused run's folder holds).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import os
 
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io.files import atomic_write, read_text
+from ddp_exp.job.outputs import earlier_outputs
 
 LOCK_FILE = ".ddp_exp.lock"
 HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes in .hydra/
@@ -98,8 +98,6 @@ def job_folder_lock(job_dir: str, hydra_dir: str | None = None):
         _write_record(path, _read_record(hydra_dir))
         yield
     except ConfigError as exc:  # refused before training: the folder's record stays
-        from ddp_exp.job.earlier_run import earlier_outputs  # it imports this module
-
         if isinstance(exc, LeaveFolderAlone) or (previous and earlier_outputs(job_dir)):
             _restore_record(hydra_dir, previous)
             _write_record(path, previous)

@@ -106,10 +106,13 @@ class TrialLink:
             loaded.pruner = build_pruner(pruner.get("spec") or {}, pruner.get("epochs"))
             self.trial = optuna.trial.Trial(loaded, trial_id)
 
-    def should_prune(self, value: float | None, epoch: int) -> bool:
+    def should_prune(self, value: float | None, epoch: int, final: bool = False) -> bool:
         """Report ``epoch``'s (0-based) reduced monitored ``value`` (rank 0) and return the
         pruner's decision, the same on every rank (a broadcast from rank 0). A non-finite
-        value is not reported (the run's own checks fail such a run)."""
+        value is not reported (the run's own checks fail such a run). After the run's
+        ``final`` epoch the value is reported and the pruner not asked: a trial that trained
+        all its epochs is COMPLETE, whatever the pruner would say (successive halving has a
+        rung at every ``min_resource * reduction_factor**k``, the last epoch's included)."""
         import torch
 
         from ddp_exp.distributed.process_group import broadcast_from_main
@@ -117,7 +120,7 @@ class TrialLink:
         decision = torch.zeros(1, dtype=torch.int64, device=self.device)
         if self.trial is not None and value is not None and math.isfinite(value):
             self.trial.report(float(value), epoch + 1)
-            decision.fill_(int(self.trial.should_prune()))
+            decision.fill_(0 if final else int(self.trial.should_prune()))
         broadcast_from_main([decision])
         return bool(decision.item())
 
@@ -161,4 +164,5 @@ def plot_curves(ax: Any, record: dict[str, dict[str, Any]]) -> None:
             ax.plot(xs[-1], ys[-1], marker="x", markersize=9, color=line.get_color())
     ax.set_title(f"{metric} per epoch (x: pruned)")
     ax.set_xlabel("epoch")
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # no trial reported an epoch: no legend to draw
+        ax.legend(fontsize=6)

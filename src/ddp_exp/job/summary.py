@@ -80,7 +80,10 @@ def collect(sweep_dir: str) -> list[dict[str, Any]]:
         if trials is not None:  # the study's state; a trial it never recorded: FAIL
             trial = trials.get(name) or {}
             rows[-1].update(state=trial.get("state") or "FAIL",
-                            pruned_at_epoch=trial.get("pruned_at_epoch"))
+                            pruned_at_epoch=trial.get("pruned_at_epoch"),
+                            objective=trial.get("value"))
+            if trial.get("interrupted"):  # rerun with its params: not a failure of the sweep
+                rows[-1]["superseded"] = f"interrupted; rerun as trial {trial.get('rerun_as')}"
     rows.sort(key=lambda r: (not r["job"].isdigit(), int(r["job"]) if r["job"].isdigit()
                              else 0, r["job"]))
     return rows
@@ -157,10 +160,29 @@ def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
         cells = [_fmt(_cell(row.get(k))).replace("|", "\\|").replace("\n", " ")
                  for k in names]
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n\n" + WALL_S_NOTE + "\n"
+    text = "\n".join(lines) + "\n\n" + "\n\n".join([WALL_S_NOTE, *_optuna_notes(
+        rows, pruning.trial_states(sweep_dir))]) + "\n"
     md_path = os.path.join(sweep_dir, "summary.md")
     best_effort(md_path, lambda: atomic_write(md_path, lambda fh: fh.write(text.encode())))
     _plot(sweep_dir, rows)
+
+
+def _optuna_notes(rows: list[dict[str, Any]], record: dict[str, Any] | None) -> list[str]:
+    """Under a ddp_optuna sweep's table: what ``objective`` is (the value the search ranks
+    trials by, beside the best epoch's), and what ``superseded`` means, when a row has it."""
+    if record is None:
+        return []
+    metric = next((r.get("metric") for r in record.values() if r.get("metric")), "the metric")
+    notes = [f"`objective`: the value the Optuna search optimises and ranks trials by: "
+             f"`{metric}` at the trial's last epoch (a pruned trial's: the epoch it stopped "
+             f"after), as in optimization_results.yaml. `best/{metric}` and `best/epoch` are "
+             f"the trial's best epoch (`checkpoints/best.pt`), which the search does not rank "
+             f"by."]
+    if any(r.get("superseded") for r in rows):
+        notes.append("`superseded`: the sweep was interrupted while this trial trained; the "
+                     "trial named reran its parameters, and it counts neither against "
+                     "`n_trials` nor as a failed job.")
+    return notes
 
 
 def _plot(sweep_dir: str, rows: list[dict[str, Any]]) -> None:

@@ -198,7 +198,9 @@ class SummaryCallback(Callback):
             return
         write_summary(sweep_dir, rows)
         log.info("sweep summary: %s", os.path.join(os.path.abspath(sweep_dir), "summary.md"))
-        bad = [r for r in rows if r["status"] != "completed"]
+        # an Optuna trial interrupted and rerun (ddp_exp.job.summary: "superseded") has
+        # its final state in the rerun's row
+        bad = [r for r in rows if r["status"] != "completed" and not r.get("superseded")]
         if bad:
             jobs = ", ".join(f"{r['job']} ({r['status']})" for r in bad)
             _failure = (f"{len(bad)} of {len(rows)} jobs did not complete: {jobs}; see "

@@ -37,13 +37,15 @@ from ddp_exp.data.loaders import seeded
 from ddp_exp.io import checkpoint
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
+from ddp_exp.launch.run_record import record_start
+from ddp_exp.launch.tracker_plan import plan_trackers, start_trackers
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
 from ddp_exp.train import monitor, schedule
 from ddp_exp.train import state as train_state
 from ddp_exp.train.models import build_model
 from ddp_exp.train.objective import Objective
-from ddp_exp.train.optimizer import build_optimizer
+from ddp_exp.train.optimizer import build_optimizer, check_optimizer
 
 log = logging.getLogger("ddp_exp")
 
@@ -99,6 +101,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint that does not fit), before any rank starts.
     """
     t_start = time.time()
+    trackers = plan_trackers(cfg, job_dir)  # a tracker's missing library: refused first
     apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
     killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
     datasets = load_data(cfg)
@@ -123,7 +126,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if note:
         log.info(note)
     view = rank_config(plain)  # what every rank will read (typed), checked here first
-    optimizer = build_optimizer(view, model.parameters())  # a bad optim fails here, not in ranks
+    check_optimizer(view)  # a bad optim fails here, not in ranks; built only where needed:
+    optimizer = None  # building one imports torch._dynamo (~1.3 s), which the ranks do anyway
+    if state is not None or (view.targets.scheduler or {}).get("_target_") is not None:
+        optimizer = build_optimizer(view, model.parameters())
     scheduler = _build_scheduler(view, optimizer, len(datasets.train))
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         _load_optimizer_states(cfg.trainer.resume, view, state, optimizer, scheduler,
@@ -132,10 +138,12 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
             checkpoint.repair_best(source, state)
         _log_world_change(cfg, state, world_size)
     earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+    record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
+    start_trackers(trackers)  # the MLflow run, before the ranks start
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,
-                      hparams=_hparams(plain), t_start=t_start)
+                      hparams=_hparams(plain), t_start=t_start, trackers=trackers)
 
 
 def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world_size: int
@@ -247,9 +255,11 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
     objective.check(model, probe_x, probe_y)
 
 
-def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train: int) -> Any:
+def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer | None, n_train: int
+                     ) -> Any:
     """The learning-rate scheduler over the run's optimizer steps, or None; built here so that
-    a bad scheduler fails before the ranks start.
+    a bad scheduler fails before the ranks start (``optimizer``: None when the run has no
+    scheduler, whose relations to the run are still checked).
 
     Raises:
         ConfigError: as :func:`ddp_exp.train.schedule.check` /
@@ -260,6 +270,8 @@ def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer, n_train
                                          t.accumulate_grad_batches)
     run_steps = schedule.total_steps(t.epochs, t.max_steps, per_epoch)
     schedule.check(view, run_steps)
+    if optimizer is None:
+        return None
     scheduler, _ = schedule.build_scheduler(view.targets.scheduler, optimizer, run_steps,
                                             per_epoch)
     return scheduler

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ddp_exp.compat.tensors import at_backward_end
+from ddp_exp.compat.tensors import backward_end_queue
 from ddp_exp.distributed.process_group import World, peak_rss_mb
 
 log = logging.getLogger("ddp_exp.perf")
@@ -192,10 +192,10 @@ class StepTimer:
         bucket, ready): a hook on its last trainable parameter queues the callback."""
         params = [p for p in model.parameters() if p.requires_grad]
         if params:
-            params[-1].register_post_accumulate_grad_hook(self._backward_started)
-
-    def _backward_started(self, param: torch.Tensor) -> None:
-        at_backward_end(self._grads_ready)  # runs before DDP's finalize (queued later)
+            # Autograd's end-of-backward queue, looked up once (not per step); the callback
+            # runs before DDP's finalize (queued later).
+            queue, ready = backward_end_queue(), self._grads_ready
+            params[-1].register_post_accumulate_grad_hook(lambda _param: queue(ready))
 
     def _grads_ready(self) -> None:
         self._grads_seen = True

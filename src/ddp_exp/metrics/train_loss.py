@@ -51,7 +51,7 @@ class LossWindow:
         self.device = device
         # Sum on the host (Python floats) on the CPU; elsewhere on the device (see start).
         self.on_host = device.type == "cpu"
-        self.losses: list[torch.Tensor] = []
+        self.losses: list[float | torch.Tensor] = []  # floats on the host (see add)
         self.sizes: list[int] = []
         self.weights: list[int] = []  # what each loss is multiplied by: its size, or 1 (sums)
         self.steps: list[int] = []
@@ -65,7 +65,9 @@ class LossWindow:
         """One micro-batch's mean loss (a device scalar), its sample count and global step;
         with ``summed``, ``loss`` is the sum over its ``size`` counted elements (per-element
         targets: a micro-batch may count none)."""
-        self.losses.append(loss.detach())
+        # On the CPU the value now (no device to wait for; one call instead of detach() here
+        # and float() at the check); elsewhere the tensor, read at the check.
+        self.losses.append(loss.item() if self.on_host else loss.detach())
         self.sizes.append(size)
         self.weights.append(1 if summed else size)
         self.steps.append(step)
@@ -101,7 +103,7 @@ class LossWindow:
         losses: list[float] | torch.Tensor
         totals: list[float] | torch.Tensor
         if self.on_host:
-            losses = [float(loss) for loss in self.losses]
+            losses = self.losses  # floats already (add)
             total = 0.0
             for loss, weight in zip(losses, self.weights, strict=True):
                 total += loss * weight

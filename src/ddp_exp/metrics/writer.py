@@ -24,6 +24,7 @@ import torch
 
 from ddp_exp.distributed.process_group import all_reduce_sum
 from ddp_exp.io.files import atomic_write
+from ddp_exp.metrics.trackers import Trackers
 
 # Final metrics (metrics.json keys) paired with each run's hyper-parameters in TensorBoard's
 # HParams dashboard. The dashboard shows, for each metric, the last point of the scalar with its
@@ -144,11 +145,16 @@ class MetricsWriter:
         purge_step: on resume, the checkpoint's global step + 1: TensorBoard hides what an
             earlier attempt logged after the checkpoint (steps >= purge_step).
         recipe_metrics: extra final metrics for HParams (:func:`recipe_hparam_metrics`).
+        trackers: the ``logger`` group's other trackers (:mod:`ddp_exp.metrics.trackers`),
+            fed every scalar written here (as TensorBoard holds it, float32) and the final
+            metrics; None: TensorBoard only.
     """
 
     def __init__(self, job_dir: str, hparams: Mapping[str, float | str], enabled: bool,
-                 purge_step: int | None = None, recipe_metrics: list[str] | tuple = ()):
+                 purge_step: int | None = None, recipe_metrics: list[str] | tuple = (),
+                 trackers: Trackers | None = None):
         self.job_dir = job_dir
+        self.trackers = trackers
         self.recipe_metrics = list(recipe_metrics)
         self.writer = None
         self.tags: set[str] = set()  # scalar tags written so far (the dashboard layout's)
@@ -183,6 +189,8 @@ class MetricsWriter:
         if entries:
             self.writer.file_writer.add_summary(Summary(value=entries), step)
             self.tags.update(entry.tag for entry in entries)
+            if self.trackers is not None:  # the float32 values the event holds
+                self.trackers.log(step, {e.tag: e.simple_value for e in entries})
 
     def queue_scalars(self, step: int, values: Mapping[str, float | torch.Tensor | None],
                       more: Callable[[], Mapping[str, float]] | None = None,
@@ -224,6 +232,8 @@ class MetricsWriter:
         if self.writer is not None:
             self.write_queued()
             self.flush_events()
+            if self.trackers is not None:
+                self.trackers.flush()
 
     def flush_events(self) -> None:
         """Wait until every event added so far is in the event file (not what
@@ -290,6 +300,8 @@ class MetricsWriter:
         write_json_atomic(os.path.join(self.job_dir, "metrics.json"),
                           {k: finite_or_none(v) if isinstance(v, float) else v
                            for k, v in final.items()})
+        if self.trackers is not None:  # after metrics.json: a slow tracker delays nothing else
+            self.trackers.finish(final.get("global_step") or 0, final)
 
     def close(self) -> None:
         """Close the event stream without writing metrics.json (on failure); what was queued
@@ -298,3 +310,5 @@ class MetricsWriter:
             self.write_queued()
             self.writer.close()
             self.writer = None
+        if self.trackers is not None:
+            self.trackers.close()

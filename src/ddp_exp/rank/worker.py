@@ -42,6 +42,7 @@ from ddp_exp.distributed.process_group import (
 )
 from ddp_exp.io import checkpoint
 from ddp_exp.io.files import naming_the_disk
+from ddp_exp.metrics.trackers import TrackerPlan, open_trackers
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, is_peer_failure, restart_line
@@ -72,6 +73,7 @@ class RankInputs:
         objective: the training loss and validation metrics.
         hparams: flat hyper-parameters for TensorBoard's HParams dashboard.
         t_start: ``time.time()`` when the job started, for ``time/total_s``.
+        trackers: the ``logger`` group's trackers that rank 0 feeds (None: TensorBoard only).
     """
 
     cfg: dict[str, Any]
@@ -84,6 +86,7 @@ class RankInputs:
     objective: Objective
     hparams: dict[str, Any] = field(default_factory=dict)
     t_start: float = field(default_factory=time.time)
+    trackers: TrackerPlan | None = None
 
 
 def set_threads(world: World, num_workers: int = 0) -> int:
@@ -140,7 +143,9 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
     writer = MetricsWriter(inputs.job_dir, inputs.hparams, enabled=world.is_main,
                            purge_step=state["global_step"] + 1 if state else None,
                            recipe_metrics=recipe_hparam_metrics(cfg.trainer.monitor,
-                                                                test_metrics))
+                                                                test_metrics),
+                           trackers=open_trackers(inputs.trackers, inputs.hparams, world.is_main,
+                                                  state["global_step"] + 1 if state else None))
     try:
         if data.standardization is not None:  # what a user must apply to new inputs
             writer.write_json("standardization.json", data.standardization)

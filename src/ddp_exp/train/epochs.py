@@ -1,7 +1,7 @@
 """The epochs of the loop (:mod:`ddp_exp.train.loop`'s steps 4 and 5) and what follows each:
 validation, the epoch's line, data=tokens' text sample, the straggler line, histograms, the
 monitored metric (a new best, early stopping, a sweep's pruning: :mod:`ddp_exp.train.monitor`),
-a per-epoch schedule's step, the epoch's checkpoints (:mod:`ddp_exp.train.state`) and a
+a per-epoch schedule's step, the epoch's checkpoints (:mod:`ddp_exp.train.checkpointing`) and a
 preemption decided at its last step; then the run's final metrics (``metrics.json``).
 
 Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read through its
@@ -11,7 +11,7 @@ attributes (``cfg``, ``epoch``, ``global_step``, ``evaluator``, ``lm``, ``perf``
 sets ``last_train``. This module does not import the loop.
 
 May use: :mod:`ddp_exp.metrics` (the epoch's line, the dashboard, the writer's mean),
-:mod:`ddp_exp.train.schedule`, :mod:`ddp_exp.train.state`,
+:mod:`ddp_exp.train.schedule`, :mod:`ddp_exp.train.checkpointing`,
 :mod:`ddp_exp.train.step_checkpoint` (``Preempted``), :mod:`ddp_exp.train.step_validation`
 (``trainer.val_every_n_steps``).
 """
@@ -24,8 +24,7 @@ from typing import Any
 from ddp_exp.metrics import dashboard
 from ddp_exp.metrics.progress import EpochResult, epoch_line
 from ddp_exp.metrics.writer import mean
-from ddp_exp.train import schedule, step_checkpoint, step_validation
-from ddp_exp.train import state as train_state
+from ddp_exp.train import checkpointing, schedule, step_checkpoint, step_validation
 from ddp_exp.train.step_checkpoint import Preempted
 
 log = logging.getLogger("ddp_exp.train")
@@ -65,8 +64,10 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
             loop.perf.end_epoch(loop.epoch)
         dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
                                    trainer.log_histograms_every_n_epochs)
-        # the reduced value: all agree (by steps: each validation updated it)
-        improved = not by_steps and loop.monitor.update(last.val, loop.epoch)
+        final = loop.epoch + 1 >= trainer.epochs or (max_steps is not None
+                                                     and loop.global_step >= max_steps)
+        # reduced: all agree (by steps: each validation updated the monitor)
+        improved = not by_steps and loop.monitor.update(last.val, loop.epoch, final)
         if loop.scheduler is not None and loop.step_scheduler is None:  # per epoch
             schedule.step_epoch(loop.scheduler, last.val, loop.monitor.metric)
         loop.epoch += 1
@@ -74,8 +75,8 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
             log.info(loop.monitor.stop_line(trainer.epochs))
         # A partial epoch: its last.pt is the step checkpoint above; a new best is still kept
         # (marked not resumable: it was taken after the partial epoch's validation).
-        train_state.save_checkpoint(loop, best=improved, complete=not partial,
-                                    force_last=loop.preempted or loop.checkpoint_due)
+        checkpointing.at_epoch_end(loop, best=improved, complete=not partial,
+                                   force_last=loop.preempted or loop.checkpoint_due)
         loop.cadence.written()
         if loop.preempted:
             raise Preempted(f"preempted at the end of epoch {loop.epoch} (step "

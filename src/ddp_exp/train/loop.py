@@ -247,7 +247,8 @@ class Trainer:
                     t_mark += time.perf_counter() - t_checkpoint  # not training time
                 if step_validation.due(self):  # trainer.val_every_n_steps: before any checkpoint
                     t_val = time.perf_counter()
-                    step_validation.validate(self)
+                    step_validation.validate(self, final=max_steps is not None
+                                             and self.global_step >= max_steps)
                     t_mark += time.perf_counter() - t_val  # not training time
                 stop = ((max_steps is not None and self.global_step >= max_steps)
                         or self.monitor.stopped_early)  # early stopping by validation steps
@@ -332,12 +333,15 @@ class Trainer:
         trainer = self.cfg.trainer
         try:
             last, train_s, run_samples = run_epochs(self)
-        except BaseException:
+        except BaseException as stopped:
             # A failing or interrupted run still leaves its last complete checkpoint on disk;
-            # the original error is the one that propagates.
+            # the original error is the one that propagates, but for a preemption, whose
+            # checkpoint the requeued job needs: it is not preempted without it.
             try:
                 self.checkpoint_files.close()
             except Exception as exc:  # e.g. the disk filled up too
+                if isinstance(stopped, Preempted):
+                    raise exc from stopped
                 log.error("checkpoint not written: %s: %s", type(exc).__name__, exc)
             raise
         self.checkpoint_files.close()  # every file on disk before best.pt is read back

@@ -88,11 +88,14 @@ class Monitor:
         self.trial: Any = None  # a ddp_exp.job.pruning.TrialLink in a ddp_optuna sweep's trial
         self.pruned_at_epoch: int | None = None  # 1-based
 
-    def update(self, val: dict[str, Any], epoch: int, step: int | None = None) -> bool:
-        """Record a validation's reduced results, in (0-based) ``epoch`` at global ``step``;
-        True if it is the new best. Patience counts validations; a sweep's pruner gets the
-        value at the epoch's number, or at ``step`` when validation is by steps
-        (``trainer.val_every_n_steps``: ``step`` given)."""
+    def update(self, val: dict[str, Any], epoch: int, final: bool = False,
+               step: int | None = None) -> bool:
+        """Record a validation's reduced results, in (0-based) ``epoch`` (at global ``step``
+        when validation is by steps, ``trainer.val_every_n_steps``); True if it is the new
+        best. Patience counts validations. ``final``: the run's last validation
+        (``trainer.epochs`` or ``trainer.max_steps`` reached), after which a sweep's pruner is
+        not asked (nothing is left to save); it is told the value at the epoch's number, or at
+        ``step`` by steps."""
         if self.metric is None:
             return False
         value = val.get(self.metric)
@@ -107,7 +110,7 @@ class Monitor:
         if self.patience is not None and self.bad_epochs >= self.patience:
             self.stopped_early = True
         report_at = epoch if step is None else step - 1  # should_prune reports at +1
-        if self.trial is not None and self.trial.should_prune(value, report_at):
+        if self.trial is not None and self.trial.should_prune(value, report_at, final):
             self.stopped_early, self.pruned_at_epoch = True, epoch + 1
         return better
 

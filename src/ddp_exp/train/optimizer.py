@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -69,10 +70,52 @@ def build_optimizer(cfg: RankConfig, params: Iterable[torch.nn.Parameter]
     try:
         return factory(params)
     except Exception as exc:  # an unknown keyword, a value out of range, a list too short
-        options = {k: v for k, v in args.items() if not k.startswith("_") and k != "lr"}
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"optim ({args['_target_']}) rejects its options {options}: "
-                          f"{first}") from None
+        raise _rejected(args, exc) from None
+
+
+class _ArgumentsChecked(Exception):
+    """Raised by :class:`_Unread` when an optimizer's constructor reads its parameters: its
+    own checks of its arguments, which come first, have passed."""
+
+
+class _Unread:
+    """Stands for the parameters in :func:`check_optimizer`: reading it ends the build."""
+
+    def __iter__(self):
+        raise _ArgumentsChecked
+
+
+def check_optimizer(cfg: RankConfig) -> None:
+    """Refuse ``cfg.optim`` before any rank starts as :func:`build_optimizer` would, without
+    building the optimizer: its class is imported and called with its arguments, at the
+    effective learning rate, over parameters that stop the call where it first reads them.
+    torch's optimizers check their arguments first (an unknown keyword, ``lr``, ``momentum``,
+    ``betas``, ``eps``, ``weight_decay`` out of range, ``nesterov`` without momentum) and then
+    hand the parameters to ``Optimizer.__init__``, whose first ``add_param_group`` imports
+    ``torch._dynamo`` (~1.3 s of the launcher's start, issue 42 item 6): that import is left to
+    the ranks, which build the optimizer. What a constructor checks after it has the
+    parameters (fused kernels for their device, say) is a rank's error instead.
+
+    Raises:
+        ConfigError: the optimizer cannot be imported or rejects its options (the same line
+            as :func:`build_optimizer`).
+    """
+    args = {k: v for k, v in cfg.targets.optim.items() if k not in OPTIM_OWN_KEYS}
+    args["lr"] = cfg.effective_lr
+    factory = instantiate_node(args, "optim")
+    try:
+        factory(_Unread())
+    except _ArgumentsChecked:
+        return
+    except Exception as exc:
+        raise _rejected(args, exc) from None
+
+
+def _rejected(args: dict[str, Any], exc: BaseException) -> ConfigError:
+    """The one line for an optimizer that rejects its arguments (``args``, as built)."""
+    options = {k: v for k, v in args.items() if not k.startswith("_") and k != "lr"}
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return ConfigError(f"optim ({args['_target_']}) rejects its options {options}: {first}")
 
 
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:

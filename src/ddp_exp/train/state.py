@@ -10,15 +10,16 @@ writes, loading, the split check) are :mod:`ddp_exp.io.checkpoint`'s.
 
 Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer` (read through the attributes
 named in its docstring; this module does not import the loop), but :func:`resume_optimizer`,
-which the launcher's check shares. Uses :mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.train.schedule`
-(a resumed run's schedule), :mod:`ddp_exp.distributed.process_group` (the ranks' RNG states)
-and :mod:`ddp_exp.config` (errors, the learning rate).
+which the launcher's check shares. Taking and landing a checkpoint is
+:mod:`ddp_exp.train.checkpointing`'s. Uses :mod:`ddp_exp.io.checkpoint`,
+:mod:`ddp_exp.train.schedule` (a resumed run's schedule),
+:mod:`ddp_exp.distributed.process_group` (the ranks' RNG states) and :mod:`ddp_exp.config`
+(errors, the learning rate).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,16 +34,18 @@ from ddp_exp.train import schedule
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
 
-def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None, position: int = 0,
+               epoch_sums: tuple[float, int, float] | None = None) -> dict[str, Any]:
     """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG),
-    unless ``rng`` gives the ranks' RNG states (or a placeholder the caller fills in).
+    unless ``rng`` gives the ranks' RNG states (or a placeholder the caller fills in:
+    :func:`ddp_exp.train.checkpointing.take`, which every checkpoint goes through).
 
     Reads the loop's ``model``, ``optimizer``, ``scheduler``, ``monitor``, ``scaler``,
     ``epoch`` (the next one to run, or the one in progress), ``global_step``, ``window`` (the
     open ``train/loss`` interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch``,
-    ``run_steps``, and for a step checkpoint ``position`` (global samples the epoch in
-    progress has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss
-    sum, samples and seconds so far).
+    ``run_steps``. A step checkpoint gives ``position`` (global samples the epoch in progress
+    has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss sum,
+    samples and seconds so far).
     """
     ranks_rng = gather_rng_states(loop.device) if rng is None else rng  # a collective
     return {
@@ -56,9 +59,8 @@ def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None) -> dict[str, 
         "world_size": loop.world.world_size,
         # Inside epoch ``epoch + 1`` (a step checkpoint): the samples it has consumed, the same
         # number for any world size with this global batch (issue 30), and its sums so far.
-        "position": getattr(loop, "position", 0),
-        "epoch_sums": (list(loop.epoch_sums) if getattr(loop, "epoch_sums", None) is not None
-                       else None),
+        "position": position,
+        "epoch_sums": list(epoch_sums) if epoch_sums is not None else None,
         "global_batch_size": loop.cfg.global_batch_size,
         # The run's length as its schedule saw it (a resume names what changed).
         "steps_per_epoch": loop.steps_per_epoch,
@@ -263,49 +265,3 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
     else:
         log.info("resumed from %s: epoch %d done, step %d", source, state["epoch"] + 1,
                  loop.global_step)
-
-
-def save_checkpoint(loop: Any, best: bool = False, complete: bool = True,
-                    force_last: bool = False) -> None:
-    """Every rank calls it after an epoch (``loop.epoch`` already counts it); rank 0 writes
-    the epoch's checkpoint once, under each name it is due (see
-    :func:`ddp_exp.io.checkpoint.save`): ``last.pt`` (``trainer.save_last``), every
-    ``trainer.checkpoint_every_n_epochs`` epochs the epoch's file, and ``best.pt`` when
-    ``best`` (the epoch is the monitor's new best), on ``loop.checkpoint_files``'s thread (a
-    :class:`ddp_exp.io.files.BackgroundWriter`).
-
-    ``complete=False``: the epoch stopped at ``trainer.max_steps``; continuing from it could not
-    be exact, so only ``best.pt`` is written (if due), marked ``resumable: False``.
-    ``force_last``: ``last.pt`` whatever ``trainer.save_last`` (a step checkpoint was due at
-    the epoch's last step, or a preemption).
-    """
-    trainer = loop.cfg.trainer
-    every = trainer.checkpoint_every_n_epochs
-    keep_epoch_file = complete and every > 0 and loop.epoch % every == 0
-    last = complete and (trainer.save_last or force_last)
-    if not (last or keep_epoch_file or best):
-        return
-    state = state_dict(loop)  # a collective: every rank
-    if not complete:
-        state["resumable"] = False
-    if loop.world.is_main:
-        checkpoint.save(loop.writer.job_dir, state, keep_epoch_file, trainer.keep_checkpoints,
-                        loop.checkpoint_files, last=last, best=best)
-
-
-def save_step_checkpoint(loop: Any, before_write: Callable[[], object] | None = None) -> None:
-    """Every rank calls it at the same step inside an epoch (``loop.position`` > 0, the
-    epoch's sums settled: :mod:`ddp_exp.train.step_checkpoint`); rank 0 writes ``last.pt``
-    (never an epoch file or ``best.pt``: the epoch is not done) on the loop's writer thread,
-    after ``before_write()`` ran there.
-    """
-    write_step_checkpoint(loop, state_dict(loop), before_write)  # a collective: every rank
-
-
-def write_step_checkpoint(loop: Any, state: dict[str, Any],
-                          before_write: Callable[[], object] | None = None) -> None:
-    """Rank 0 hands the step checkpoint ``state`` (:func:`state_dict`'s, inside an epoch) to
-    its background writer as ``last.pt``, ``before_write()`` run there first; others: nothing."""
-    if loop.world.is_main:
-        checkpoint.save(loop.writer.job_dir, state, False, loop.cfg.trainer.keep_checkpoints,
-                        loop.checkpoint_files, last=True, best=False, before_write=before_write)

@@ -3,7 +3,9 @@ stops for a preemption: the decision every rank must take at the same optimizer 
 
 * ``trainer.checkpoint_every_n_steps``: due at every global step that is a multiple of it; every
   rank counts the same steps, so no communication is needed. Begun at that step without
-  waiting for a collective, completed at the next (:func:`begin`, :func:`complete`).
+  waiting for a collective, completed at the next (:func:`begin`, :func:`complete`); the
+  minutes, a preemption and ``trainer.max_steps``' stop complete it at once (:func:`take`,
+  :func:`at_stop`). Every checkpoint is taken and landed by :mod:`ddp_exp.train.checkpointing`.
 * ``trainer.checkpoint_every_n_minutes``: rank 0's clock alone decides (a clock per rank would
   disagree, and gathering the state is a collective that every rank must enter); its "due" flag
   rides in the logging interval's all-reduce (:meth:`ddp_exp.metrics.train_loss.LossWindow.start`,
@@ -22,9 +24,8 @@ stops for a preemption: the decision every rank must take at the same optimizer 
 The checkpoint itself (what it holds, the position as global samples consumed) is
 :mod:`ddp_exp.train.state`'s; the loop (:mod:`ddp_exp.train.loop`) asks this module, and has
 it take a step checkpoint (:func:`take`) and enter an epoch at a step checkpoint's position
-(:func:`enter_position`). Uses :mod:`ddp_exp.config.checks` (the global batch) and
-:mod:`ddp_exp.train.state`; the functions read the loop through the attributes their
-docstrings name (this module does not import the loop).
+(:func:`enter_position`). Uses :mod:`ddp_exp.train.checkpointing`; the functions read the
+loop through the attributes their docstrings name (this module does not import the loop).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ddp_exp.train import state as train_state
+from ddp_exp.train import checkpointing
+from ddp_exp.train.checkpointing import Taken
 
 if TYPE_CHECKING:
     from ddp_exp.config.schema import TrainerConfig
@@ -115,64 +117,49 @@ def enter_position(loop: Any) -> tuple[int, tuple[float, int, float]]:
     first = loop.position // loop.cfg.global_batch_size
     loop.loader.set_start(loop.position // loop.world.world_size)
     sums = loop.epoch_sums or (0.0, 0, 0.0)
-    loop.position, loop.epoch_sums = 0, None  # a step checkpoint sets them again
+    loop.position, loop.epoch_sums = 0, None  # consumed: a resume's, once
     return first, (float(sums[0]), int(sums[1]), float(sums[2]))
 
 
 def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps: int,
          loss_sum: float, samples: int, seconds: float) -> tuple[float, int, bool]:
-    """Write a step checkpoint after the epoch's ``steps``-th step (every rank, at the same
-    step). First every loss so far is counted: the pending check finished (``settle``: the
+    """Write a step checkpoint after the epoch's ``steps``-th step now (every rank, at the
+    same step: the minutes' cadence, a preemption): :func:`begin` and :func:`complete` at
+    once. First every loss so far is counted: the pending check finished (``settle``: the
     loop's, which also writes a logging step's scalars), the steps since checked on
     ``window`` (the loop's :class:`ddp_exp.metrics.train_loss.LossWindow`), so the checkpoint
     holds the epoch's sums (``loss_sum``, ``samples``: the world's so far; ``seconds`` in the
     epoch's loop) and the open ``train/loss`` interval whole, and TensorBoard's events up to
-    this step are on disk (``loop.writer.flush()``) before it is.
+    this step are on disk before it is.
 
     Returns:
         The epoch's world (loss sum, samples) and whether a check finished here carried a
         preemption.
     """
-    s, n = settle()
-    preempt = decided(window.flags)[PREEMPT]
-    if len(window):
-        window.start(loop.world)
-        s2, n2 = settle()
-        s, n = s + s2, n + n2
-    loss_sum, samples = loss_sum + s, samples + n
-    _write(loop, steps, loss_sum, samples, seconds)
-    return loss_sum, samples, preempt
-
-
-class Deferred:
-    """A step checkpoint of ``trainer.checkpoint_every_n_steps`` begun at its step
-    (:func:`begin`) and completed at the next (:func:`complete`): this rank's state as it was
-    (``state``, snapshotted: the model trains on meanwhile) and the ranks' RNG states on their
-    way (``rng``, a :class:`ddp_exp.distributed.process_group.RngGather`)."""
-
-    def __init__(self, state: dict[str, Any], rng: Any):
-        self.state, self.rng = state, rng
+    loss_sum, samples, preempt, taken = begin(loop, window, settle, False, steps, loss_sum,
+                                              samples, seconds)
+    loss_sum, samples, carried = complete(loop, window, settle, taken, loss_sum, samples)
+    return loss_sum, samples, preempt or carried
 
 
 def begin(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], started_now: bool,
           steps: int, loss_sum: float, samples: int, seconds: float
-          ) -> tuple[float, int, bool, Deferred]:
-    """Begin the cadence's step checkpoint after the epoch's ``steps``-th step without waiting
-    for any collective (every rank, at the same step): the check of the steps since the last
-    one is started (``started_now``: the loop started it at this logging step; else the check
-    in flight, started at an earlier step and so done, is settled first and the steps since
-    are started on ``window``), so are the ranks' RNG states (one all_gather), and this rank's
-    state is snapshotted with the position and ``seconds``. The next step completes it
-    (:func:`complete`), when both collectives have had a step's time to arrive: a synchronous
-    checkpoint waited ~2.4 ms in them for a step of ~2.5 ms on digits (issue 30's cost).
+          ) -> tuple[float, int, bool, Taken]:
+    """Begin a step checkpoint after the epoch's ``steps``-th step without waiting for any
+    collective (every rank, at the same step): the check of the steps since the last one is
+    started (``started_now``: the loop started it at this logging step; else the check in
+    flight, started at an earlier step and so done, is settled first and the steps since are
+    started on ``window``), and the checkpoint is taken
+    (:func:`ddp_exp.train.checkpointing.take`: the ranks' RNG states sent, rank 0's state
+    snapshotted with the position and ``seconds``). The cadence's checkpoint is completed at
+    the next step (:func:`complete`), when the check has had a step's time to arrive: a
+    synchronous checkpoint waited ~2.4 ms in its collectives for a step of ~2.5 ms on digits
+    (issue 30's cost).
 
     Returns:
         The epoch's world (loss sum, samples) with the check settled here, whether that check
-        carried a preemption (then complete at once, and stop), and the :class:`Deferred`.
+        carried a preemption (then complete at once, and stop), and the taken checkpoint.
     """
-    from ddp_exp.distributed.process_group import start_rng_gather
-    from ddp_exp.io.checkpoint import snapshot
-
     preempt = False
     if not started_now:
         s, n = settle()
@@ -180,19 +167,17 @@ def begin(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], start
         loss_sum, samples = loss_sum + s, samples + n
         if len(window):
             window.start(loop.world)
-    loop.position = steps * loop.cfg.global_batch_size
-    loop.epoch_sums = (0.0, 0, seconds)  # the sums are the next check's: complete() sets them
-    state = snapshot(train_state.state_dict(loop, rng=[]))
-    loop.position, loop.epoch_sums = 0, None
-    return loss_sum, samples, preempt, Deferred(state, start_rng_gather(loop.device))
+    # The sums are the next check's: complete() sets them.
+    taken = checkpointing.take(loop, steps * loop.cfg.global_batch_size, (0.0, 0, seconds))
+    return loss_sum, samples, preempt, taken
 
 
 def complete(loop: Any, window: Any, settle: Callable[[], tuple[float, int]],
-             deferred: Deferred, loss_sum: float, samples: int) -> tuple[float, int, bool]:
-    """Complete a step checkpoint :func:`begin` began at the step before (every rank, before
-    anything else of this step's check): the check started then is settled (the epoch's sums
-    through that step, the open ``train/loss`` interval), the RNG states received, and rank 0
-    hands the whole to its background writer (TensorBoard's events up to that step in their
+             taken: Taken, loss_sum: float, samples: int) -> tuple[float, int, bool]:
+    """Complete a step checkpoint :func:`begin` began (every rank, before anything else of
+    this step's check): the check started then is settled (the epoch's sums through that
+    step, the open ``train/loss`` interval), and the checkpoint lands
+    (:func:`ddp_exp.train.checkpointing.land`, TensorBoard's events up to that step in their
     file before the checkpoint is).
 
     Returns:
@@ -202,13 +187,11 @@ def complete(loop: Any, window: Any, settle: Callable[[], tuple[float, int]],
     s, n = settle()
     preempt = decided(window.flags)[PREEMPT]
     loss_sum, samples = loss_sum + s, samples + n
-    state = deferred.state
-    state["epoch_sums"] = [loss_sum, samples, state["epoch_sums"][2]]
-    state["train_interval"] = [window.interval_sum, window.interval_count, window.interval_s]
-    state["rng"] = deferred.rng.wait()
-    loop.writer.write_queued()
-    train_state.write_step_checkpoint(loop, state, before_write=loop.writer.flush_events)
-    loop.cadence.written()
+    if taken.state is not None:  # rank 0's snapshot
+        taken.state["epoch_sums"] = [loss_sum, samples, taken.state["epoch_sums"][2]]
+        taken.state["train_interval"] = [window.interval_sum, window.interval_count,
+                                         window.interval_s]
+    _land(loop, taken)
     return loss_sum, samples, preempt
 
 
@@ -231,18 +214,16 @@ def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float
     if not (loop.cfg.trainer.save_last or loop.cadence.every_steps is not None
             or loop.cadence.every_s is not None):
         return
-    _write(loop, steps, loss_sum, samples, seconds)
+    _land(loop, checkpointing.take(loop, steps * loop.cfg.global_batch_size,
+                                   (loss_sum, samples, seconds)))
 
 
-def _write(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
-    """Write the step checkpoint after the epoch's ``steps``-th step with the epoch's world
-    sums so far. TensorBoard's events up to this step are in the event file before the
-    checkpoint file is, so a resume's ``purge_step`` sees them: the queued scalars are added
-    here, and the background writer's job waits for the event file before it writes
-    (``MetricsWriter.flush_events``), not the loop (issue 30's cost)."""
+def _land(loop: Any, taken: Taken) -> None:
+    """Land a step checkpoint as ``last.pt``. TensorBoard's events up to its step are in the
+    event file before the checkpoint file is, so a resume's ``purge_step`` sees them: the
+    queued scalars are added here, and the background writer's job waits for the event file
+    before it writes (``MetricsWriter.flush_events``), not the loop (issue 30's cost)."""
     loop.writer.write_queued()
-    loop.position = steps * loop.cfg.global_batch_size
-    loop.epoch_sums = (loss_sum, samples, seconds)
-    train_state.save_step_checkpoint(loop, before_write=loop.writer.flush_events)
-    loop.position, loop.epoch_sums = 0, None
+    checkpointing.land(loop, taken, checkpointing.INSIDE_EPOCH,
+                       before_write=loop.writer.flush_events)
     loop.cadence.written()

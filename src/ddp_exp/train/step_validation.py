@@ -16,7 +16,7 @@ Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer` (``cfg``, ``
 ``global_step``, ``evaluator``, ``monitor``, ``lm``, and ``last_val``, ``last_val_step``,
 ``validations``, which they set); this module does not import the loop.
 
-May use: :mod:`ddp_exp.train.state` (``best.pt``).
+May use: :mod:`ddp_exp.train.checkpointing` (``best.pt``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ddp_exp.train import state as train_state
+from ddp_exp.train import checkpointing
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -40,9 +40,10 @@ def due(loop: Any) -> bool:
     return bool(n) and loop.global_step % n == 0 and loop.last_val_step != loop.global_step
 
 
-def validate(loop: Any) -> dict[str, Any]:
+def validate(loop: Any, final: bool = False) -> dict[str, Any]:
     """Validate at the current global step (every rank), then the monitor, ``best.pt`` and
-    the sample (module docstring); returns the validation's results."""
+    the sample (module docstring); returns the validation's results. ``final``: the run's
+    last validation (a sweep's pruner is not asked after it)."""
     val = loop.evaluator.validate(loop.epoch, loop.global_step)
     loop.last_val, loop.last_val_step = val, loop.global_step
     shown = " | ".join(f"{k} {v:.4f}" for k, v in val.items()
@@ -50,8 +51,8 @@ def validate(loop: Any) -> dict[str, Any]:
     log.info("step %d (epoch %d) | %s", loop.global_step, loop.epoch + 1, shown or "no val")
     loop.lm.sample(loop.epoch, loop.global_step, validation=loop.validations)
     loop.validations += 1
-    if loop.monitor.update(val, loop.epoch, step=loop.global_step):
-        train_state.save_checkpoint(loop, best=True, complete=False)
+    if loop.monitor.update(val, loop.epoch, final, step=loop.global_step):
+        checkpointing.at_epoch_end(loop, best=True, complete=False)  # best.pt only
     return val
 
 
@@ -59,5 +60,5 @@ def at_epoch_end(loop: Any, run_ends: bool) -> dict[str, Any]:
     """The validation results an epoch's end reports: the last validation's, validating
     first if the run ends here after steps no validation saw."""
     if run_ends and loop.last_val_step != loop.global_step:
-        return validate(loop)
+        return validate(loop, final=True)
     return loop.last_val or {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}

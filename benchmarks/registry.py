@@ -1,0 +1,45 @@
+"""Every group of ``make bench``, by the name ``--only`` takes.
+
+To add a group: write one module in ``benchmarks/groups/`` that defines a
+``benchmarks.harness.group.Group`` (its variants, targets and hooks: see that class; a probe
+that runs in one process is a group with no variants and an ``extra``), then add it to the
+import and to :data:`GROUPS` below, in the order the groups should run. Its results land in
+``benchmarks/results/<name>.csv`` and its targets in docs/benchmarks.md's table.
+
+May use: ``benchmarks.groups``, ``benchmarks.harness``.
+"""
+
+from __future__ import annotations
+
+from benchmarks.groups import (
+    digits,
+    epoch_checkpoint,
+    image_folder,
+    lm,
+    memory,
+    perf,
+    scaling,
+    startup,
+    step_checkpoint,
+    step_overhead,
+    threads,
+)
+from benchmarks.harness.group import Group
+
+GROUPS: dict[str, Group] = {g.name: g for g in (
+    digits.DIGITS,
+    digits.COMPUTE,
+    startup.STARTUP,
+    threads.THREADS,
+    perf.PERF,
+    step_checkpoint.STEP_CHECKPOINT,
+    image_folder.IMAGE_FOLDER,
+    lm.LM,
+    # opt-in (run only when --only names them: each takes minutes to tens of minutes)
+    scaling.SCALING,
+    memory.MEMORY,
+    step_overhead.STEP_OVERHEAD,
+    epoch_checkpoint.EPOCH_CHECKPOINT,
+)}
+
+ALIASES = {"c17": "threads"}  # the group's name before it was named by what it measures

@@ -1,0 +1,116 @@
+"""Taking a checkpoint: the one path every checkpoint of the loop goes through (end of epoch,
+every N steps or minutes, a preemption, ``trainer.max_steps``' stop, the final one).
+
+1. :func:`take`, on every rank at the same point of its collectives: the ranks' RNG states are
+   sent (one ``all_gather``, started, not waited for) and rank 0 snapshots the loop's state
+   (:func:`ddp_exp.train.state.state_dict`, tensors cloned: the loop trains on). Nothing waits
+   for a collective here.
+2. :func:`land`: rank 0 hands the snapshot to its background writer
+   (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread receives the RNG states, serializes
+   the checkpoint and lands it atomically under every name it is due
+   (:func:`ddp_exp.io.checkpoint.save`, the one place that decides what ``last.pt``, ``best.pt``
+   and ``epoch_NNNN.pt`` become); the other ranks' writers receive the RNG states only. Which
+   names are due is :func:`due_at_epoch_end`'s, or :data:`INSIDE_EPOCH` for a step checkpoint.
+
+Between the two, a step checkpoint of the step cadence settles the logging check it started
+(:func:`ddp_exp.train.step_checkpoint.complete`), so that its epoch sums are whole; the other
+checkpoints land at once. The loop's ``fit`` drains every rank's writer before it returns or
+raises (a preemption's ``Preempted`` included), so a status that says completed or preempted
+comes after the files. A writer of another kind (the sharded folders of issue 40) joins at
+:func:`land` with its own serialization, keeping the names and the rotation.
+
+Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read through ``world``,
+``device``, ``cfg``, ``writer`` (its ``job_dir``), ``checkpoint_files`` and what
+:func:`ddp_exp.train.state.state_dict` reads; this module does not import the loop. Uses
+:mod:`ddp_exp.io.checkpoint`, :mod:`ddp_exp.distributed.process_group` (the RNG gather) and
+:mod:`ddp_exp.train.state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ddp_exp.distributed.process_group import RngGather, start_rng_gather
+from ddp_exp.io import checkpoint
+from ddp_exp.train import state as train_state
+
+
+class Due(NamedTuple):
+    """The names a checkpoint is due under: its ``epoch_NNNN.pt`` file, ``last.pt``,
+    ``best.pt``."""
+
+    epoch_file: bool = False
+    last: bool = False
+    best: bool = False
+
+
+INSIDE_EPOCH = Due(last=True)  # a step checkpoint: never an epoch file or best.pt
+
+
+class Taken:
+    """A checkpoint taken on every rank and not landed yet: rank 0's snapshot of the loop
+    (``state``; None on the other ranks) and every rank's RNG states on their way (``rng``)."""
+
+    def __init__(self, state: dict[str, Any] | None, rng: RngGather):
+        self.state, self.rng = state, rng
+
+
+def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
+         ) -> Taken:
+    """Take a checkpoint of ``loop`` as it is now, waiting for no collective (every rank, at
+    the same point of its collectives): start gathering the ranks' RNG states, and on rank 0
+    snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
+    :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
+    progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
+    a step checkpoint; 0 and None: at an epoch's end."""
+    rng = start_rng_gather(loop.device)  # a collective, not waited for
+    state = None
+    if loop.world.is_main:
+        state = checkpoint.snapshot(train_state.state_dict(loop, [], position, epoch_sums))
+    return Taken(state, rng)
+
+
+def land(loop: Any, taken: Taken, due: Due,
+         before_write: Callable[[], object] | None = None) -> None:
+    """Hand ``taken`` to this rank's background writer (every rank): rank 0's writes it
+    under the names ``due`` (:func:`ddp_exp.io.checkpoint.save`) once the RNG states have
+    arrived, after ``before_write()`` (run on that thread: a step checkpoint's TensorBoard
+    events, which must be in their file before the checkpoint is); the others' receive the RNG
+    states (their part of the gather) and write nothing."""
+    files = loop.checkpoint_files
+    if not loop.world.is_main:
+        files.submit(taken.rng.wait)
+        return
+    checkpoint.save(loop.writer.job_dir, taken.state, due.epoch_file,
+                    loop.cfg.trainer.keep_checkpoints, files, last=due.last, best=due.best,
+                    before_write=before_write, late=lambda: {"rng": taken.rng.wait()},
+                    owned=True)
+
+
+def due_at_epoch_end(loop: Any, best: bool, complete: bool, force_last: bool) -> Due:
+    """The names an epoch's checkpoint is due under (``loop.epoch`` already counts the epoch):
+    ``last.pt`` with ``trainer.save_last`` or ``force_last`` (a step checkpoint was due at
+    the epoch's last step, or a preemption), the epoch's file every
+    ``trainer.checkpoint_every_n_epochs`` epochs, ``best.pt`` when ``best`` (the monitor's new
+    best). ``complete=False`` (``trainer.max_steps`` stopped the epoch part-way, and its
+    ``last.pt`` is the step checkpoint of that step): ``best.pt`` only."""
+    trainer = loop.cfg.trainer
+    every = trainer.checkpoint_every_n_epochs
+    epoch_file = complete and every > 0 and loop.epoch % every == 0
+    return Due(epoch_file, complete and (trainer.save_last or force_last), best)
+
+
+def at_epoch_end(loop: Any, best: bool = False, complete: bool = True,
+                 force_last: bool = False) -> None:
+    """The epoch's checkpoint (every rank, after the epoch's validation and monitor):
+    taken and landed under the names :func:`due_at_epoch_end` gives, if any; with
+    ``complete=False`` it is marked ``resumable: False`` (continuing from it could not be
+    exact)."""
+    due = due_at_epoch_end(loop, best, complete, force_last)
+    if not any(due):
+        return
+    taken = take(loop)
+    if taken.state is not None and not complete:
+        taken.state["resumable"] = False
+    land(loop, taken, due)

@@ -1,0 +1,161 @@
+"""One way to take a checkpoint (issue 42 item 1): the end of an epoch, the step cadence, the
+minutes, ``trainer.max_steps``' stop and a preemption are all taken by
+``ddp_exp.train.checkpointing.take`` and landed by ``checkpointing.land`` on the background
+writer, and none waits for the ranks' RNG states on the loop's thread."""
+
+from __future__ import annotations
+
+import os
+import queue
+
+import pytest
+import torch
+
+
+def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
+    """A world of one in a spawned process: three loops (the step cadence over two epochs;
+    the minutes always due with ``max_steps`` stopping the second epoch; a preemption), every
+    landing recorded as (kind of run, global step, position, names due, thread). Puts the
+    record and the loaded last.pt of each run on ``out``."""
+    import threading
+
+    from ddp_exp.config.view import rank_config
+    from ddp_exp.data import build_datasets, load_digits
+    from ddp_exp.distributed import process_group
+    from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train import checkpointing
+    from ddp_exp.train import state as train_state
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
+    from ddp_exp.train.step_checkpoint import Preempted
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    world = World.from_env()
+    init_process_group("gloo", world, 60)
+    datasets = build_datasets(load_digits(), 297, 0, 1)
+    landed, waits = [], []
+    run = ["?"]
+
+    def waited_on_loop_thread(device):
+        waits.append(run[0])
+        raise AssertionError("the RNG gather waited for on the loop's thread")
+
+    land, wait = checkpointing.land, process_group.RngGather.wait
+
+    def recording_land(loop, taken, due, before_write=None):
+        landed.append((run[0], taken.state["global_step"], taken.state["position"],
+                       tuple(due)))
+        return land(loop, taken, due, before_write)
+
+    def recording_wait(self):
+        if threading.current_thread() is threading.main_thread():
+            waits.append(run[0])
+        return wait(self)
+
+    train_state.gather_rng_states = waited_on_loop_thread
+    process_group.gather_rng_states = waited_on_loop_thread
+    checkpointing.land = recording_land
+    process_group.RngGather.wait = recording_wait
+    try:
+        for name, trainer_keys, preempt_at in (
+                ("steps", {"epochs": 2, "checkpoint_every_n_steps": 10,
+                           "checkpoint_every_n_epochs": 1}, None),
+                ("minutes", {"epochs": 2, "max_steps": 60,
+                             "checkpoint_every_n_minutes": 1e-9}, None),
+                ("preempt", {"epochs": 2}, 7)):
+            run[0] = name
+            conf = {**cfg, "trainer": {**cfg["trainer"], **trainer_keys}}
+            torch.manual_seed(0)
+            loop = Trainer(rank_config(conf), world, datasets, MLP((1, 8, 8), 10, [32]),
+                           Objective(10), torch.device("cpu"),
+                           MetricsWriter(os.path.join(job_dir, name), {}, enabled=False))
+            if preempt_at is not None:
+                loop.cadence.preempt_requested = (lambda t=loop, at=preempt_at:
+                                                  t.global_step >= at)
+            try:
+                loop.fit()
+            except Preempted:
+                pass
+        # A preemption whose checkpoint cannot land (a full disk) is no preemption: the
+        # requeued job would find no checkpoint of where it stopped.
+        from ddp_exp.io import checkpoint as files
+
+        def full_disk(path, data):
+            raise OSError(28, "No space left on device")
+
+        files._write_bytes, written = full_disk, files._write_bytes
+        run[0] = "preempt, disk full"
+        torch.manual_seed(0)
+        loop = Trainer(rank_config({**cfg, "trainer": {**cfg["trainer"], "epochs": 2}}), world,
+                       datasets, MLP((1, 8, 8), 10, [32]), Objective(10), torch.device("cpu"),
+                       MetricsWriter(os.path.join(job_dir, "full"), {}, enabled=False))
+        loop.cadence.preempt_requested = lambda: loop.global_step >= 7
+        try:
+            loop.fit()
+            raised = None
+        except BaseException as exc:  # noqa: BLE001  (which one is the claim)
+            raised = (type(exc).__name__, type(exc.__cause__).__name__)
+        files._write_bytes = written
+        landed.append(("preempt, disk full", raised))
+        last = {name: {k: v for k, v in torch.load(
+            os.path.join(job_dir, name, "checkpoints", "last.pt"), weights_only=True).items()
+            if k in ("global_step", "position", "epoch")} for name in ("steps", "minutes",
+                                                                        "preempt")}
+        out.put((landed, waits, last))
+    finally:
+        destroy_process_group()
+
+
+@pytest.mark.slow  # starts a world of one
+def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
+    """Digits at batch 32 (47 steps an epoch), a check every 5 steps. The step cadence of 10
+    lands step checkpoints at 10, 20, 30, 40 and 50 .. 90 (never at an epoch's last step) and
+    each epoch's checkpoint under last.pt and its epoch file; the minutes, always due,
+    checkpoint at checks inside the epochs and at the first epoch's end, and max_steps=60
+    stops the second epoch with a step checkpoint at 60 (no monitor: no best.pt); a preemption
+    told at step 7 stops at the check of step 15 with a step checkpoint there. Every one goes
+    through the same land, and no RNG gather is waited for on the loop's thread. A preemption
+    whose checkpoint cannot land (a full disk) ends in the disk's error, not as preempted."""
+    import multiprocessing as mp
+
+    from helpers import free_port
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose("world_size=1", "trainer.log_every_n_steps=5",
+                                         "trainer.progress=off", "trainer.perf_metrics=false",
+                                         "trainer.preempt_signal=null", "trainer.monitor=null"),
+                                 resolve=True, enum_to_str=True)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_one_rank, args=(cfg, str(tmp_path), free_port(), out))
+    proc.start()
+    for _ in range(300):
+        try:
+            landed, waits, last = out.get(timeout=1)
+            landed, full = landed[:-1], landed[-1:]
+            break
+        except queue.Empty:
+            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert waits == []
+    inside = (False, True, False)  # Due: last.pt only
+    epoch_end = (True, True, False)  # epoch file and last.pt (no monitor: no best.pt)
+    steps = [(s, (s - 47 * (s > 47)) * 32, inside) for s in range(10, 100, 10)]
+    want = sorted(steps + [(47, 0, epoch_end), (94, 0, epoch_end)])
+    assert [(s, p, d) for r, s, p, d in landed if r == "steps"] == want
+    minutes = [(s, p, d) for r, s, p, d in landed if r == "minutes"]
+    assert minutes[0] == (10, 10 * 32, inside)  # the check started at 5 carries the flag
+    assert (47, 0, (False, True, False)) in minutes  # the epoch's own, due by the clock
+    assert all(d == inside and p == (s - 47 * (s > 47)) * 32
+               for s, p, d in minutes if s != 47), minutes
+    assert minutes[-1] == (60, 13 * 32, inside)  # max_steps stopped epoch 2: a step checkpoint
+    assert [(s, p) for r, s, p, _ in landed if r == "preempt"] == [(15, 15 * 32)]
+    assert full == [("preempt, disk full", ("OSError", "Preempted"))]  # the write's error
+    assert last == {"steps": {"global_step": 94, "position": 0, "epoch": 1},
+                    "minutes": {"global_step": 60, "position": 13 * 32, "epoch": 0},
+                    "preempt": {"global_step": 15, "position": 15 * 32, "epoch": -1}}

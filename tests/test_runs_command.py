@@ -1,0 +1,122 @@
+"""A sweep's jobs as MLflow runs of one experiment, ``ddp-exp runs`` over the sweep, and
+``ddp-exp rerun`` of one of its jobs (issue 38): the session's tracked sweep, ``optim.lr``
+swept over 3 jobs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import TRACKED_LRS, TRACKED_SWEEP, run_tagged, scalars, shared_sweep
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """The session's tracked sweep (helpers.TRACKED_SWEEP): optim.lr swept over 3 jobs."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    return shared_sweep(tmp_path_factory, *TRACKED_SWEEP)
+
+
+def ddp_exp(cwd: Path, *args: str, env: dict | None = None):
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *args], cwd, uuid.uuid4().hex, 240,
+                         env)
+    return proc
+
+
+@pytest.mark.slow
+def test_a_sweep_is_one_experiment_of_one_mlflow_run_per_job(sweep):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{sweep / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ddp_exp")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 3 and len(client.search_runs(
+        [e.experiment_id for e in client.search_experiments()])) == 3
+    by_job = {r.data.tags["job_num"]: r for r in runs}
+    assert sorted(by_job) == ["0", "1", "2"]
+    for job, run in by_job.items():
+        assert run.data.tags["sweep"] == str(sweep)
+        assert run.data.params["optim.lr"] == TRACKED_LRS[int(job)]
+        assert run.data.metrics["final/val/loss"] == json.loads(
+            (sweep / job / "metrics.json").read_text())["val/loss"]
+
+
+@pytest.mark.slow
+def test_runs_shows_the_swept_key_and_the_final_metrics(sweep, capsys):
+    from ddp_exp.cli.runs import main
+
+    proc = ddp_exp(sweep.parent, "runs", str(sweep))  # through the console's dispatch
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[0].split()
+    assert header[:3] == ["run", "status", "optim.lr"] and header[-1] == "wall_s"
+    assert "optim.lr" in header and not any(k.startswith(("trainer.", "data.", "model"))
+                                            for k in header)
+    assert main([str(sweep), "--csv", "--sort", "val/loss"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    differing = [c for c in rows[0] if c not in ("run", "status", "wall_s")
+                 and not c.startswith(("val/", "train/", "best/", "test/"))]
+    assert differing == ["optim.lr"]  # exactly the swept key
+    losses = {Path(r["run"]).name: float(r["val/loss"]) for r in rows}
+    assert losses == {j: json.loads((sweep / j / "metrics.json").read_text())["val/loss"]
+                      for j in ("0", "1", "2")}
+    assert [float(r["val/loss"]) for r in rows] == sorted(losses.values())
+    assert {r["status"] for r in rows} == {"completed"}
+    assert main(["--diff", str(sweep / "0"), str(sweep / "2")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "optim.lr: 0.01 -> 0.05"
+
+
+@pytest.mark.slow
+def test_rerun_is_bit_identical_and_an_unreachable_tracker_changes_nothing(sweep, tmp_path):
+    """The rerun of job 2, its MLflow server unreachable: one warning line, exit 0, the same
+    weights in every bit and TensorBoard's curves complete."""
+    from helpers import free_port
+
+    out = tmp_path / "again"
+    port = free_port()  # closed: nothing listens there
+    proc = ddp_exp(tmp_path, "rerun", str(sweep / "2"), "logger=[tensorboard,mlflow]",
+                   f"logger.mlflow.tracking_uri=http://127.0.0.1:{port}", "--out", str(out))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert "bit-identical:" in proc.stdout
+    warnings = [line for line in text.splitlines() if "logger.mlflow failed" in line]
+    assert len(warnings) == 1, warnings
+    assert "Retrying" not in text
+    assert json.loads((out / "metrics.json").read_text())["val/loss"] == json.loads(
+        (sweep / "2" / "metrics.json").read_text())["val/loss"]
+    for tag in ("train/loss", "val/loss"):
+        assert scalars(out, tag) == scalars(sweep / "2", tag)
+
+
+@pytest.mark.slow
+def test_rerun_names_what_differs_in_the_record(sweep, tmp_path):
+    """Another world size (the same global batch) and one more thread per rank: the line
+    names both, the world size first."""
+    record = json.loads((sweep / "0" / "run.json").read_text())
+    threads = record["threads_per_rank"] + 1
+    proc = ddp_exp(tmp_path, "rerun", str(sweep / "0"), "world_size=1", "data.batch_size=64",
+                   "logger=[tensorboard]", "--out", str(tmp_path / "other"),
+                   env={"OMP_NUM_THREADS": str(threads)})
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    differ = [line for line in proc.stdout.splitlines()
+              if line.startswith("the records differ: ")]
+    assert len(differ) == 1, proc.stdout[-2000:]
+    assert differ[0].startswith("the records differ: world_size: 2 -> 1; threads_per_rank: "
+                                f"{threads - 1} -> {threads}")
+    verdict = "bit-identical:" if proc.returncode == 0 else "not bit-identical:"
+    assert any(line.startswith(verdict) for line in proc.stdout.splitlines())
+
+
+def test_rerun_of_a_folder_without_a_record_is_one_line(tmp_path, capsys):
+    from ddp_exp.cli.rerun import main
+
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path}: not a finished job folder") and err.count(
+        "\n") == 1
