@@ -5,12 +5,47 @@ and returns the exit status. A Hydra command line never starts with one of these
 override has ``=``, a flag starts with ``-``), so :func:`dispatch` leaves every Hydra command
 as it was. A new command is one row here and a module of its own.
 
-May use: :mod:`ddp_exp.cli.runs` (``runs``, ``rerun``).
+``prepare`` and ``sample`` (issue 39; :mod:`ddp_exp.cli.prepare`, :mod:`ddp_exp.cli.sample`):
+their bad input is one line from the entry's error table (:func:`ddp_exp.cli.errors.error_exit`),
+exit status 2; a bug keeps its traceback.
+
+May use: :mod:`ddp_exp.cli.runs` (``runs``, ``rerun``), :mod:`ddp_exp.cli.prepare`,
+:mod:`ddp_exp.cli.sample`, :mod:`ddp_exp.cli.errors`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+
+
+def _one_line(run: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
+    """``run(argv)``, its user errors as one line from the entry's table (exit 2)."""
+    from ddp_exp.cli.errors import error_exit
+
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:
+        out = error_exit(exc, argv)
+        if out is None:
+            raise
+        print(out.text, file=sys.stderr, flush=True)
+        return out.code
+
+
+def _prepare(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.prepare import main
+
+    return _one_line(main, argv)
+
+
+def _sample(argv: Sequence[str]) -> int:
+    from ddp_exp.cli.sample import main
+
+    return _one_line(main, argv)
 
 
 def _runs(argv: Sequence[str]) -> int:
@@ -29,6 +64,9 @@ def _rerun(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "runs": (_runs, "a table of runs: status, the keys that differ, final metrics, wall time"),
     "rerun": (_rerun, "rerun a finished job from its run.json; are the weights bit-identical?"),
+    "prepare": (_prepare, "text files / JSON lines / CSV / Parquet / a dataset to train.bin, "
+                          "val.bin, tokenizer.json, meta.json for data=tokens data.path=DIR"),
+    "sample": (_sample, "text from a trained language-model run's weights and tokenizer"),
 }
 
 

@@ -1,4 +1,5 @@
-"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point.
+"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point (and the
+subcommands ``ddp-exp prepare`` and ``ddp-exp sample``: :mod:`ddp_exp.cli.commands`).
 
 One Hydra job is one training world (:func:`ddp_exp.launch.elastic.run_job`); ``-m`` sweeps run one
 world

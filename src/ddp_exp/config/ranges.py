@@ -132,6 +132,9 @@ def trainer(t: Mapping[str, Any]) -> None:
     for key in ("limit_val_batches", "peak_flops"):  # null: all batches / no perf/mfu
         _check(t.get(key) is None or t[key] > 0, f"trainer.{key}", t.get(key),
                "null or a positive number")
+    _check(t.get("val_every_n_steps") is None or t["val_every_n_steps"] >= 1,
+           "trainer.val_every_n_steps", t.get("val_every_n_steps"),
+           "null (after each epoch) or a positive number of optimizer steps")
     _check(t.get("sample_every_n_epochs", 0) >= 0, "trainer.sample_every_n_epochs",
            t.get("sample_every_n_epochs"), "0 (never) or a positive number of epochs")
     _check(t["max_steps"] is None or t["max_steps"] >= 1, "trainer.max_steps", t["max_steps"],

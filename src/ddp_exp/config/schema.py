@@ -252,7 +252,10 @@ class TrainerConfig:
     limit_val_batches: int | None = None
     peak_flops: float | None = None  # FLOP/s of one device: perf/mfu (data=tokens, model=gpt)
     sample_every_n_epochs: int = 1  # data=tokens: rank 0's text sample (TensorBoard, 0: never)
-    sample_prompt: str = "The "  # ... continued from this prompt (byte-level data)
+    sample_prompt: str = "The "  # ... continued from this prompt (the run's tokenizer)
+    # validate every N global steps (best.pt, early stopping, pruning, samples follow); null:
+    # after each epoch
+    val_every_n_steps: int | None = None
 
     def __post_init__(self) -> None:
         ranges.trainer(vars(self))

@@ -8,6 +8,10 @@ Sources (:func:`load_tokens`):
 * ``data.path`` to a ``.bin`` of raw tokens (nanoGPT's format; ``data.dtype`` uint16 or uint32,
   ``data.vocab_size`` required) or a 1-D integer ``.npy``: read through ``numpy.memmap``, never
   loaded whole, so a file far larger than memory trains;
+* ``data.path`` to a folder ``ddp-exp prepare`` wrote (:mod:`ddp_exp.data.prepare_text`): its
+  ``meta.json`` gives the vocabulary and dtype (no ``data.vocab_size`` to type; a different one
+  is refused), ``train.bin`` is the training stream and ``val.bin`` the validation one (the
+  split by document that prepare made), ``tokenizer.json`` decodes samples;
 * no ``data.path``: the built-in corpus, the English text of the standard library's
   ``pydoc_data.topics`` (ships with CPython, no download) as UTF-8 bytes, vocabulary 256.
 
@@ -54,6 +58,10 @@ class TokenStream:
         block_size: tokens per window ``T``.
         source: the file or the built-in corpus's name, for messages.
         byte_level: True when a token is one byte of text (bits per byte are meaningful).
+        val_tokens: a prepared folder's ``val.bin`` (its validation and test windows), or
+            None (they are the stream's tail).
+        tokenizer: the ``tokenizer.json`` that decodes the ids (a prepared folder's), or None;
+            the built-in corpus is bytes.
     """
 
     tokens: np.ndarray
@@ -61,6 +69,8 @@ class TokenStream:
     block_size: int
     source: str
     byte_level: bool = False
+    val_tokens: np.ndarray | None = None
+    tokenizer: str | None = None
 
 
 def builtin_corpus() -> np.ndarray:
@@ -88,6 +98,8 @@ def load_tokens(path: str | None = None, dtype: str = "uint16", vocab_size: int 
         if vocab_size not in (None, 256):
             raise ConfigError(f"data.vocab_size={vocab_size} is invalid for the built-in corpus "
                               "(bytes): null or 256")
+    elif os.path.isdir(str(path)):
+        return _open_prepared(str(path), vocab_size, block_size)
     else:
         tokens, source, byte_level = _open_file(str(path), dtype), str(path), False
         if vocab_size is None or vocab_size < 1:
@@ -100,6 +112,44 @@ def load_tokens(path: str | None = None, dtype: str = "uint16", vocab_size: int 
                           f"data.block_size + 1 = {block_size + 1} (one window and its target); "
                           "give a longer stream or a smaller data.block_size")
     return TokenStream(tokens, vocab, int(block_size), source, byte_level)
+
+
+def _open_prepared(path: str, vocab_size: int | None, block_size: int) -> TokenStream:
+    """A folder ``ddp-exp prepare`` wrote: ``train.bin``, ``val.bin`` and ``meta.json``."""
+    import json
+
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise ConfigError(f"data.path={path} is a folder without meta.json: give a folder that "
+                          "ddp-exp prepare wrote (ddp-exp prepare TEXT... --out DIR), or a .bin "
+                          "/ .npy file of tokens")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        vocab, dtype = int(meta["vocab_size"]), str(meta["dtype"])
+        counts = {name: int(meta[name]["tokens"]) for name in ("train", "val")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"data.path={path}: meta.json is not a prepared folder's "
+                          f"({type(e).__name__}: {e}); prepare the folder again") from None
+    if vocab_size is not None and int(vocab_size) != vocab:
+        raise ConfigError(f"data.vocab_size={vocab_size} conflicts with {meta_path}'s "
+                          f"vocab_size {vocab}: leave data.vocab_size unset (null) for a "
+                          "prepared folder")
+    streams = {}
+    for name in ("train", "val"):
+        file = os.path.join(path, f"{name}.bin")
+        streams[name] = _open_file(file, dtype)
+        if len(streams[name]) != counts[name]:
+            raise ConfigError(f"{file}: {len(streams[name])} tokens, but meta.json says "
+                              f"{counts[name]} (a truncated or replaced file); prepare again")
+    if len(streams["train"]) < block_size + 1:
+        raise ConfigError(f"data.path={path}: train.bin holds {len(streams['train'])} tokens, "
+                          f"shorter than data.block_size + 1 = {block_size + 1}; give more "
+                          "text or a smaller data.block_size")
+    tokenizer = os.path.join(path, "tokenizer.json")
+    return TokenStream(streams["train"], vocab, int(block_size), path,
+                       byte_level=meta.get("tokenizer") == "bytes", val_tokens=streams["val"],
+                       tokenizer=tokenizer if os.path.isfile(tokenizer) else None)
 
 
 def _open_file(path: str, dtype: str) -> np.ndarray:
@@ -228,6 +278,8 @@ def split_stream(stream: TokenStream, val_size: int | None, test_size: int, seed
     """
     from ddp_exp.data.splits import Datasets
 
+    if stream.val_tokens is not None:
+        return _split_prepared(stream, val_size, test_size, seed)
     size, total = stream.block_size, len(stream.tokens)
     windows = (total - 1) // size
     val = max(1, windows // 10) if val_size is None else int(val_size)
@@ -243,6 +295,30 @@ def split_stream(stream: TokenStream, val_size: int | None, test_size: int, seed
     return Datasets(train=TokenSplit(stream, 0, train, shifted=True, seed=seed),
                     val=TokenSplit(stream, tail, val),
                     test=TokenSplit(stream, tail + val * size, test))
+
+
+def _split_prepared(stream: TokenStream, val_size: int | None, test_size: int, seed: int):
+    """A prepared folder: training windows from ``train.bin``; ``data.val_size`` validation
+    windows (null: every whole window) then ``data.test_size`` test windows from ``val.bin``."""
+    from ddp_exp.data.splits import Datasets
+
+    size = stream.block_size
+    held = dataclasses.replace(stream, tokens=stream.val_tokens, val_tokens=None,
+                               source=os.path.join(stream.source, "val.bin"))
+    windows = max(0, (len(held.tokens) - 1) // size)
+    test = int(test_size or 0)
+    val = windows - test if val_size is None else int(val_size)
+    if val < 0 or test < 0 or val + test > windows:
+        raise ConfigError(f"data.val_size={val_size} and data.test_size={test_size} windows of "
+                          f"data.block_size={size} do not fit {held.source}'s {windows} windows: "
+                          "hold out fewer, or prepare with a larger --val-fraction")
+    train = (len(stream.tokens) - 1 - size) // size  # room for any shift 0..size-1
+    if train < 1:
+        raise ConfigError(f"data.path={stream.source}: train.bin's {len(stream.tokens)} tokens "
+                          f"hold no shifted window of data.block_size={size} (2 x block_size "
+                          "tokens needed); give more text or a smaller data.block_size")
+    return Datasets(train=TokenSplit(stream, 0, train, shifted=True, seed=seed),
+                    val=TokenSplit(held, 0, val), test=TokenSplit(held, val * size, test))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 second, model FLOP/s and MFU, and text samples in TensorBoard.
 
 * ``val/perplexity = exp(val/loss)`` (the per-token mean cross-entropy, nats);
-  ``val/bits_per_byte = val/loss / ln 2`` where a token is one byte (the built-in corpus).
+  ``val/bits_per_byte = val/loss x tokens / bytes / ln 2``: the validation tokens' nats over
+  the UTF-8 bytes of their text (world sums), for any byte-level tokenizer.
 * ``train/tokens_per_sec``: the counted tokens the world trained per second; in TensorBoard
   and ``metrics.json`` alike ``train/samples_per_sec`` (and ``metrics.json``'s
   ``train/num_samples``) count windows, ``train/num_tokens`` their tokens; the epoch line
@@ -16,9 +17,9 @@ second, model FLOP/s and MFU, and text samples in TensorBoard.
 * Every ``trainer.sample_every_n_epochs`` epochs rank 0 continues ``trainer.sample_prompt``
   and writes the text to the log and TensorBoard's text tab (tag ``samples``), drawing from a
   generator of its own seeded from ``(seed, epoch)``: no rank's global RNG moves, so resuming
-  stays exact.
+  stays exact; the text is decoded with the run's tokenizer (:mod:`ddp_exp.metrics.sampling`).
 
-May use: torch, :mod:`ddp_exp.data.tokens`.
+May use: torch, :mod:`ddp_exp.data` (token splits, the tokenizer), :mod:`ddp_exp.config`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.data.text_tokenizer import TextTokenizer
 from ddp_exp.data.tokens import TokenSplit
+from ddp_exp.metrics.sampling import context_length, sample_ids, seeded_generator
 
 if TYPE_CHECKING:
     from ddp_exp.config.schema import TrainerConfig
@@ -50,14 +54,20 @@ def is_token_data(split: Any) -> bool:
     return isinstance(split, TokenSplit)
 
 
-def val_scalars(val_loss: float | None, split: Any) -> dict[str, float]:
-    """``val/perplexity`` and, for byte-level tokens, ``val/bits_per_byte`` from the per-token
-    ``val/loss`` (nats); empty for other data or no loss."""
+def val_scalars(val_loss: float | None, split: Any, tokens: int = 0,
+                num_bytes: float | None = None) -> dict[str, float]:
+    """``val/perplexity`` and ``val/bits_per_byte`` from the per-token ``val/loss`` (nats);
+    empty for other data or no loss.
+
+    ``val/bits_per_byte = val/loss x tokens / num_bytes / ln 2``: the nats of every counted
+    validation token over the UTF-8 bytes of the text those tokens stand for (both world-wide
+    sums, :func:`token_byte_lengths`), so runs with different tokenizers compare. Without a
+    byte count (a token file whose tokenizer ddp_exp does not know) there is none."""
     if val_loss is None or not is_token_data(split):
         return {}
     out = {"val/perplexity": math.exp(min(val_loss, 700.0))}
-    if split.stream.byte_level:
-        out["val/bits_per_byte"] = val_loss / math.log(2)
+    if num_bytes:
+        out["val/bits_per_byte"] = val_loss * tokens / num_bytes / math.log(2)
     return out
 
 
@@ -68,6 +78,39 @@ def printable(text: str) -> str:
                    for c in text)
 
 
+def split_tokenizer(split: Any) -> TextTokenizer | None:
+    """The tokenizer of a token split's ids: a prepared folder's ``tokenizer.json``, bytes
+    for the built-in corpus, None for a bare token file.
+
+    Raises:
+        ConfigError: the folder's tokenizer does not load (e.g. no ``tokenizers`` library).
+    """
+    stream = split.stream
+    if stream.tokenizer is not None:
+        return TextTokenizer.load(stream.tokenizer)
+    return TextTokenizer.bytes() if stream.byte_level else None
+
+
+def token_byte_lengths(split: Any) -> torch.Tensor | None:
+    """UTF-8 bytes per token id, float64 ``[vocab_size]`` (special tokens 0), for token data
+    whose tokenizer is byte-level; else None (no ``val/bits_per_byte``)."""
+    if not is_token_data(split):
+        return None
+    try:
+        tokenizer = split_tokenizer(split)
+        if tokenizer is None or not tokenizer.byte_level:
+            return None
+        lengths = tokenizer.byte_lengths()
+    except (ConfigError, ValueError) as e:
+        log.warning("no val/bits_per_byte: %s", e)
+        return None
+    vocab = split.stream.vocab_size
+    table = torch.zeros(vocab, dtype=torch.float64)
+    n = min(vocab, len(lengths))
+    table[:n] = torch.tensor(lengths[:n], dtype=torch.float64)
+    return table
+
+
 class LanguageModelReport:
     """The loop's language-model numbers; inactive (every method a no-op) for other data.
 
@@ -76,7 +119,7 @@ class LanguageModelReport:
             ``sample_prompt``.
         seed: the run's ``seed``.
         datasets: the splits (token data when ``datasets.train`` is a token split).
-        model: the unwrapped model (``flops_per_token`` and ``generate`` if it has them).
+        model: the unwrapped model (``flops_per_token`` if it has it; any causal LM samples).
         world_size, is_main: the world; only rank 0 samples.
         writer: the run's :class:`ddp_exp.metrics.writer.MetricsWriter`.
     """
@@ -95,6 +138,9 @@ class LanguageModelReport:
         if self.flops is not None and not peak and is_main:  # once per run, rank 0
             log.info("perf/mfu is not reported: set trainer.peak_flops to one device's peak "
                      "FLOP/s (e.g. 989e12, an H100's dense bf16); perf/model_flops_per_sec is")
+        self.train_split = datasets.train
+        self.output_key = getattr(trainer, "output_key", None) or "logits"
+        self.tokenizer: TextTokenizer | None | bool = False  # False: not loaded yet
 
     @property
     def unit(self) -> str:
@@ -120,35 +166,36 @@ class LanguageModelReport:
                 out["perf/mfu"] = tokens_per_sec * self.flops / self.peak_world
         return out
 
-    def prompt_tokens(self) -> list[int]:
-        """The prompt as token ids: its UTF-8 bytes for byte-level data; otherwise the
-        stream's first 8 tokens (ddp_exp has no tokenizer of a user's vocabulary)."""
-        if self.stream.byte_level:
-            return list(self.prompt.encode("utf-8")) or [10]
+    def prompt_tokens(self, tokenizer: TextTokenizer | None) -> list[int]:
+        """The prompt as token ids (the run's tokenizer); without one (a bare token file)
+        the stream's first 8 tokens."""
+        if tokenizer is not None:
+            ids = tokenizer.encode(self.prompt)
+            if ids:
+                return ids
+            return [tokenizer.end_of_text] if tokenizer.end_of_text is not None else [10]
         return [int(t) for t in np.asarray(self.stream.tokens[:8])]
 
-    def sample(self, epoch: int, step: int) -> str | None:
+    def sample(self, epoch: int, step: int, validation: int | None = None) -> str | None:
         """After (0-based) ``epoch``: rank 0 writes a sample every ``sample_every_n_epochs``
-        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text."""
-        generate = getattr(self.model, "generate", None)
-        if (not self.active or not self.is_main or self.every <= 0 or not callable(generate)
-                or (epoch + 1) % self.every):
+        epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text. With
+        validation by steps, after the (0-based) ``validation``-th validation instead: every
+        ``sample_every_n_epochs`` validations, seeded from ``(seed, step)``.
+
+        The sample is ddp_exp's own loop over the model's next-token logits
+        (:func:`ddp_exp.metrics.sampling.sample_ids`), decoded with the run's tokenizer. A
+        sample that cannot be made (a model whose forward takes no bare ids, a tokenizer that
+        does not load) is one warning, never a failed run."""
+        count = epoch if validation is None else validation
+        if (not self.active or not self.is_main or self.every <= 0
+                or (count + 1) % self.every):
             return None
-        device = next(self.model.parameters()).device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(np.random.SeedSequence([self.seed, epoch, SAMPLE_STREAM])
-                                  .generate_state(1)[0]))
-        idx = torch.tensor([self.prompt_tokens()], device=device)
-        was_training = self.model.training
-        self.model.eval()
         try:
-            out = generate(idx, SAMPLE_TOKENS, SAMPLE_TEMPERATURE, generator)[0].tolist()
-        finally:
-            self.model.train(was_training)
-        if self.stream.byte_level:
-            text = bytes(t for t in out if t < 256).decode("utf-8", "replace")
-        else:
-            text = " ".join(map(str, out))
+            text = self.sample_text([epoch] if validation is None else [step, 1])
+        except Exception as e:  # a view of the run: it never fails the run
+            log.warning("no text sample after epoch %d: %s: %s", epoch + 1, type(e).__name__,
+                        str(e).splitlines()[0][:200] if str(e) else "")
+            return None
         indented = "    " + text.replace("\n", "\n    ")  # markdown: keep line breaks
         log.info("sample after epoch %d (trainer.sample_prompt=%r, %d tokens):\n%s",
                  epoch + 1, self.prompt, SAMPLE_TOKENS, printable(indented))
@@ -156,3 +203,22 @@ class LanguageModelReport:
         if tb is not None:  # rank 0's SummaryWriter
             tb.add_text("samples", indented, step)
         return text
+
+    def sample_text(self, key: list[int]) -> str:
+        """The text of a sample, from a generator seeded by ``(seed, *key)`` (``[epoch]``,
+        or ``[global step, 1]`` with validation by steps): the run's tokenizer's text, or
+        ids for a bare token file."""
+        if self.tokenizer is False:
+            self.tokenizer = split_tokenizer(self.train_split)
+        tokenizer = self.tokenizer
+        device = next(self.model.parameters()).device
+        seeds = np.random.SeedSequence([self.seed, key[0], SAMPLE_STREAM, *key[1:]])
+        seed = int(seeds.generate_state(1)[0])
+        prompt = self.prompt_tokens(tokenizer)
+        new = sample_ids(self.model, prompt, SAMPLE_TOKENS, SAMPLE_TEMPERATURE,
+                         generator=seeded_generator(seed, device),
+                         context=context_length(self.model, self.stream.block_size),
+                         output_key=self.output_key)
+        if tokenizer is None:
+            return " ".join(map(str, prompt + new))
+        return tokenizer.decode(prompt + new)

@@ -12,7 +12,8 @@ sets ``last_train``. This module does not import the loop.
 
 May use: :mod:`ddp_exp.metrics` (the epoch's line, the dashboard, the writer's mean),
 :mod:`ddp_exp.train.schedule`, :mod:`ddp_exp.train.checkpointing`,
-:mod:`ddp_exp.train.step_checkpoint` (``Preempted``).
+:mod:`ddp_exp.train.step_checkpoint` (``Preempted``), :mod:`ddp_exp.train.step_validation`
+(``trainer.val_every_n_steps``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from ddp_exp.metrics import dashboard, warmup
 from ddp_exp.metrics.progress import EpochResult, epoch_line
 from ddp_exp.metrics.writer import mean
-from ddp_exp.train import checkpointing, schedule, step_checkpoint
+from ddp_exp.train import checkpointing, schedule, step_checkpoint, step_validation
 from ddp_exp.train.step_checkpoint import Preempted
 
 log = logging.getLogger("ddp_exp.train")
@@ -44,18 +45,23 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
         # where it stopped, taken before validation changes the monitor or the schedule, so
         # a resume finds nothing left to train, or continues exactly under a larger max_steps.
         done_in_epoch = entered + loop.global_step - step_before
-        partial = (max_steps is not None and loop.global_step >= max_steps
-                   and done_in_epoch < loop.steps_per_epoch)
+        # (Or early stopping by validation steps stopped it.)
+        stopped = ((max_steps is not None and loop.global_step >= max_steps)
+                   or loop.monitor.stopped_early)
+        partial = stopped and done_in_epoch < loop.steps_per_epoch
         if partial:
             step_checkpoint.at_stop(loop, done_in_epoch, loss_sum, samples, seconds)
         timed = samples - loop.warmup.take_epoch_samples()  # warm-up is not in seconds
         train_s, run_samples = train_s + seconds, run_samples + timed
+        by_steps = step_validation.every(loop) is not None  # validated inside the epoch
+        val = (step_validation.at_epoch_end(loop, stopped or loop.epoch + 1 >= trainer.epochs)
+               if by_steps else loop.evaluator.validate(loop.epoch, loop.global_step))
         last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
-                           seconds, loop.evaluator.validate(loop.epoch, loop.global_step),
-                           loop.lm.unit, timed)
+                           seconds, val, loop.lm.unit, timed)
         log.info(epoch_line(last, trainer.epochs))
         warmup.report(loop.warmup, loop.writer, loop.global_step)  # perf/compile_s, its line
-        loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+        if not by_steps:
+            loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
         if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
             loop.perf.end_epoch(loop.epoch)
@@ -63,7 +69,8 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
                                    trainer.log_histograms_every_n_epochs)
         final = loop.epoch + 1 >= trainer.epochs or (max_steps is not None
                                                      and loop.global_step >= max_steps)
-        improved = loop.monitor.update(last.val, loop.epoch, final)  # reduced: all agree
+        # reduced: all agree (by steps: each validation updated the monitor)
+        improved = not by_steps and loop.monitor.update(last.val, loop.epoch, final)
         if loop.scheduler is not None and loop.step_scheduler is None:  # per epoch
             schedule.step_epoch(loop.scheduler, last.val, loop.monitor.metric)
         loop.epoch += 1

@@ -51,7 +51,7 @@ log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: World,
              device: torch.device, precision: str = "32-true",
-             num_classes: int = 0) -> dict[str, Any]:
+             num_classes: int = 0, token_bytes: torch.Tensor | None = None) -> dict[str, Any]:
     """Loss and metrics of ``model`` on the whole validation set, exact for any world size.
 
     Each rank evaluates its shard, samples ``rank, rank + world_size, ...`` (no padding; a shard
@@ -66,6 +66,9 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         batches: this rank's shard as ``(x [B, ...], y [B] or [B, k])`` batches, on ``device``
             or the host (:meth:`ddp_exp.data.loaders.RankData.val_batches`).
         num_classes: ``C`` > 0 to count the confusion matrix in the same pass.
+        token_bytes: token data: UTF-8 bytes per token id, float64 ``[vocab]``
+            (:func:`ddp_exp.metrics.lm.token_byte_lengths`); the bytes of the counted targets
+            are summed in the same all-reduce (``val/num_bytes``).
 
     Returns:
         ``val/loss`` (mean per-sample loss; per counted element for per-element targets:
@@ -79,7 +82,10 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
     was_training = model.training
     model.eval()
     names = tuple(objective.metrics)
-    sums = Accumulator(("loss", *names, "num_samples"), device)
+    extra = ("num_bytes",) if token_bytes is not None else ()
+    sums = Accumulator(("loss", *names, "num_samples", *extra), device)
+    if token_bytes is not None:
+        token_bytes = token_bytes.to(device)
     pairs = (torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
              if num_classes else None)
     for xb, yb in batches:
@@ -91,6 +97,9 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         for name in names:
             sums.add(name, metric_sums[name])
         sums.add("num_samples", count)
+        if token_bytes is not None:
+            kept = yb[yb != objective.ignore_index]
+            sums.add("num_bytes", token_bytes[kept].sum())
         if pairs is not None:
             if objective.elementwise(yb):  # counted elements, class dimension last
                 kept = yb != objective.ignore_index
@@ -109,6 +118,8 @@ def evaluate(model: nn.Module, batches: Iterable, objective: Objective, world: W
         result["val/accuracy"] = None  # regression: reported as null
     result.update({f"val/{name}": mean(totals[name], count) for name in names})
     result["val/num_samples"] = count
+    if token_bytes is not None:
+        result["val/num_bytes"] = float(totals["num_bytes"])
     if pairs is not None:
         result["confusion"] = pairs.round().long().view(num_classes, num_classes).cpu()
     return result
@@ -147,6 +158,7 @@ class Evaluator:
         self.tags = (("val/loss", *(f"val/{m}" for m in objective.metrics))
                      if len(datasets.val) else ())
         self.last_confusion: torch.Tensor | None = None  # of the last validation
+        self.token_bytes = lm.token_byte_lengths(datasets.val)  # val/bits_per_byte
 
     def validate(self, epoch: int, global_step: int) -> dict[str, Any]:
         """Evaluate the validation split after (0-based) ``epoch``; rank 0 writes the ``val/*``
@@ -155,9 +167,11 @@ class Evaluator:
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
         val = evaluate(self.model, self.data.val_batches(epoch), self.objective, self.world,
-                       self.device, self.precision, confusion_classes(self.objective.num_classes))
+                       self.device, self.precision, confusion_classes(self.objective.num_classes),
+                       self.token_bytes)
         self.last_confusion = val.pop("confusion", None)
-        val.update(lm.val_scalars(val["val/loss"], self.datasets.val))  # data=tokens only
+        val.update(lm.val_scalars(val["val/loss"], self.datasets.val,  # data=tokens only
+                                  val["val/num_samples"], val.pop("val/num_bytes", None)))
         self.writer.scalars(global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val

@@ -35,7 +35,8 @@ One epoch, on every rank (nanoGPT / torchtitan idiom, top to bottom):
    (:mod:`ddp_exp.train.step_checkpoint`).
 4. Evaluation of the whole validation set through the unwrapped model
    (:mod:`ddp_exp.train.evaluation`): one all-reduce of (loss sum, correct, count), and rank 0
-   writes ``val/loss`` and ``val/accuracy``.
+   writes ``val/loss`` and ``val/accuracy``; with ``trainer.val_every_n_steps``, after every
+   N-th global step instead, inside the epoch (:mod:`ddp_exp.train.step_validation`).
 5. The monitored metric (:mod:`ddp_exp.train.monitor`): a new best writes ``checkpoints/best.pt``;
    ``trainer.early_stopping_patience`` epochs without one stop every rank after the same epoch.
    A per-epoch schedule steps; ``checkpoints/last.pt`` is written (:mod:`ddp_exp.train.state`).
@@ -78,7 +79,7 @@ from ddp_exp.metrics.progress import EpochResult, Progress, resolve_mode
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.metrics.warmup import Warmup
 from ddp_exp.metrics.writer import MetricsWriter, mean
-from ddp_exp.train import schedule, step_checkpoint, steps
+from ddp_exp.train import schedule, step_checkpoint, step_validation, steps
 from ddp_exp.train.epochs import final_metrics, run_epochs
 from ddp_exp.train.evaluation import Evaluator
 from ddp_exp.train.log_interval import lr_used, settle
@@ -187,6 +188,11 @@ class Trainer:
         # The first step and compiling steps: timed, left out of every rate (metrics.warmup).
         self.warmup = Warmup(trainer.compile, device, world.world_size)
         self.last_train: tuple[float | None, int] = (None, 0)  # last epoch's train loss, samples
+        # trainer.val_every_n_steps (ddp_exp.train.step_validation): the last validation's
+        # results and global step, and the validations this process ran.
+        self.last_val: dict[str, Any] | None = None
+        self.last_val_step: int | None = None
+        self.validations = 0
 
     @property
     def steps_per_epoch(self) -> int:
@@ -248,7 +254,13 @@ class Trainer:
                         loss_sum, samples)
                     deferred = None
                     t_mark += time.perf_counter() - t_checkpoint  # not training time
-                stop = max_steps is not None and self.global_step >= max_steps
+                if step_validation.due(self):  # trainer.val_every_n_steps: before any checkpoint
+                    t_val = time.perf_counter()
+                    step_validation.validate(self, final=max_steps is not None
+                                             and self.global_step >= max_steps)
+                    t_mark += time.perf_counter() - t_val  # not training time
+                stop = ((max_steps is not None and self.global_step >= max_steps)
+                        or self.monitor.stopped_early)  # early stopping by validation steps
                 log_now = self.global_step % log_every == 0
                 # A logging step or the epoch's last: one all-reduce of (loss sum, count).
                 last = stop or progress.done == progress.steps

@@ -83,15 +83,20 @@ class Monitor:
         self.metric, self.mode, self.patience = metric, str(mode or "min"), patience
         self.best: float | None = None
         self.best_epoch: int | None = None  # 0-based
+        self.best_step: int | None = None  # the global step of the best validation
         self.bad_epochs = 0
         self.stopped_early = False
         self.trial: Any = None  # a ddp_exp.job.pruning.TrialLink in a ddp_optuna sweep's trial
         self.pruned_at_epoch: int | None = None  # 1-based
 
-    def update(self, val: dict[str, Any], epoch: int, final: bool = False) -> bool:
-        """Record ``epoch``'s (0-based) reduced validation results; True if it is the new best.
-        ``final``: the run's last epoch (``trainer.epochs`` or ``trainer.max_steps`` reached),
-        after which a sweep's pruner is not asked (nothing is left to save)."""
+    def update(self, val: dict[str, Any], epoch: int, final: bool = False,
+               step: int | None = None) -> bool:
+        """Record a validation's reduced results, in (0-based) ``epoch`` (at global ``step``
+        when validation is by steps, ``trainer.val_every_n_steps``); True if it is the new
+        best. Patience counts validations. ``final``: the run's last validation
+        (``trainer.epochs`` or ``trainer.max_steps`` reached), after which a sweep's pruner is
+        not asked (nothing is left to save); it is told the value at the epoch's number, or at
+        ``step`` by steps."""
         if self.metric is None:
             return False
         value = val.get(self.metric)
@@ -100,11 +105,13 @@ class Monitor:
                                                    else value > self.best))
         if better:
             self.best, self.best_epoch, self.bad_epochs = float(value), epoch, 0
+            self.best_step = step
         else:
             self.bad_epochs += 1
         if self.patience is not None and self.bad_epochs >= self.patience:
             self.stopped_early = True
-        if self.trial is not None and self.trial.should_prune(value, epoch, final):
+        report_at = epoch if step is None else step - 1  # should_prune reports at +1
+        if self.trial is not None and self.trial.should_prune(value, report_at, final):
             self.stopped_early, self.pruned_at_epoch = True, epoch + 1
         return better
 
@@ -112,6 +119,13 @@ class Monitor:
         """Why the run stops (for the log)."""
         best = "none" if self.best is None else f"{self.best:.6g}"
         epoch = "-" if self.best_epoch is None else self.best_epoch + 1
+        if self.best_step is not None:  # validation by steps: patience counts validations
+            return (f"early stopping: {self.metric} has not improved ({self.mode}) for "
+                    f"{self.bad_epochs} validation(s), trainer.early_stopping_patience="
+                    f"{self.patience}; best {best} at step {self.best_step} (epoch {epoch}); "
+                    "every rank stops here") if self.pruned_at_epoch is None else (
+                f"pruned: the sweep's pruner stops this trial in epoch {self.pruned_at_epoch} "
+                f"({self.metric} best {best} at step {self.best_step}); every rank stops here")
         if self.pruned_at_epoch is not None:
             return (f"pruned: the sweep's pruner stops this trial after epoch "
                     f"{self.pruned_at_epoch}/{epochs} ({self.metric} best {best} at epoch "
@@ -129,11 +143,14 @@ class Monitor:
         if self.metric is not None:
             out[f"best/{self.metric}"] = self.best
             out["best/epoch"] = None if self.best_epoch is None else self.best_epoch + 1
+            if self.best_step is not None:  # validation by steps
+                out["best/step"] = self.best_step
         return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "mode": self.mode, "best": self.best,
-                "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs,
+                "best_epoch": self.best_epoch, "best_step": self.best_step,
+                "bad_epochs": self.bad_epochs,
                 "stopped_early": self.stopped_early, "pruned_at_epoch": self.pruned_at_epoch}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -144,3 +161,4 @@ class Monitor:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.bad_epochs, self.stopped_early = state["bad_epochs"], state["stopped_early"]
         self.pruned_at_epoch = state.get("pruned_at_epoch")
+        self.best_step = state.get("best_step")

@@ -1,0 +1,351 @@
+"""Issue 39: ``ddp-exp prepare`` (text to a prepared folder), its tokenizers, a prepared folder
+read by ``data=tokens``, and ddp_exp's own sampling loop. In process, no training: the runs
+are in test_text_runs.py.
+
+The corpus of these tests has unique documents mixing scripts (Latin with accents, Chinese,
+emoji) and line ends (LF and CRLF), so that a round trip, the split and the byte counts are
+checked on what breaks tokenizers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_exp.config.errors import ConfigError
+from ddp_exp.data import tokens as tk
+from ddp_exp.data.example_text import write_chinese_corpus
+from ddp_exp.data.prepare_text import PrepareOptions, dtype_for, prepare
+from ddp_exp.data.text_tokenizer import END_OF_TEXT, TextTokenizer
+from ddp_exp.metrics.sampling import sample_ids, seeded_generator
+
+SENTENCES = ["the quick brown fox jumps over the lazy dog.",
+             "a rank reduces its sums with every other rank.",
+             "gradients are averaged across the whole world.",
+             "数据并行训练需要同步梯度。", "Ünïcödé text with accents — and emoji 😀 too.",
+             "line one ends with crlf\r\nand line two follows.",
+             "every document ends with a special token.", "tabs\tand  double  spaces  stay."]
+
+
+def write_corpus(folder: Path, documents: int = 60, seed: int = 0) -> list[str]:
+    """``documents`` unique text files (each starts with its own number); returns the texts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    texts = []
+    for i in range(documents):
+        text = f"document {i}\n" + " ".join(
+            SENTENCES[j] for j in rng.integers(len(SENTENCES), size=20)) + "\n"
+        (folder / f"d{i:03d}.txt").write_bytes(text.encode("utf-8"))
+        texts.append(text)
+    return texts
+
+
+def documents_of(folder: Path, split: str, tokenizer: TextTokenizer) -> list[str]:
+    """The documents a split's ``.bin`` holds, decoded (each ends with <|endoftext|>)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    ids = np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"])
+    text = tokenizer.decode(ids.tolist())
+    assert text.endswith(END_OF_TEXT)
+    return text.split(END_OF_TEXT)[:-1]
+
+
+def run_prepare(sources, out, **kw) -> dict:
+    return prepare(PrepareOptions([str(s) for s in sources], str(out), progress=False, **kw))
+
+
+@pytest.mark.parametrize("tokenizer", ["bpe", "bytes"])
+def test_prepare_round_trips_splits_by_document_and_counts(tmp_path, tokenizer):
+    """Every document comes back exactly (CRLF, accents, CJK, emoji), in exactly one split;
+    meta.json's counts are the files' sizes; the same command again writes the same bytes."""
+    texts = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "prepared"
+    meta = run_prepare([tmp_path / "corpus"], out, tokenizer=tokenizer, vocab_size=2000,
+                       val_fraction=0.2, seed=3)
+    tok = TextTokenizer.load(str(out))
+    assert tok.decode(tok.encode(texts[0])) == texts[0]
+    train, val = documents_of(out, "train", tok), documents_of(out, "val", tok)
+    assert sorted(train + val) == sorted(texts)  # round trip, every document once
+    assert not set(train) & set(val) and len(val) == 12  # round(60 x 0.2) documents
+    expected_vocab = 257 if tokenizer == "bytes" else tok.vocab_size
+    assert meta["vocab_size"] == expected_vocab <= 2000 and meta["dtype"] == "uint16"
+    for split, docs in (("train", train), ("val", val)):
+        size = os.path.getsize(out / f"{split}.bin")
+        assert meta[split]["tokens"] * 2 == size
+        assert meta[split]["documents"] == len(docs)
+        assert meta[split]["bytes"] == sum(len(d.encode("utf-8")) for d in docs)
+    assert len(meta["sources"]) == 60 and all(len(s["sha256"]) == 64 for s in meta["sources"])
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    run_prepare([tmp_path / "corpus"], out, tokenizer=tokenizer, vocab_size=2000,
+                val_fraction=0.2, seed=3)
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "prepared"]  # no work folder left
+    other = tmp_path / "other_seed"
+    run_prepare([tmp_path / "corpus"], other, tokenizer=tokenizer, vocab_size=2000,
+                val_fraction=0.2, seed=4)
+    assert set(documents_of(other, "val", tok)) != set(val)
+
+
+def test_bpe_trains_on_the_training_documents_only(tmp_path):
+    """A word only the validation documents hold is no token of the BPE."""
+    folder = tmp_path / "corpus"
+    write_corpus(folder, documents=20)
+    out = tmp_path / "p"
+    run_prepare([folder], out, vocab_size=600, val_fraction=0.25, seed=0)
+    val_docs = documents_of(out, "val", TextTokenizer.load(str(out)))
+    # add a rare word to the validation documents, prepare again: never merged
+    for path in sorted(folder.iterdir()):
+        text = path.read_bytes().decode("utf-8")
+        if text in val_docs:
+            path.write_bytes((text + "zyzzyvazyzzyva " * 50).encode("utf-8"))
+    run_prepare([folder], out, vocab_size=600, val_fraction=0.25, seed=0)
+    tok = TextTokenizer.load(str(out))
+    assert len(tok.encode("zyzzyva")) >= 4  # never merged: training never saw it
+
+
+def test_vocabulary_past_uint16_is_stored_as_uint32(tmp_path):
+    """F07: ids above 65,535 are stored as uint32, never wrapped."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    vocab.update({f"unused{i}": 256 + i for i in range(70_000)})
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([END_OF_TEXT])
+    hf.save(str(tmp_path / "big.json"))
+    texts = write_corpus(tmp_path / "corpus", documents=4)
+    out = tmp_path / "p"
+    meta = run_prepare([tmp_path / "corpus"], out, tokenizer=str(tmp_path / "big.json"),
+                       val_fraction=0.25)
+    assert meta["dtype"] == "uint32" and meta["end_of_text"] == 256 + 70_000 > 65_535
+    ids = np.fromfile(out / "train.bin", dtype=np.uint32)
+    assert ids.max() == 70_256 and meta["train"]["tokens"] * 4 == ids.nbytes
+    tok = TextTokenizer.load(str(out))
+    assert sorted(documents_of(out, "train", tok) + documents_of(out, "val", tok)) == \
+        sorted(texts)
+    assert dtype_for(65_536) == "uint16" and dtype_for(65_537) == "uint32"
+
+
+def test_rows_of_json_lines_and_csv_are_documents(tmp_path):
+    rows = [{"text": f"row {i}: " + SENTENCES[i % len(SENTENCES)], "n": i} for i in range(10)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False)
+                                                for r in rows) + "\n", encoding="utf-8")
+    import csv
+
+    with open(tmp_path / "b.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["n", "body"])
+        w.writeheader()
+        w.writerows({"n": r["n"], "body": r["text"].upper()} for r in rows)
+    out = tmp_path / "p"
+    run_prepare([tmp_path / "a.jsonl"], out, tokenizer="bytes", val_fraction=0.2)
+    tok = TextTokenizer.load(str(out))
+    docs = documents_of(out, "train", tok) + documents_of(out, "val", tok)
+    assert sorted(docs) == sorted(r["text"] for r in rows)
+    with pytest.raises(ConfigError, match=r"b\.csv: no column 'text' \(--text-key"):
+        run_prepare([tmp_path / "b.csv"], tmp_path / "q", tokenizer="bytes")
+    meta = run_prepare([tmp_path / "b.csv"], tmp_path / "q", tokenizer="bytes", text_key="body")
+    assert meta["documents"] == 10
+
+
+def test_bad_sources_and_options_are_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    with pytest.raises(ConfigError, match=r"a\.txt: no text \(empty sources\)"):
+        run_prepare([tmp_path / "empty"], tmp_path / "o", tokenizer="bytes")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "x.txt").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match=r"x\.txt: a binary file"):
+        run_prepare([tmp_path / "bin"], tmp_path / "o", tokenizer="bytes")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.txt: not UTF-8 text \(near byte 3"):
+        run_prepare([tmp_path / "latin1.txt"], tmp_path / "o", tokenizer="bytes")
+    with pytest.raises(ConfigError, match=r"^--vocab-size=300 is invalid: a byte-level BPE"):
+        run_prepare([tmp_path / "latin1.txt"], tmp_path / "o", vocab_size=300)
+    with pytest.raises(ConfigError, match=r"^1 document cannot be split"):
+        run_prepare([tmp_path / "empty"] + [Path(write_corpus(tmp_path / "one", 1) and
+                                                 tmp_path / "one")], tmp_path / "o",
+                    tokenizer="bytes")
+    with pytest.raises(ConfigError, match=r"nope: no such file or folder"):
+        run_prepare([tmp_path / "nope"], tmp_path / "o", tokenizer="bytes")
+    assert not (tmp_path / "o").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]  # no work folder
+
+
+def test_bpe_without_the_text_extra_names_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    write_corpus(tmp_path / "c", 3)
+    with pytest.raises(ConfigError, match=r"^--tokenizer bpe needs the Hugging Face tokenizers "
+                                          r"library: pip install 'ddp_exp\[text\]'$"):
+        run_prepare([tmp_path / "c"], tmp_path / "o", vocab_size=1000)
+
+
+def test_a_prepared_folder_is_read_by_data_tokens(tmp_path):
+    """Vocabulary, dtype and the validation split from the folder; a conflicting
+    data.vocab_size and a folder without meta.json are one line each."""
+    write_corpus(tmp_path / "c", 20)
+    out = tmp_path / "p"
+    meta = run_prepare([tmp_path / "c"], out, tokenizer="bytes", val_fraction=0.25)
+    stream = tk.load_tokens(str(out), block_size=16)
+    assert stream.vocab_size == 257 and len(stream.tokens) == meta["train"]["tokens"]
+    splits = tk.split_stream(stream, None, 2, seed=0)
+    val_windows = (meta["val"]["tokens"] - 1) // 16
+    assert len(splits.val) == val_windows - 2 and len(splits.test) == 2
+    x, y = splits.val.batch([0, 1])
+    val_ids = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert x[1].tolist() == val_ids[16:32].tolist() and y[1].tolist() == val_ids[17:33].tolist()
+    assert tk.load_tokens(str(out), vocab_size=257, block_size=16).vocab_size == 257
+    with pytest.raises(ConfigError, match=r"^data.vocab_size=50304 conflicts with .*meta\.json"
+                                          r"'s vocab_size 257: leave data.vocab_size unset"):
+        tk.load_tokens(str(out), vocab_size=50304)
+    with pytest.raises(ConfigError, match=r"is a folder without meta.json: give a folder that "
+                                          r"ddp-exp prepare wrote"):
+        tk.load_tokens(str(tmp_path / "c"))
+
+
+def test_bits_per_byte_counts_the_bytes_of_the_evaluated_tokens(tmp_path):
+    """val/bits_per_byte = nats per token x tokens / bytes / ln 2, the bytes those of the
+    tokens' text (computed here from the decoded text, not the code's table)."""
+    from ddp_exp.metrics import lm
+
+    write_corpus(tmp_path / "c", 12)
+    out = tmp_path / "p"
+    run_prepare([tmp_path / "c"], out, vocab_size=800, val_fraction=0.25)
+    splits = tk.split_stream(tk.load_tokens(str(out), block_size=8), None, 0, seed=0)
+    table = lm.token_byte_lengths(splits.val)
+    tok = TextTokenizer.load(str(out))
+    _, y = splits.val.batch(list(range(len(splits.val))))
+    text = tok.decode(y.flatten().tolist()).replace(END_OF_TEXT, "")
+    assert float(table[y].sum()) == len(text.encode("utf-8"))
+    got = lm.val_scalars(2.0, splits.val, y.numel(), float(table[y].sum()))
+    assert got["val/bits_per_byte"] == pytest.approx(
+        2.0 * y.numel() / len(text.encode("utf-8")) / math.log(2), rel=1e-12)
+
+
+def test_partial_utf8_at_a_sample_end_decodes_without_replacement():
+    tok = TextTokenizer.bytes()
+    data = list("数据并行".encode())
+    assert tok.decode(data[:-1]) == "数据并"  # the cut character is held back, not U+FFFD
+    assert tok.decode([0xFF, 0xFE] + data) == "数据并行"  # ill-formed bytes are dropped
+    assert tok.decode(data + [256] + data[:4]) == f"数据并行{END_OF_TEXT}数"
+
+
+class MappingLM(torch.nn.Module):
+    """A causal LM of the test's own: returns ``{"logits": [B, T, V]}``, context 6, and a
+    ``generate`` that raises (ddp_exp's sampling must not call it)."""
+
+    block_size = 6
+
+    def __init__(self, vocab: int = 11):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, vocab)
+        self.seen: list[int] = []
+
+    def forward(self, idx):
+        self.seen.append(idx.shape[1])
+        return {"logits": self.emb(idx) * 3.0}
+
+    def generate(self, *args, **kwargs):
+        raise AttributeError("'int' object has no attribute 'max_length'")
+
+
+def test_sampling_is_our_loop_seeded_cropped_and_top_k():
+    torch.manual_seed(0)
+    model = MappingLM()
+    a = sample_ids(model, [1, 2], 12, 1.0, generator=seeded_generator(5), context=6)
+    b = sample_ids(model, [1, 2], 12, 1.0, generator=seeded_generator(5), context=6)
+    assert a == b and len(a) == 12 and max(model.seen) == 6  # the context cropped
+    greedy = sample_ids(model, [3], 5, 0.0, context=6)
+    probs = torch.softmax(model.emb.weight * 3.0, dim=-1)
+    expected, last = [], 3
+    for _ in range(5):  # greedy by hand: the most likely next token of the last one
+        last = int(probs[last].argmax())
+        expected.append(last)
+    assert greedy == expected
+    assert sample_ids(model, [3], 5, 1.0, top_k=1, generator=seeded_generator(0),
+                      context=6) == expected
+    assert model.training  # the mode is restored
+
+
+def test_a_sample_that_cannot_be_made_is_a_warning(caplog):
+    """A model whose forward fails at sampling: one warning, no exception."""
+    from types import SimpleNamespace
+
+    from ddp_exp.config.schema import TrainerConfig
+    from ddp_exp.metrics.lm import LanguageModelReport
+
+    class Broken(MappingLM):
+        def forward(self, idx):
+            if not self.training:
+                raise RuntimeError("no eval forward here")
+            return super().forward(idx)
+
+    stream = tk.load_tokens(None, block_size=8)
+    splits = tk.split_stream(stream, None, 0, seed=0)
+    report = LanguageModelReport(TrainerConfig(), 0, splits, Broken(257), 1, True,
+                                 SimpleNamespace(writer=None))
+    with caplog.at_level("WARNING"):
+        assert report.sample(0, 10) is None
+    assert ["no text sample after epoch 1: RuntimeError: no eval forward here"] == [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_the_chinese_example_corpus_prepares_and_round_trips(tmp_path):
+    paths = write_chinese_corpus(str(tmp_path / "zh"), documents=30, seed=1)
+    again = write_chinese_corpus(str(tmp_path / "zh2"), documents=30, seed=1)
+    assert [Path(p).read_bytes() for p in paths] == [Path(p).read_bytes() for p in again]
+    out = tmp_path / "p"
+    run_prepare([tmp_path / "zh"], out, vocab_size=1000, val_fraction=0.2)
+    tok = TextTokenizer.load(str(out))
+    docs = documents_of(out, "train", tok) + documents_of(out, "val", tok)
+    texts = [Path(p).read_bytes().decode("utf-8") for p in paths]
+    assert sorted(docs) == sorted(texts)
+    assert any("\r\n" in t for t in texts) and all("\ufffd" not in d for d in docs)
+
+
+def test_long_documents_stream_in_pieces_with_the_ids_of_the_whole(tmp_path, monkeypatch):
+    """A document longer than a piece is read in blocks and encoded in pieces cut after a
+    newline: the same ids as the whole text encoded at once (the BPE's pre-tokenizer splits
+    there too), and a multi-byte character cut by a block boundary decodes whole."""
+    from ddp_exp.data import text_sources
+
+    write_corpus(tmp_path / "c", 6)
+    whole = tmp_path / "whole"
+    run_prepare([tmp_path / "c"], whole, vocab_size=700, val_fraction=0.0)
+    monkeypatch.setattr(text_sources, "PIECE_CHARS", 50)
+    monkeypatch.setattr(text_sources, "READ_BYTES", 7)  # cuts inside UTF-8 sequences
+    pieces = tmp_path / "pieces"
+    run_prepare([tmp_path / "c"], pieces, tokenizer=str(whole / "tokenizer.json"),
+                val_fraction=0.0)
+    assert (pieces / "train.bin").read_bytes() == (whole / "train.bin").read_bytes()
+
+
+def test_parquet_rows_and_a_datasets_dataset_are_documents(tmp_path, monkeypatch):
+    """Parquet (pyarrow, read in batches) and ``--dataset`` (Hugging Face datasets, here a
+    local JSON lines file: no network) give the same documents as the rows."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    texts = [f"row {i}: " + SENTENCES[i % len(SENTENCES)] for i in range(12)]
+    pq.write_table(pa.table({"body": texts, "n": list(range(12))}), tmp_path / "t.parquet")
+    meta = run_prepare([tmp_path / "t.parquet"], tmp_path / "p", tokenizer="bytes",
+                       text_key="body", val_fraction=0.25)
+    tok = TextTokenizer.bytes()
+    docs = documents_of(tmp_path / "p", "train", tok) + documents_of(tmp_path / "p", "val", tok)
+    assert sorted(docs) == sorted(texts) and meta["sources"][0]["kind"] == "parquet"
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    (tmp_path / "ds").mkdir()
+    lines = [json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts]
+    (tmp_path / "ds" / "d.jsonl").write_text("".join(lines), encoding="utf-8")
+    meta = prepare(PrepareOptions([], str(tmp_path / "q"), tokenizer="bytes", progress=False,
+                                  dataset=str(tmp_path / "ds"), split="train",
+                                  val_fraction=0.25))
+    docs = documents_of(tmp_path / "q", "train", tok) + documents_of(tmp_path / "q", "val", tok)
+    assert sorted(docs) == sorted(texts) and meta["sources"][0]["kind"] == "dataset"
