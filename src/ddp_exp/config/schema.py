@@ -20,6 +20,7 @@ from omegaconf import MISSING, SI
 from ddp_exp.config import choices, ranges
 from ddp_exp.config.choices import CLUSTERS as CLUSTERS  # allowed values, as before the Enums
 from ddp_exp.config.choices import SCHEDULER_INTERVALS as SCHEDULER_INTERVALS
+from ddp_exp.config.strategy import StrategyConfig
 
 
 # ----------------------------------------------------------------------------------- data
@@ -308,6 +309,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     ddp: DDPConfig = field(default_factory=DDPConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)  # the strategy group
     loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
     metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks

@@ -44,6 +44,7 @@ from ddp_exp.train import state as train_state
 from ddp_exp.train.models import build_model
 from ddp_exp.train.objective import Objective
 from ddp_exp.train.optimizer import build_optimizer
+from ddp_exp.train.strategy import check_model as check_strategy
 
 log = logging.getLogger("ddp_exp")
 
@@ -114,6 +115,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                                     cfg.trainer.resume_allow_changes)
     plain["world_size"] = world_size
     plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
+    check_strategy(plain, model, device)  # strategy=fsdp's refusals (ddp_exp.train.strategy)
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"),
                           plain["trainer"].get("output_key", "logits"),
                           plain["trainer"].get("class_dim", "last"),

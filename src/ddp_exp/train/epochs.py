@@ -53,12 +53,13 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
                            seconds, loop.evaluator.validate(loop.epoch, loop.global_step),
                            loop.lm.unit)
         log.info(epoch_line(last, trainer.epochs))
-        loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+        with loop.strategy.evaluation():  # FSDP: whole parameters for rank 0's reads
+            loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+            dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
+                                       trainer.log_histograms_every_n_epochs)
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
         if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
             loop.perf.end_epoch(loop.epoch)
-        dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
-                                   trainer.log_histograms_every_n_epochs)
         final = loop.epoch + 1 >= trainer.epochs or (max_steps is not None
                                                      and loop.global_step >= max_steps)
         improved = loop.monitor.update(last.val, loop.epoch, final)  # reduced: all agree

@@ -1,0 +1,195 @@
+"""``strategy=fsdp`` (FSDP2 ``fully_shard``, issue 40 part 1): the meta-device build starts at
+the unsharded build's weights, training equals DDP's (same world: AdamW; across worlds: SGD),
+checkpoints are the plain layout and resume from DDP to FSDP and back, and what cannot hold
+is refused in one line before any rank starts.
+
+Expected values come from DDP runs (the strategy the invariants were first proved on) or from
+an unsharded build in this process, never from the FSDP code's own output.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import QUIET, load_ckpt, refused_before_ranks, run_once
+
+pytestmark = pytest.mark.slow
+
+# A tiny GPT on data=tokens: 2 blocks, width 32; clipping and accumulation 2; the whole
+# validation set (limit_val_batches=null: the same windows at every world size).
+GPT = ["model=gpt", "data=tokens", "data.block_size=32", "model.n_layer=2", "model.n_head=2",
+       "model.n_embd=32", "trainer.gradient_clip_val=0.5", "trainer.accumulate_grad_batches=2",
+       "trainer.limit_val_batches=null", "trainer.epochs=1", "trainer.max_steps=8",
+       "data.global_batch_size=24", "trainer.log_every_n_steps=4", QUIET]
+SGD = ["optim=sgd", "optim.lr=0.05"]
+
+
+def weights(run) -> dict[str, torch.Tensor]:
+    return {k: v.double() for k, v in load_ckpt(run.job_dir / "model.pt").items()}
+
+
+def global_rel(a: dict, b: dict) -> float:
+    """``||a - b|| / ||b||`` over every tensor together."""
+    diff = math.sqrt(sum(float((a[k] - b[k]).pow(2).sum()) for k in b))
+    return diff / math.sqrt(sum(float(b[k].pow(2).sum()) for k in b))
+
+
+def worst_tensor_rel(a: dict, b: dict) -> float:
+    """The largest per-tensor ``||a - b|| / ||b||``."""
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)) for k in b)
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def test_meta_build_equals_unsharded_build():
+    """A 1-rank gloo group in this process: the FSDP build (meta device, sharded, to_empty,
+    each shard filled) holds, bit for bit, the weights of ``build_model`` under the same seed;
+    and its parameters are DTensors (it was sharded)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ddp_exp.config.strategy import StrategyConfig
+    from ddp_exp.train.fsdp import FSDPStrategy
+    from ddp_exp.train.models import build_model
+
+    node = {"_target_": "ddp_exp.train.gpt.GPT", "n_layer": 2, "n_head": 2, "n_embd": 16}
+    torch.manual_seed(3)
+    unsharded = build_model(node, (8,), 40)  # as ddp_exp.launch.build seeds and builds it
+    expected = {k: v.clone() for k, v in unsharded.state_dict().items()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        cfg = type("Cfg", (), {"stored": {"model": node}, "world_size": 1})()
+        strategy = FSDPStrategy(cfg, StrategyConfig(name="fsdp"), unsharded,
+                                torch.device("cpu"), (8,), 40)
+        assert all(isinstance(p, DTensor) for p in strategy.module.parameters())
+        got = strategy.model_state()
+        assert got.keys() == expected.keys()
+        for k in expected:
+            assert torch.equal(got[k], expected[k]), k
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(tmp_path_factory):
+    """AdamW at world_size 2 under each strategy; SGD under ddp at 1 and fsdp at 2 and 3."""
+    root = tmp_path_factory.mktemp("fsdp_gpt")
+    out = {}
+    for name, args in {
+        "adamw_ddp2": ["optim=adamw", "strategy=ddp", "world_size=2"],
+        "adamw_fsdp2": ["optim=adamw", "strategy=fsdp", "world_size=2"],
+        "sgd_ddp1": [*SGD, "strategy=ddp", "world_size=1"],
+        "sgd_fsdp2": [*SGD, "strategy=fsdp", "world_size=2"],
+        "sgd_fsdp3": [*SGD, "strategy=fsdp", "world_size=3"],
+    }.items():
+        (root / name).mkdir()
+        out[name] = run_once(root / name, *GPT, *args)
+    return out
+
+
+def test_adamw_fsdp_equals_ddp_same_world(gpt_runs):
+    ddp, fsdp = gpt_runs["adamw_ddp2"], gpt_runs["adamw_fsdp2"]
+    assert global_rel(weights(fsdp), weights(ddp)) <= 1e-6
+    assert rel(fsdp.metrics["val/loss"], ddp.metrics["val/loss"]) <= 1e-6
+    assert fsdp.metrics["global_step"] == ddp.metrics["global_step"] == 8
+    assert fsdp.metrics["train/grad_norm"] == pytest.approx(ddp.metrics["train/grad_norm"],
+                                                            rel=1e-5)
+
+
+def test_sgd_fsdp_across_worlds_equals_ddp_one_rank(gpt_runs):
+    reference = gpt_runs["sgd_ddp1"]
+    for name in ("sgd_fsdp2", "sgd_fsdp3"):
+        run = gpt_runs[name]
+        assert worst_tensor_rel(weights(run), weights(reference)) <= 1e-5, name
+        assert rel(run.metrics["val/loss"], reference.metrics["val/loss"]) <= 1e-6, name
+        assert run.metrics["val/num_samples"] == reference.metrics["val/num_samples"]
+
+
+def test_state_per_rank_is_sharded(gpt_runs):
+    """``perf/state_mb_per_rank``: parameters + gradients + AdamW's two moments, 16 bytes per
+    parameter under DDP; FSDP at 2 ranks holds about half (the root's shards round up)."""
+    ddp, fsdp = gpt_runs["adamw_ddp2"].metrics, gpt_runs["adamw_fsdp2"].metrics
+    n = sum(v.numel() for k, v in weights(gpt_runs["adamw_ddp2"]).items()
+            if k != "head.weight")  # tied to wte.weight: one parameter
+    assert ddp["perf/state_mb_per_rank"] == pytest.approx(16 * n / 2 ** 20, rel=0.01)
+    assert fsdp["perf/state_mb_per_rank"] <= 0.55 * ddp["perf/state_mb_per_rank"]
+    assert "strategy fsdp" in gpt_runs["adamw_fsdp2"].stderr + gpt_runs["adamw_fsdp2"].stdout
+
+
+DIGITS = ["model=mlp", "trainer.epochs=1", "trainer.gradient_clip_val=1.0",
+          "trainer.accumulate_grad_batches=2", "data.global_batch_size=48", "optim.lr=0.05",
+          QUIET]
+
+
+def test_digits_mlp_fsdp_equals_ddp_one_rank(tmp_path):
+    (tmp_path / "ddp").mkdir()
+    (tmp_path / "fsdp").mkdir()
+    ddp = run_once(tmp_path / "ddp", *DIGITS, "world_size=1")
+    fsdp = run_once(tmp_path / "fsdp", *DIGITS, "world_size=2", "strategy=fsdp")
+    assert worst_tensor_rel(weights(fsdp), weights(ddp)) <= 1e-5
+    for key in ("val/loss", "val/accuracy"):
+        assert rel(fsdp.metrics[key], ddp.metrics[key]) <= 1e-6, key
+
+
+def test_resume_ddp_to_fsdp_and_back(tmp_path):
+    """Three epochs uninterrupted (DDP) against DDP for one, FSDP for the second (from DDP's
+    last.pt), DDP for the third (from FSDP's): the same weights."""
+    base = ["model=mlp", "world_size=2", "optim.lr=0.05", "trainer.gradient_clip_val=1.0", QUIET]
+    for name in ("whole", "a", "b", "c"):
+        (tmp_path / name).mkdir()
+    whole = run_once(tmp_path / "whole", *base, "trainer.epochs=3")
+    run_once(tmp_path / "a", *base, "trainer.epochs=1")
+    last_a = tmp_path / "a" / "run" / "checkpoints" / "last.pt"
+    saved = load_ckpt(last_a)
+    assert isinstance(next(iter(saved["optimizer"]["state"])), int)  # the plain layout
+    b = run_once(tmp_path / "b", *base, "trainer.epochs=2", "strategy=fsdp",
+                 f"trainer.resume={last_a}")
+    from_fsdp = load_ckpt(b.job_dir / "checkpoints" / "last.pt")
+    assert from_fsdp["optimizer"]["param_groups"][0]["params"] == list(
+        range(len(from_fsdp["optimizer"]["state"])))
+    c = run_once(tmp_path / "c", *base, "trainer.epochs=3",
+                 f"trainer.resume={b.job_dir / 'checkpoints' / 'last.pt'}")
+    assert global_rel(weights(c), weights(whole)) <= 1e-6
+    assert rel(c.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["strategy=fsdp", "ddp.sync_batchnorm=true"], "ddp.sync_batchnorm"),
+    (["strategy=fsdp", "strategy.blocks=[NoSuchBlock]"], "strategy.blocks"),
+    (["strategy=fsdp", "strategy.param_dtype=float16"], "strategy.param_dtype=float16"),
+    (["strategy=fsdp", "model=cnn", "model.batch_norm=true"], "BatchNorm"),
+    (["strategy=fsdp", "trainer.compile=true"], "trainer.compile"),
+])
+def test_refused_before_any_rank(compose, tmp_path, overrides, named):
+    message = refused_before_ranks(compose(*overrides), tmp_path / "job")
+    assert named in message
+
+
+def test_refusal_is_one_line_exit_2(run_cli):
+    run = run_cli("strategy=fsdp", "strategy.param_dtype=float16", QUIET, timeout=60)
+    assert run.returncode == 2
+    assert "strategy.param_dtype=float16" in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+    assert not (Path(run.job_dir) / "metrics.json").exists()
+
+
+def test_unknown_dtype_refused(compose):
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.config.strategy import StrategyConfig
+
+    with pytest.raises(ConfigError, match="strategy.param_dtype='fp8'"):
+        StrategyConfig(name="fsdp", param_dtype="fp8")
