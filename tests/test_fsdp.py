@@ -179,6 +179,7 @@ def test_resume_ddp_to_fsdp_and_back(tmp_path):
     (["strategy=fsdp", "strategy.param_dtype=float16"], "strategy.param_dtype=float16"),
     (["strategy=fsdp", "model=cnn", "model.batch_norm=true"], "BatchNorm"),
     (["strategy=fsdp", "trainer.compile=true"], "trainer.compile"),
+    (["strategy=fsdp", "trainer.precision=16-mixed"], "trainer.precision=16-mixed"),
 ])
 def test_refused_before_any_rank(compose, tmp_path, overrides, named):
     message = refused_before_ranks(compose(*overrides), tmp_path / "job")

@@ -10,7 +10,7 @@ under the other, at any world size.
 
 * :class:`DDPStrategy`: ``DistributedDataParallel`` (``ddp.*`` keys), as before the group.
 * :class:`FSDPStrategy`: FSDP2, ``torch.distributed.fsdp.fully_shard`` over an explicit 1-D
-  device mesh of the world (gloo on the CPU: DESIGN.md round 3), each block (:func:`find_blocks`)
+  device mesh of the world (gloo on the CPU works with torch 2.13), each block (:func:`find_blocks`)
   and then the root. The rank builds the model on the ``meta`` device (no memory), shards it,
   materialises its shards (``to_empty``) and copies into each parameter's shard the slice of
   the seeded full tensor (``distribute_tensor(..., src_data_rank=None)``: a local slice, no
@@ -201,8 +201,8 @@ def check_model(stored: dict[str, Any], model: nn.Module, device: str) -> None:
     """Refuse, before any rank starts, what ``strategy=fsdp`` cannot keep exact with this model
     and config: ``ddp.sync_batchnorm`` (SyncBatchNorm's all-reduce per forward is DDP's), a
     model with BatchNorm (its running statistics would drift per rank, unsynchronised),
-    ``trainer.compile`` (not supported with FSDP2 here yet), float16 on the CPU, a
-    ``strategy.blocks`` entry that matches nothing.
+    ``trainer.compile`` and ``16-mixed`` loss scaling (not built for FSDP2 yet), float16 on
+    the CPU, a ``strategy.blocks`` entry that matches nothing.
 
     Raises:
         ConfigError: one line naming the key.
@@ -222,6 +222,9 @@ def check_model(stored: dict[str, Any], model: nn.Module, device: str) -> None:
     if stored.get("trainer", {}).get("compile"):
         raise ConfigError("trainer.compile=true is not supported with strategy=fsdp yet: "
                           "set trainer.compile=false or strategy=ddp")
+    if stored.get("trainer", {}).get("precision") == "16-mixed":
+        raise ConfigError("trainer.precision=16-mixed (loss scaling) is not supported with "
+                          "strategy=fsdp yet: use bf16-mixed or strategy.param_dtype=bfloat16")
     check_device(cfg, device)
     find_blocks(model, cfg.blocks)
 
