@@ -13,6 +13,7 @@ import math
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def test_meta_build_equals_unsharded_build():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
     try:
-        cfg = type("Cfg", (), {"stored": {"model": node}, "world_size": 1})()
+        cfg = SimpleNamespace(targets=SimpleNamespace(model=node), world_size=1)
         strategy = FSDPStrategy(cfg, StrategyConfig(name="fsdp"), unsharded,
                                 torch.device("cpu"), (8,), 40)
         assert all(isinstance(p, DTensor) for p in strategy.module.parameters())

@@ -16,7 +16,7 @@ Uses :mod:`ddp_exp.config.errors`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from ddp_exp.config.errors import ConfigError
@@ -68,16 +68,6 @@ def check_ranges(values: Mapping[str, Any]) -> None:
         if dtype is not None and dtype not in DTYPES:
             raise ConfigError(f"strategy.{key}={dtype!r} is not a dtype FSDP takes: one of "
                               f"{', '.join(DTYPES)}, or null")
-
-
-def strategy_config(stored: Mapping[str, Any] | None) -> StrategyConfig:
-    """The typed ``strategy`` section of a resolved config dict (``cfg["strategy"]``; absent in a
-    config written before the group existed: ``ddp``)."""
-    known = {f.name for f in fields(StrategyConfig)}
-    values = {k: v for k, v in dict(stored or {}).items() if k in known}
-    if values.get("blocks") is not None:
-        values["blocks"] = [str(b) for b in values["blocks"]]
-    return StrategyConfig(**values)
 
 
 def check_device(cfg: StrategyConfig, device: str) -> None:

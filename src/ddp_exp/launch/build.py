@@ -115,7 +115,6 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                                     cfg.trainer.resume_allow_changes)
     plain["world_size"] = world_size
     plain["device"] = device  # resolved: the config records what ran (cpu | cuda)
-    check_strategy(plain, model, device)  # strategy=fsdp's refusals (ddp_exp.train.strategy)
     objective = Objective(datasets.num_classes, plain.get("loss"), plain.get("metrics"),
                           plain["trainer"].get("output_key", "logits"),
                           plain["trainer"].get("class_dim", "last"),
@@ -125,6 +124,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if note:
         log.info(note)
     view = rank_config(plain)  # what every rank will read (typed), checked here first
+    check_strategy(view, model, device)  # strategy=fsdp's refusals (ddp_exp.train.strategy)
     optimizer = build_optimizer(view, model.parameters())  # a bad optim fails here, not in ranks
     scheduler = _build_scheduler(view, optimizer, len(datasets.train))
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too

@@ -246,7 +246,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
     # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
     # Under strategy=fsdp the rank only reads it (its shards are slices of it): no copy.
-    if (inputs.cfg.get("strategy") or {}).get("name", "ddp") != "fsdp":
+    if cfg.strategy.name != "fsdp":
         inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
     init_process_group(inputs.backend, world, cfg.distributed.timeout_s, inputs.device)
     try:

@@ -130,7 +130,7 @@ class FSDPStrategy(Strategy):
     """FSDP2 over the world (see the module docstring).
 
     Args:
-        cfg: the run's typed config (``cfg.stored["model"]`` is rebuilt on ``meta``).
+        cfg: the run's typed config (``cfg.targets.model`` is rebuilt on ``meta``).
         section: ``strategy.*``.
         source: the seeded, unsharded model the launching process built: read, never copied.
         device: this rank's device.
@@ -143,7 +143,7 @@ class FSDPStrategy(Strategy):
                  device: torch.device, input_shape: Any, num_outputs: int):
         self.section = section
         with torch.device("meta"):
-            model = build_model(cfg.stored["model"], input_shape, num_outputs)
+            model = build_model(cfg.targets.model, input_shape, num_outputs)
         shard_model(model, section, device, cfg.world_size)
         model.to_empty(device=device)
         fill_from(model, source)

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ddp_exp.config.errors import ConfigError
-from ddp_exp.config.strategy import StrategyConfig, strategy_config
+from ddp_exp.config.strategy import StrategyConfig
 from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.sync_batchnorm import convert_sync_batchnorm
 from ddp_exp.train.optimizer import NO_CONTEXT, OptimizerStep
@@ -197,7 +197,7 @@ def find_blocks(model: nn.Module, patterns: list[str] | None) -> list[nn.Module]
     return found
 
 
-def check_model(stored: dict[str, Any], model: nn.Module, device: str) -> None:
+def check_model(cfg: RankConfig, model: nn.Module, device: str) -> None:
     """Refuse, before any rank starts, what ``strategy=fsdp`` cannot keep exact with this model
     and config: ``ddp.sync_batchnorm`` (SyncBatchNorm's all-reduce per forward is DDP's), a
     model with BatchNorm (its running statistics would drift per rank, unsynchronised),
@@ -209,35 +209,33 @@ def check_model(stored: dict[str, Any], model: nn.Module, device: str) -> None:
     """
     from ddp_exp.config.strategy import check_device
 
-    cfg = strategy_config(stored.get("strategy"))
-    if cfg.name != "fsdp":
+    if cfg.strategy.name != "fsdp":
         return
-    if stored.get("ddp", {}).get("sync_batchnorm"):
+    if cfg.ddp.sync_batchnorm:
         raise ConfigError("ddp.sync_batchnorm=true does not apply to strategy=fsdp "
                           "(SyncBatchNorm is DDP's): set ddp.sync_batchnorm=false or strategy=ddp")
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise ConfigError("strategy=fsdp: the model has BatchNorm, whose running statistics "
                           "each rank would keep from its own shard: use strategy=ddp with "
                           "ddp.sync_batchnorm=true, or a model without BatchNorm")
-    if stored.get("trainer", {}).get("compile"):
+    if cfg.trainer.compile:
         raise ConfigError("trainer.compile=true is not supported with strategy=fsdp yet: "
                           "set trainer.compile=false or strategy=ddp")
-    if stored.get("trainer", {}).get("precision") == "16-mixed":
+    if cfg.trainer.precision == "16-mixed":
         raise ConfigError("trainer.precision=16-mixed (loss scaling) is not supported with "
                           "strategy=fsdp yet: use bf16-mixed or strategy.param_dtype=bfloat16")
-    check_device(cfg, device)
-    find_blocks(model, cfg.blocks)
+    check_device(cfg.strategy, device)
+    find_blocks(model, cfg.strategy.blocks)
 
 
 def build_strategy(cfg: RankConfig, model: nn.Module, device: torch.device,
                    input_shape: Any = None, num_outputs: int = 0) -> Strategy:
-    """The run's strategy over the seeded, unwrapped ``model`` (``cfg.stored["strategy"]``;
-    ``input_shape`` and ``num_outputs``: the dataset's, for the FSDP meta-device build)."""
-    section = strategy_config(cfg.stored.get("strategy"))
-    if section.name == "fsdp":
+    """The run's strategy (``cfg.strategy``) over the seeded, unwrapped ``model``
+    (``input_shape`` and ``num_outputs``: the dataset's, for the FSDP meta-device build)."""
+    if cfg.strategy.name == "fsdp":
         from ddp_exp.train.fsdp import FSDPStrategy
 
-        return FSDPStrategy(cfg, section, model, device, input_shape, num_outputs)
+        return FSDPStrategy(cfg, cfg.strategy, model, device, input_shape, num_outputs)
     return DDPStrategy(cfg, model, device)
 
 
