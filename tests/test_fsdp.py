@@ -174,6 +174,24 @@ def test_resume_ddp_to_fsdp_and_back(tmp_path):
     assert rel(c.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
 
 
+def test_mid_epoch_resume_at_another_world_size(tmp_path):
+    """FSDP at world_size 2 stops inside epoch 1 (step 10 of 31: a mid-epoch last.pt), FSDP at
+    world_size 3 resumes it with the same global batch of 48 to step 40: the weights of DDP at
+    world_size 1 run uninterrupted (SGD), per tensor to 1e-5, val/loss to 1e-6."""
+    base = ["optim.lr=0.05", "trainer.gradient_clip_val=1.0", "trainer.epochs=2", QUIET]
+    for name in ("whole", "a", "b"):
+        (tmp_path / name).mkdir()
+    whole = run_once(tmp_path / "whole", *base, "world_size=1", "data.batch_size=48",
+                     "trainer.max_steps=40")
+    a = run_once(tmp_path / "a", *base, "strategy=fsdp", "world_size=2", "data.batch_size=24",
+                 "trainer.max_steps=10")
+    assert load_ckpt(a.job_dir / "checkpoints" / "last.pt")["position"] == 480
+    b = run_once(tmp_path / "b", *base, "strategy=fsdp", "world_size=3", "data.batch_size=16",
+                 "trainer.max_steps=40", f"trainer.resume={a.job_dir / 'checkpoints' / 'last.pt'}")
+    assert worst_tensor_rel(weights(b), weights(whole)) <= 1e-5
+    assert rel(b.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
+
+
 @pytest.mark.parametrize("overrides, named", [
     (["strategy=fsdp", "ddp.sync_batchnorm=true"], "ddp.sync_batchnorm"),
     (["strategy=fsdp", "strategy.blocks=[NoSuchBlock]"], "strategy.blocks"),
