@@ -10,7 +10,6 @@ an unsharded build in this process, never from the FSDP code's own output.
 from __future__ import annotations
 
 import math
-import os
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,38 +54,82 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-def test_meta_build_equals_unsharded_build():
-    """A 1-rank gloo group in this process: the FSDP build (meta device, sharded, to_empty,
-    each shard filled) holds, bit for bit, the weights of ``build_model`` under the same seed;
-    and its parameters are DTensors (it was sharded)."""
+NODE = {"_target_": "ddp_exp.train.gpt.GPT", "n_layer": 2, "n_head": 2, "n_embd": 16}
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A 1-rank gloo process group in this process (FSDP2 needs one)."""
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
-    from ddp_exp.config.strategy import StrategyConfig
-    from ddp_exp.train.fsdp import FSDPStrategy
-    from ddp_exp.train.models import build_model
-
-    node = {"_target_": "ddp_exp.train.gpt.GPT", "n_layer": 2, "n_head": 2, "n_embd": 16}
-    torch.manual_seed(3)
-    unsharded = build_model(node, (8,), 40)  # as ddp_exp.launch.build seeds and builds it
-    expected = {k: v.clone() for k, v in unsharded.state_dict().items()}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
-    try:
-        cfg = SimpleNamespace(targets=SimpleNamespace(model=node), world_size=1)
-        strategy = FSDPStrategy(cfg, StrategyConfig(name="fsdp"), unsharded,
-                                torch.device("cpu"), (8,), 40)
-        assert all(isinstance(p, DTensor) for p in strategy.module.parameters())
-        got = strategy.model_state()
-        assert got.keys() == expected.keys()
-        for k in expected:
-            assert torch.equal(got[k], expected[k]), k
-    finally:
-        dist.destroy_process_group()
+    yield
+    dist.destroy_process_group()
+
+
+def fsdp_build(unsharded, **keys):
+    from ddp_exp.config.strategy import StrategyConfig
+    from ddp_exp.train.fsdp import FSDPStrategy
+
+    cfg = SimpleNamespace(targets=SimpleNamespace(model=NODE), world_size=1)
+    return FSDPStrategy(cfg, StrategyConfig(name="fsdp", **keys), unsharded,
+                        torch.device("cpu"), (8,), 40)
+
+
+def seeded_gpt(seed: int = 3):
+    from ddp_exp.train.models import build_model
+
+    torch.manual_seed(seed)
+    return build_model(NODE, (8,), 40)  # as ddp_exp.launch.build seeds and builds it
+
+
+def test_meta_build_equals_unsharded_build(one_rank_group):
+    """The FSDP build (meta device, sharded, to_empty, each shard filled) holds, bit for bit,
+    the weights of ``build_model`` under the same seed; its parameters are DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    unsharded = seeded_gpt()
+    expected = {k: v.clone() for k, v in unsharded.state_dict().items()}
+    strategy = fsdp_build(unsharded)
+    assert all(isinstance(p, DTensor) for p in strategy.module.parameters())
+    got = strategy.model_state()
+    assert got.keys() == expected.keys()
+    for k in expected:
+        assert torch.equal(got[k], expected[k]), k
+
+
+def test_activation_checkpointing_and_no_reshard_keep_gradients(one_rank_group):
+    """Recomputing each block in backward and keeping gathered parameters change no gradient;
+    bfloat16 parameters with float32 reduction stay near the float32 loss."""
+    x = torch.randint(0, 40, (4, 8))
+    plain = seeded_gpt()
+    plain(x).float().pow(2).mean().backward()
+    strategy = fsdp_build(seeded_gpt(), activation_checkpointing=True,
+                          reshard_after_forward=False)
+    strategy.module(x).pow(2).mean().backward()
+    for (name, p), q in zip(strategy.module.named_parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7), name
+    bf16 = fsdp_build(seeded_gpt(), param_dtype="bfloat16", reduce_dtype="float32")
+    with torch.no_grad():
+        want = plain(x).float().pow(2).mean()
+        got = bf16.module(x).float().pow(2).mean()
+    assert got.item() == pytest.approx(want.item(), rel=2e-2)
+    assert got.item() != want.item()  # it did compute in bfloat16
+
+
+def test_blocks_by_class_name_or_module_path():
+    from ddp_exp.train.strategy import find_blocks
+
+    model = seeded_gpt()
+    assert find_blocks(model, None) == list(model.blocks)  # GPT.fsdp_blocks
+    assert find_blocks(model, ["Block"]) == list(model.blocks)
+    assert find_blocks(model, ["blocks.1", "ln_f"]) == [model.blocks[1], model.ln_f]
+    mlp = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    assert find_blocks(mlp, None) == [mlp[0], mlp[2]]  # top-level children with parameters
 
 
 @pytest.fixture(scope="module")
