@@ -181,58 +181,52 @@ def test_state_per_rank_is_sharded(gpt_runs):
     assert "strategy fsdp" in gpt_runs["adamw_fsdp2"].stderr + gpt_runs["adamw_fsdp2"].stdout
 
 
-DIGITS = ["model=mlp", "trainer.epochs=1", "trainer.gradient_clip_val=1.0",
-          "trainer.accumulate_grad_batches=2", "optim.lr=0.05", QUIET]
+# The digits MLP, SGD with clipping and accumulation 2, a global batch of 48; 40 steps cross the
+# first epoch's end (32 steps).
+DIGITS = ["model=mlp", "trainer.epochs=2", "trainer.gradient_clip_val=1.0", "optim.lr=0.05",
+          "trainer.accumulate_grad_batches=2", QUIET]
 
 
-def test_digits_mlp_fsdp_equals_ddp_one_rank(tmp_path):
-    (tmp_path / "ddp").mkdir()
-    (tmp_path / "fsdp").mkdir()
-    ddp = run_once(tmp_path / "ddp", *DIGITS, "world_size=1", per_rank(1, 48))
-    fsdp = run_once(tmp_path / "fsdp", *DIGITS, "world_size=2", "strategy=fsdp", per_rank(2, 48))
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory):
+    """Uninterrupted: DDP at 1 and 2 ranks, FSDP at 2. A chain: DDP at 2 ranks to step 10
+    (inside epoch 1), FSDP at 3 ranks to step 25, DDP at 2 ranks to step 40, each resuming the
+    last one's ``last.pt``."""
+    root = tmp_path_factory.mktemp("fsdp_digits")
+    out, last = {}, None
+    for name, strategy, world, steps in [("ddp1", "ddp", 1, 40), ("ddp2", "ddp", 2, 40),
+                                         ("fsdp2", "fsdp", 2, 40), ("a", "ddp", 2, 10),
+                                         ("b", "fsdp", 3, 25), ("c", "ddp", 2, 40)]:
+        (root / name).mkdir()
+        resume = [f"trainer.resume={last}"] if name in ("b", "c") else []
+        out[name] = run_once(root / name, *DIGITS, f"strategy={strategy}", f"world_size={world}",
+                             per_rank(world, 48), f"trainer.max_steps={steps}", *resume)
+        last = out[name].job_dir / "checkpoints" / "last.pt"
+    return out
+
+
+def test_digits_mlp_fsdp_equals_ddp_one_rank(digits_runs):
+    ddp, fsdp = digits_runs["ddp1"], digits_runs["fsdp2"]
     assert worst_tensor_rel(weights(fsdp), weights(ddp)) <= 1e-5
     for key in ("val/loss", "val/accuracy"):
         assert rel(fsdp.metrics[key], ddp.metrics[key]) <= 1e-6, key
 
 
-def test_resume_ddp_to_fsdp_and_back(tmp_path):
-    """Three epochs uninterrupted (DDP) against DDP for one, FSDP for the second (from DDP's
-    last.pt), DDP for the third (from FSDP's): the same weights."""
-    base = ["model=mlp", "world_size=2", "optim.lr=0.05", "trainer.gradient_clip_val=1.0", QUIET]
-    for name in ("whole", "a", "b", "c"):
-        (tmp_path / name).mkdir()
-    whole = run_once(tmp_path / "whole", *base, "trainer.epochs=3")
-    run_once(tmp_path / "a", *base, "trainer.epochs=1")
-    last_a = tmp_path / "a" / "run" / "checkpoints" / "last.pt"
-    saved = load_ckpt(last_a)
-    assert isinstance(next(iter(saved["optimizer"]["state"])), int)  # the plain layout
-    b = run_once(tmp_path / "b", *base, "trainer.epochs=2", "strategy=fsdp",
-                 f"trainer.resume={last_a}")
-    from_fsdp = load_ckpt(b.job_dir / "checkpoints" / "last.pt")
-    assert from_fsdp["optimizer"]["param_groups"][0]["params"] == list(
-        range(len(from_fsdp["optimizer"]["state"])))
-    c = run_once(tmp_path / "c", *base, "trainer.epochs=3",
-                 f"trainer.resume={b.job_dir / 'checkpoints' / 'last.pt'}")
-    assert global_rel(weights(c), weights(whole)) <= 1e-6
-    assert rel(c.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
-
-
-def test_mid_epoch_resume_at_another_world_size(tmp_path):
-    """FSDP at world_size 2 stops inside epoch 1 (step 10 of 31: a mid-epoch last.pt), FSDP at
-    world_size 3 resumes it with the same global batch of 48 to step 40: the weights of DDP at
-    world_size 1 run uninterrupted (SGD), per tensor to 1e-5, val/loss to 1e-6."""
-    base = ["optim.lr=0.05", "trainer.gradient_clip_val=1.0", "trainer.epochs=2", QUIET]
-    for name in ("whole", "a", "b"):
-        (tmp_path / name).mkdir()
-    whole = run_once(tmp_path / "whole", *base, "world_size=1", "data.batch_size=48",
-                     "trainer.max_steps=40")
-    a = run_once(tmp_path / "a", *base, "strategy=fsdp", "world_size=2", "data.batch_size=24",
-                 "trainer.max_steps=10")
-    assert load_ckpt(a.job_dir / "checkpoints" / "last.pt")["position"] == 480
-    b = run_once(tmp_path / "b", *base, "strategy=fsdp", "world_size=3", "data.batch_size=16",
-                 "trainer.max_steps=40", f"trainer.resume={a.job_dir / 'checkpoints' / 'last.pt'}")
-    assert worst_tensor_rel(weights(b), weights(whole)) <= 1e-5
-    assert rel(b.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
+def test_resume_ddp_to_fsdp_in_another_world_and_back(digits_runs):
+    """The chain ends at the uninterrupted DDP run's weights: its FSDP leg resumed a DDP
+    checkpoint taken inside an epoch at 2 ranks, at 3 ranks, and DDP resumed FSDP's."""
+    saved = load_ckpt(digits_runs["a"].job_dir / "checkpoints" / "last.pt")
+    assert saved["position"] == 480 and saved["global_step"] == 10  # inside epoch 1
+    from_fsdp = load_ckpt(digits_runs["b"].job_dir / "checkpoints" / "last.pt")
+    optimizer = from_fsdp["optimizer"]  # the plain layout: parameter ids, full tensors
+    assert optimizer["param_groups"][0]["params"] == list(range(len(saved["model"])))
+    assert from_fsdp["model"].keys() == saved["model"].keys()
+    assert all(v.shape == saved["model"][k].shape for k, v in from_fsdp["model"].items())
+    end, whole = digits_runs["c"], digits_runs["ddp2"]
+    assert end.metrics["global_step"] == 40
+    assert worst_tensor_rel(weights(end), weights(whole)) <= 1e-5
+    assert global_rel(weights(end), weights(whole)) <= 1e-6
+    assert rel(end.metrics["val/loss"], whole.metrics["val/loss"]) <= 1e-6
 
 
 @pytest.mark.parametrize("overrides, named", [
