@@ -29,6 +29,7 @@ from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.process_group import gather_rng_states
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
+from ddp_exp.train.strategy import held
 
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
@@ -48,8 +49,8 @@ def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None) -> dict[str, 
     return {
         # Full tensors in the plain layouts, whichever the strategy (ddp_exp.train.strategy):
         # FSDP gathers them (a collective; rank 0 holds them).
-        "model": loop.strategy.model_state(),
-        "optimizer": loop.strategy.optimizer_state(loop.optimizer),
+        "model": held(loop).model_state(),
+        "optimizer": held(loop).optimizer_state(loop.optimizer),
         "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
         "monitor": loop.monitor.state_dict(),
         "scaler": loop.scaler.state_dict() if loop.scaler is not None else None,
@@ -235,13 +236,13 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
             that is not resumable was refused before any rank: :func:`check_resumable`.)
     """
     try:
-        loop.strategy.load_model_state(state["model"])
+        held(loop).load_model_state(state["model"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
                           f"model ({str(exc).splitlines()[0][:200]})") from None
     loop.scheduler, interval, loop.run_steps = resume_optimizer(
         loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source,
-        loop.strategy.load_optimizer_state)
+        held(loop).load_optimizer_state)
     loop.step_scheduler = loop.scheduler if interval == "step" else None
     loop.step_lr = loop.optimizer.param_groups[0]["lr"]
     if state.get("scaler") and loop.scaler is not None:

@@ -104,6 +104,25 @@ class Strategy:
         return (param_bytes + grad_bytes + state_bytes) / MIB
 
 
+class Whole(Strategy):
+    """A module held whole with no wrapper (a loop built without a strategy, e.g. in a test):
+    the plain ``state_dict`` calls."""
+
+    name = "ddp"
+
+    def __init__(self, module: nn.Module):
+        self.module = self.wrapped = module
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return NO_CONTEXT
+
+
+def held(loop: Any) -> Strategy:
+    """``loop.strategy``, or :class:`Whole` over ``loop.model`` where the loop has none."""
+    strategy = getattr(loop, "strategy", None)
+    return strategy if strategy is not None else Whole(loop.model)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard, or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
