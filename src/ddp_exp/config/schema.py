@@ -21,6 +21,7 @@ from ddp_exp.config import choices, ranges
 from ddp_exp.config.choices import CLUSTERS as CLUSTERS  # allowed values, as before the Enums
 from ddp_exp.config.choices import SCHEDULER_INTERVALS as SCHEDULER_INTERVALS
 from ddp_exp.config.loggers import LoggerConfig, RecordConfig
+from ddp_exp.config.strategy import StrategyConfig
 
 
 # ----------------------------------------------------------------------------------- data
@@ -315,6 +316,7 @@ class Config:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # the `logger` group's trackers
     record: RecordConfig = field(default_factory=RecordConfig)  # run.json
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)  # the strategy group
     loss: Any = None  # null: cross-entropy / MSE by task; or a _target_ per-sample loss
     metrics: Any = field(default_factory=dict)  # name -> _target_ per-sample validation metric
     world_size: int = 2  # total number of ranks

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from ddp_exp.config import ranges, schema
 from ddp_exp.config.choices import Device
+from ddp_exp.config.strategy import StrategyConfig
 
 S = TypeVar("S")
 
@@ -99,6 +100,7 @@ class RankConfig:
     distributed: schema.DistributedConfig
     launcher: schema.LauncherConfig
     ddp: schema.DDPConfig
+    strategy: StrategyConfig
     world_size: int
     seed: int
     device: Device
@@ -146,6 +148,7 @@ def rank_config(cfg: Mapping[str, Any]) -> RankConfig:
         distributed=section(schema.DistributedConfig, get("distributed")),
         launcher=section(schema.LauncherConfig, get("launcher")),
         ddp=section(schema.DDPConfig, get("ddp")),
+        strategy=section(StrategyConfig, get("strategy")),
         world_size=top.world_size, seed=top.seed, device=top.device,
         print_config=top.print_config,
         targets=Targets(data=data, model=model, optim=optim, scheduler=scheduler,

@@ -47,6 +47,7 @@ from ddp_exp.train import state as train_state
 from ddp_exp.train.models import build_model
 from ddp_exp.train.objective import Objective
 from ddp_exp.train.optimizer import build_optimizer, check_optimizer
+from ddp_exp.train.strategy import check_model as check_strategy
 
 log = logging.getLogger("ddp_exp")
 
@@ -142,6 +143,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if note and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
         log.warning(note)  # a run that trains blind: a user's Dataset holds out none by default
     view = rank_config(plain)  # what every rank will read (typed), checked here first
+    check_strategy(view, model, device)  # strategy=fsdp's refusals (ddp_exp.train.strategy)
     check_optimizer(view)  # a bad optim fails here, not in ranks; built only where needed:
     optimizer = None  # building one imports torch._dynamo (~1.3 s), which the ranks do anyway
     if state is not None or (view.targets.scheduler or {}).get("_target_") is not None:

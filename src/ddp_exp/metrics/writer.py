@@ -278,10 +278,12 @@ class MetricsWriter:
         if self.writer is not None:
             write_json_atomic(os.path.join(self.job_dir, name), payload)
 
-    def finish(self, final: Mapping[str, Any], model: torch.nn.Module) -> None:
+    def finish(self, final: Mapping[str, Any],
+               model: torch.nn.Module | Mapping[str, torch.Tensor]) -> None:
         """Write the HParams metrics (``final/<key>``, float64, at x = ``final["global_step"]``),
         flush TensorBoard, write ``metrics.json`` and the trained weights ``model.pt`` (the
-        unwrapped model's ``state_dict``, loadable with ``weights_only=True``)."""
+        unwrapped model's ``state_dict``, or that state dict itself, loadable with
+        ``weights_only=True``)."""
         self.write_queued()
         if self.writer is None:
             return
@@ -292,7 +294,8 @@ class MetricsWriter:
             if value is not None and math.isfinite(value):
                 self.writer.add_scalar(FINAL_PREFIX + key, value, final.get("global_step"),
                                        new_style=True, double_precision=True)
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        weights = model.state_dict() if isinstance(model, torch.nn.Module) else model
+        state = {k: v.detach().cpu() for k, v in weights.items()}
         atomic_write(os.path.join(self.job_dir, "model.pt"), lambda fh: torch.save(state, fh))
         self.writer.flush()
         self.writer.close()

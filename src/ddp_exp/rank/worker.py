@@ -167,10 +167,14 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
         except Preempted:  # every rank, after the same step; rank 0 wrote the checkpoint
             return preemption.stopped(trainer.global_step, os.path.join(
                 checkpoint.checkpoint_dir(inputs.job_dir), checkpoint.LAST))
-        peak = all_reduce_max(torch.tensor([peak_rss_mb()], dtype=torch.float64,
-                                           device=device))
+        peak = all_reduce_max(torch.tensor(
+            [peak_rss_mb(), trainer.strategy.state_mb(trainer.optimizer)],
+            dtype=torch.float64, device=device))
         final.update({
-            "perf/max_rss_mb": float(peak.item()),  # the largest peak over the ranks
+            "perf/max_rss_mb": float(peak[0]),  # the largest peak over the ranks
+            # parameters + gradients + optimizer state, MiB, the largest over the ranks
+            "perf/state_mb_per_rank": float(peak[1]),
+            "strategy": trainer.strategy.name,
             "world_size": world.world_size,
             "batch_size": cfg.data.batch_size,
             "global_batch_size": global_batch,
@@ -181,7 +185,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
             "restarts": attempt,  # torch elastic's restarts of this world (issue 30)
             "world_sizes": worlds,  # the world sizes this run trained at, in order
         })
-        writer.finish(final, trainer.model)
+        writer.finish(final, trainer.strategy.model_state())  # a collective under FSDP
     finally:
         writer.close()
     if world.is_main:
@@ -252,7 +256,9 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     threads = set_threads(world, cfg.data.num_workers)
     # Under spawn/forkserver torch.multiprocessing hands the model over in shared memory: every
     # rank would step the same parameters (lr x world_size, racy). Each rank owns a copy.
-    inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
+    # Under strategy=fsdp the rank only reads it (its shards are slices of it): no copy.
+    if cfg.strategy.name != "fsdp":
+        inputs = dataclasses.replace(inputs, model=copy.deepcopy(inputs.model))
     init_process_group(inputs.backend, world, cfg.distributed.timeout_s, inputs.device)
     try:
         if cfg.launcher.nnodes > 1:

@@ -60,13 +60,14 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
                            seconds, val, loop.lm.unit, timed)
         log.info(epoch_line(last, trainer.epochs))
         warmup.report(loop.warmup, loop.writer, loop.global_step)  # perf/compile_s, its line
-        if not by_steps:
-            loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+        with loop.strategy.evaluation():  # FSDP: whole parameters for rank 0's reads
+            if not by_steps:
+                loop.lm.sample(loop.epoch, loop.global_step)  # rank 0, its own generator
+            dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
+                                       trainer.log_histograms_every_n_epochs)
         loop.last_train = (last.train_loss, last.train_samples)  # kept in checkpoints
         if loop.perf is not None:  # the straggler line (trainer.perf_metrics)
             loop.perf.end_epoch(loop.epoch)
-        dashboard.write_histograms(loop.writer, loop.model, loop.epoch, loop.global_step,
-                                   trainer.log_histograms_every_n_epochs)
         final = loop.epoch + 1 >= trainer.epochs or (max_steps is not None
                                                      and loop.global_step >= max_steps)
         # reduced: all agree (by steps: each validation updated the monitor)

@@ -23,6 +23,7 @@ autocast), :mod:`ddp_exp.data.loaders` and :mod:`ddp_exp.data` (the batches and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -147,11 +148,14 @@ class Evaluator:
         device: this rank's device.
         precision: ``trainer.precision`` (the forward's autocast).
         writer: rank 0's writer (a no-op elsewhere).
+        strategy: the run's :class:`ddp_exp.train.strategy.Strategy` (its ``evaluation()``
+            context: FSDP gathers the shards once per pass); None: the model is whole.
     """
 
     def __init__(self, model: nn.Module, data: RankData, datasets: Datasets,
                  objective: Objective, world: World, device: torch.device, precision: str,
-                 writer: MetricsWriter):
+                 writer: MetricsWriter, strategy: Any = None):
+        self.strategy = strategy
         self.model, self.data, self.datasets, self.objective = model, data, datasets, objective
         self.world, self.device, self.precision, self.writer = world, device, precision, writer
         # The validation tags the run writes (for the dashboard layout), none without samples.
@@ -166,15 +170,20 @@ class Evaluator:
         confusion matrix, which is kept for :meth:`report_confusion`."""
         if not len(self.datasets.val):
             return {"val/loss": None, "val/accuracy": None, "val/num_samples": 0}
-        val = evaluate(self.model, self.data.val_batches(epoch), self.objective, self.world,
-                       self.device, self.precision, confusion_classes(self.objective.num_classes),
-                       self.token_bytes)
+        with self._whole():
+            val = evaluate(self.model, self.data.val_batches(epoch), self.objective,
+                           self.world, self.device, self.precision,
+                           confusion_classes(self.objective.num_classes), self.token_bytes)
         self.last_confusion = val.pop("confusion", None)
         val.update(lm.val_scalars(val["val/loss"], self.datasets.val,  # data=tokens only
                                   val["val/num_samples"], val.pop("val/num_bytes", None)))
         self.writer.scalars(global_step,
                             {k: v for k, v in val.items() if k != "val/num_samples"})
         return val
+
+    def _whole(self) -> Any:
+        """The strategy's evaluation context (FSDP: parameters gathered for the pass)."""
+        return self.strategy.evaluation() if self.strategy is not None else contextlib.nullcontext()
 
     def report_confusion(self, global_step: int) -> None:
         """Classification: the last validation's confusion matrix (of the final weights, counted
@@ -205,16 +214,25 @@ class Evaluator:
             log.warning("%s: no best epoch was recorded (%s never finite): using the last "
                         "weights", split, monitor.metric)
         last_weights = None
-        if use_best:
+        sharded = getattr(self.strategy, "name", "ddp") == "fsdp"
+        if use_best and sharded:  # gathered on rank 0, scattered back from rank 0
+            last_weights = self.strategy.model_state()
+            self.strategy.load_from_main(checkpoint.load(
+                checkpoint.best_path(self.writer.job_dir), key="trainer.test_weights")["model"]
+                if self.world.is_main else {})
+        elif use_best:
             last_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             if self.world.is_main:
                 best = checkpoint.load(checkpoint.best_path(self.writer.job_dir),
                                        key="trainer.test_weights")
                 self.model.load_state_dict(best["model"])
             broadcast_from_main(list(self.model.state_dict().values()))
-        result = evaluate(self.model, self.data.eval_batches(data), self.objective, self.world,
-                          self.device, self.precision)
-        if last_weights is not None:
+        with self._whole():
+            result = evaluate(self.model, self.data.eval_batches(data), self.objective,
+                              self.world, self.device, self.precision)
+        if last_weights is not None and sharded:
+            self.strategy.load_from_main(last_weights)
+        elif last_weights is not None:
             self.model.load_state_dict(last_weights)
         out = {f"{split}/{key.split('/', 1)[1]}": value for key, value in result.items()}
         shown = ", ".join(f"{k} {v:.4f}" for k, v in out.items()

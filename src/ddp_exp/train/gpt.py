@@ -120,6 +120,12 @@ class GPT(nn.Module):
             x = block(x)
         return self.head(self.ln_f(x))
 
+    def fsdp_blocks(self) -> list[nn.Module]:
+        """The transformer blocks, in order: the modules ``strategy=fsdp`` shards one by one
+        (:func:`ddp_exp.train.strategy.find_blocks`); the embeddings, final norm and tied head
+        stay with the root."""
+        return list(self.blocks)
+
     def num_params(self, embeddings: bool = False) -> int:
         """Parameters, the tied head counted once; without the position embedding unless
         ``embeddings`` (the 6N rule's N, PaLM appendix B)."""

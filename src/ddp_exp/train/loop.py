@@ -63,14 +63,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from ddp_exp.compat.ddp_buckets import lay_out_buckets_once
 from ddp_exp.config.view import RankConfig
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
 from ddp_exp.distributed.process_group import World
-from ddp_exp.distributed.sync_batchnorm import convert_sync_batchnorm
 from ddp_exp.io.files import BackgroundWriter
 from ddp_exp.job import pruning
 from ddp_exp.metrics.lm import LanguageModelReport
@@ -85,8 +82,9 @@ from ddp_exp.train.evaluation import Evaluator
 from ddp_exp.train.log_interval import lr_used, settle
 from ddp_exp.train.monitor import Monitor
 from ddp_exp.train.objective import Objective
-from ddp_exp.train.optimizer import OptimizerStep, autocast, build_optimizer, grad_scaler
+from ddp_exp.train.optimizer import autocast, build_optimizer, grad_scaler
 from ddp_exp.train.step_checkpoint import Cadence, Preempted, decided
+from ddp_exp.train.strategy import build_strategy, startup_line
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -114,7 +112,7 @@ class Trainer:
                  writer: MetricsWriter, preempt_requested: Callable[[], bool] | None = None):
         self.cfg, self.world, self.datasets, self.device, self.writer = (
             cfg, world, datasets, device, writer)
-        trainer, ddp_cfg = cfg.trainer, cfg.ddp
+        trainer = cfg.trainer
         self.precision = trainer.precision
         self.accumulate = trainer.accumulate_grad_batches
         self.objective = objective
@@ -126,20 +124,17 @@ class Trainer:
         self.move_batches = self.data.move_batches
         # In-memory arrays: one float tensor in, one tensor out (the fast path, no dispatch).
         self.plain_batches = datasets.in_memory
-        if ddp_cfg.sync_batchnorm:  # before DDP wraps it (torch's SyncBatchNorm docs)
-            model = convert_sync_batchnorm(model, device.type)
-        self.model = model.to(device)
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=ddp_cfg.bucket_cap_mb,
-            gradient_as_bucket_view=ddp_cfg.gradient_as_bucket_view,
-            static_graph=ddp_cfg.static_graph,
-            find_unused_parameters=ddp_cfg.find_unused_parameters)
-        # One bucket layout for every step, so that a resume at 3+ ranks sums alike.
-        lay_out_buckets_once(self.ddp)
+        # The strategy (ddp_exp.train.strategy): DDP over the replicated model, or FSDP2 over
+        # its shards; self.model is the unwrapped module, self.ddp what the forward calls.
+        self.strategy = build_strategy(cfg, model, device, datasets.train.input_shape,
+                                       datasets.train.num_outputs)
+        self.model, self.ddp = self.strategy.module, self.strategy.wrapped
         # torch.compile wraps the DDP module (DDPOptimizer splits graphs at bucket boundaries).
         self.forward = torch.compile(self.ddp) if trainer.compile else self.ddp
         self.optimizer = build_optimizer(cfg, self.ddp.parameters())
+        if world.is_main:
+            log.info("%s", startup_line(self.strategy, getattr(self.strategy, "section", None),
+                                        self.optimizer))
         self.scaler = grad_scaler(self.precision, device)  # 16-mixed only: loss scaling
         self.autocast = autocast(device, self.precision)
         # The recipe (issue 15). Each feature that is off costs the hot path nothing: no
@@ -152,9 +147,8 @@ class Trainer:
         self.step_lr = self.optimizer.param_groups[0]["lr"]  # the lr the last step used
         # Unscaling, clipping or the train/grad_norm measure, optimizer.step()
         # (ddp_exp.train.optimizer).
-        self.optim_step = OptimizerStep(self.optimizer, self.scaler,
-                                        trainer.gradient_clip_val,
-                                        [p for p in self.model.parameters() if p.requires_grad])
+        self.optim_step = self.strategy.optimizer_step(self.optimizer, self.scaler,
+                                                       trainer.gradient_clip_val)
         self.grad_norm: torch.Tensor | None = None  # the last step's norm, before clipping
         self.log_every = trainer.log_every_n_steps
         self.monitor = Monitor(trainer.monitor, trainer.monitor_mode,
@@ -168,7 +162,7 @@ class Trainer:
             self.perf.attach(self.model)  # stamps the end of each backward graph
         # Validation and the test split (ddp_exp.train.evaluation), through the unwrapped model.
         self.evaluator = Evaluator(self.model, self.data, datasets, objective, world, device,
-                                   self.precision, writer)
+                                   self.precision, writer, self.strategy)
         self.layout_written = False
         # data=tokens: tokens/s, model FLOP/s, MFU and text samples (ddp_exp.metrics.lm).
         self.lm = LanguageModelReport(trainer, cfg.seed, datasets, self.model, world.world_size,

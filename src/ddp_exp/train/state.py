@@ -20,6 +20,7 @@ which the launcher's check shares. Taking and landing a checkpoint is
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.process_group import gather_rng_states
 from ddp_exp.io import checkpoint
 from ddp_exp.train import schedule
+from ddp_exp.train.strategy import held
 
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
@@ -49,8 +51,10 @@ def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None, position: int
     """
     ranks_rng = gather_rng_states(loop.device) if rng is None else rng  # a collective
     return {
-        "model": loop.model.state_dict(),
-        "optimizer": loop.optimizer.state_dict(),
+        # Full tensors in the plain layouts, whichever the strategy (ddp_exp.train.strategy):
+        # FSDP gathers them (a collective; rank 0 holds them).
+        "model": held(loop).model_state(),
+        "optimizer": held(loop).optimizer_state(loop.optimizer),
         "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
         "monitor": loop.monitor.state_dict(),
         "scaler": loop.scaler.state_dict() if loop.scaler is not None else None,
@@ -91,7 +95,8 @@ def check_resumable(state: dict[str, Any], source: str) -> None:
 
 
 def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
-                     optimizer: torch.optim.Optimizer, per_epoch: int, resume: str
+                     optimizer: torch.optim.Optimizer, per_epoch: int, resume: str,
+                     load: Callable[[torch.optim.Optimizer, dict[str, Any]], None] | None = None
                      ) -> tuple[Any, str, int]:
     """Continue the checkpoint's optimizer under this run's config and enter this run's
     schedule where the checkpoint left off: the launcher's check before any rank starts and
@@ -114,6 +119,8 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
         optimizer: built from ``cfg`` over the model's parameters.
         per_epoch: this run's optimizer steps per epoch.
         resume: ``trainer.resume`` as given (named in messages).
+        load: loads the plain state into ``optimizer`` (the strategy's: FSDP shards it);
+            None: ``optimizer.load_state_dict``.
 
     Returns:
         ``(scheduler or None, interval, run_steps)``: ``run_steps`` is the schedule's length.
@@ -124,7 +131,10 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
             :func:`ddp_exp.train.schedule.check_length`) or raises while it is entered.
     """
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        if load is None:
+            optimizer.load_state_dict(state["optimizer"])
+        else:
+            load(optimizer, state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
                           f"not fit optim ({cfg.optim._target_}; {type(exc).__name__}: "
@@ -229,12 +239,13 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
             that is not resumable was refused before any rank: :func:`check_resumable`.)
     """
     try:
-        loop.model.load_state_dict(state["model"])
+        held(loop).load_model_state(state["model"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
                           f"model ({str(exc).splitlines()[0][:200]})") from None
     loop.scheduler, interval, loop.run_steps = resume_optimizer(
-        loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source)
+        loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source,
+        held(loop).load_optimizer_state)
     loop.step_scheduler = loop.scheduler if interval == "step" else None
     loop.step_lr = loop.optimizer.param_groups[0]["lr"]
     if state.get("scaler") and loop.scaler is not None:

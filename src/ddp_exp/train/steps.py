@@ -70,7 +70,7 @@ def train_step(loop: Any, group: list, window: LossWindow) -> None:
         if loop.move_batches:  # host batches (DataLoader workers) to the device
             xb = to_device(xb, loop.device)
             yb = yb.to(loop.device, non_blocking=True)
-        with loop.ddp.no_sync() if i < last else NO_CONTEXT:
+        with loop.strategy.no_sync() if i < last else NO_CONTEXT:
             with loop.autocast:
                 out = loop.forward(xb) if plain else call_model(loop.forward, xb)
                 if type(out) is not torch.Tensor:  # a tuple or a mapping
@@ -106,7 +106,7 @@ def element_step(loop: Any, group: list, window: LossWindow) -> None:
     for i, ((xb, _), yb) in enumerate(zip(group, targets, strict=True)):
         if loop.move_batches:
             xb = to_device(xb, loop.device)
-        with loop.ddp.no_sync() if i < last else NO_CONTEXT:
+        with loop.strategy.no_sync() if i < last else NO_CONTEXT:
             with loop.autocast:
                 out = loop.objective.output(call_model(loop.forward, xb))
                 total, _ = loop.objective.element_terms(out, yb)
@@ -141,7 +141,7 @@ def padded_step(loop: Any, group: list, window: LossWindow) -> None:
     for i, (xb, yb) in enumerate(group):
         if loop.move_batches:
             xb, yb = to_device(xb, loop.device), yb.to(loop.device, non_blocking=True)
-        with loop.ddp.no_sync() if i < last else NO_CONTEXT:
+        with loop.strategy.no_sync() if i < last else NO_CONTEXT:
             with loop.autocast:
                 out = loop.objective.output(call_model(loop.forward, xb))
                 values = loop.objective.per_sample_loss(out, yb)

@@ -1,0 +1,85 @@
+"""The ``strategy`` config group: how the model is replicated or sharded over the world.
+
+* ``strategy=ddp`` (the default): every rank holds the whole model, gradients and optimizer
+  state; ``DistributedDataParallel`` all-reduces the gradients (``ddp.*`` keys).
+* ``strategy=fsdp``: FSDP2's ``torch.distributed.fsdp.fully_shard`` shards parameters,
+  gradients and optimizer state over the world (each block, then the root;
+  :mod:`ddp_exp.train.strategy` builds it).
+
+The keys below are read by ``fsdp`` only. Ranges are checked here (``__post_init__``); the
+checks that need the model or the device are :func:`ddp_exp.train.strategy.check_model` and
+:func:`check_device`.
+
+Uses :mod:`ddp_exp.config.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddp_exp.config.errors import ConfigError
+
+STRATEGIES = ("ddp", "fsdp")
+DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy dtypes, by name
+
+
+@dataclass
+class StrategyConfig:
+    """``strategy.*``.
+
+    Attributes:
+        name: ``ddp`` | ``fsdp``.
+        reshard_after_forward: fsdp: free each block's gathered parameters after its forward
+            (all-gather them again for backward: less memory, one more all-gather per block).
+        param_dtype: fsdp: the dtype the gathered parameters compute in (``bfloat16``), null:
+            the parameters' own (float32). The sharded parameters and the optimizer stay float32.
+        reduce_dtype: fsdp: the dtype gradients are reduce-scattered in; null: ``param_dtype``.
+        activation_checkpointing: fsdp: recompute each block's activations in backward.
+        blocks: fsdp: the modules sharded one by one (each its own all-gather): class names
+            (``Block``) or module-path patterns (``blocks.*``, fnmatch); null: the model's
+            ``fsdp_blocks()`` if it has one (``model=gpt``: its transformer blocks), else each
+            top-level child that holds parameters.
+    """
+
+    name: str = "ddp"
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    activation_checkpointing: bool = False
+    blocks: list[str] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        check_ranges(vars(self))
+
+
+def check_ranges(values: Mapping[str, Any]) -> None:
+    """Range-check a ``strategy`` section (any mapping).
+
+    Raises:
+        ConfigError: an unknown strategy name or dtype, naming the key and what is valid.
+    """
+    name = values.get("name", "ddp")
+    if name not in STRATEGIES:
+        raise ConfigError(f"strategy={name!r} is not a strategy: one of {', '.join(STRATEGIES)}")
+    for key in ("param_dtype", "reduce_dtype"):
+        dtype = values.get(key)
+        if dtype is not None and dtype not in DTYPES:
+            raise ConfigError(f"strategy.{key}={dtype!r} is not a dtype FSDP takes: one of "
+                              f"{', '.join(DTYPES)}, or null")
+
+
+def check_device(cfg: StrategyConfig, device: str) -> None:
+    """Refuse what the resolved device cannot run under ``strategy=fsdp``: float16 parameters
+    on the CPU (no float16 GEMM kernels worth the name; use bfloat16).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    if cfg.name != "fsdp":
+        return
+    for key in ("param_dtype", "reduce_dtype"):
+        if getattr(cfg, key) == "float16" and device != "cuda":
+            raise ConfigError(f"strategy.{key}=float16 needs device=cuda (this run is on "
+                              f"{device}): use bfloat16 or null on the CPU")
