@@ -4,14 +4,15 @@ world, as :mod:`benchmarks.probes.step_checkpoint_cost` measures the step checkp
 rank holds two of ddp_exp's Trainers on the same data, the default keys and one with
 ``trainer.save_last=false``, and trains them in alternating blocks of epochs, each epoch
 followed by the end-of-epoch checkpoint as ``Trainer.fit`` takes it
-(``train.state.save_checkpoint``: the state gathered on the loop's thread, serialised and
-written on the background writer). A block's time is rank 0's wall seconds from its first step
+(:func:`ddp_exp.train.checkpointing.at_epoch_end`: ``take`` on the loop's thread, the RNG
+gather started and rank 0's state snapshotted; serialised and written on the background
+writer). A block's time is rank 0's wall seconds from its first step
 to the end of its last, the writer's pending writes included (``checkpoint_files.wait()``).
 
 Two measures. The *CPU* share, which the load of a shared machine cannot inflate: the CPU
-seconds of ``save_checkpoint`` on the loop's thread plus the writer thread's, over the block's
+seconds of ``at_epoch_end`` on the loop's thread plus the writer thread's, over the block's
 CPU seconds of both threads (rank 0). The *direct* share: the seconds the loop waits in
-``save_checkpoint`` plus the writer thread's CPU seconds, over the block's seconds (the
+``at_epoch_end`` plus the writer thread's CPU seconds, over the block's seconds (the
 writer's CPU is charged in full, although on an idle core it would overlap the steps).
 The blocks' ratio is printed too; on a
 shared machine it resolves a few percent, not one.
@@ -47,7 +48,7 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
     from ddp_exp.data import build_datasets, load_digits
     from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
     from ddp_exp.metrics.writer import MetricsWriter
-    from ddp_exp.train import state as train_state
+    from ddp_exp.train import checkpointing
     from ddp_exp.train.loop import Trainer
     from ddp_exp.train.models import MLP
     from ddp_exp.train.objective import Objective
@@ -58,7 +59,7 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
     world = World.from_env()
     init_process_group("gloo", world, 120)
     datasets = build_datasets(load_digits(), 297, 0, 2)
-    spent = time_checkpoint_work(train_state, ("save_checkpoint",))
+    spent = time_checkpoint_work(checkpointing, ("at_epoch_end",))
     tmp = tempfile.mkdtemp(prefix="epoch-checkpoint-cost-")
     trainers = {}
     for name, overrides in VARIANTS.items():
@@ -83,7 +84,7 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
             for _ in range(args.epochs_per_block):
                 trainer.train_epoch()
                 trainer.epoch += 1
-                train_state.save_checkpoint(trainer)  # as Trainer.fit after each epoch
+                checkpointing.at_epoch_end(trainer)  # as Trainer.fit after each epoch
             trainer.checkpoint_files.wait()  # this block's writes, charged to it
             torch.distributed.barrier()
             seconds[name] += time.perf_counter() - t
