@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import QUIET, Run, run_tagged
-from test_prepare_text import write_corpus
+from text_corpus import write_corpus
 
 from ddp_exp.data.example_text import write_chinese_corpus
 

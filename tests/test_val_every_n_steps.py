@@ -4,7 +4,7 @@ the same steps and values after a kill between two validations and a resume, ``b
 holding the best validation step's weights, early stopping counted in validations.
 
 One tiny GPT on the built-in corpus; SGD at a constant rate (cross-world runs compare at 1e-6
-with SGD: DESIGN.md's round 4 facts on AdamW's noise), validation capped at 64 windows."""
+with SGD: AdamW amplifies float noise across world sizes), validation capped at 64 windows."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ COMMON = ("experiment=gpt_tokens", "data.global_batch_size=32", "data.block_size
           "trainer.max_steps=100", "trainer.sample_every_n_epochs=2", "launcher.max_restarts=0",
           QUIET)
 STEPS = [25, 50, 75, 100]
-# SGD at a constant 0.05 keeps world sizes within float noise (DESIGN.md, round 4); at 0.3 the
+# SGD at a constant 0.05 keeps world sizes within float noise (AdamW would not); at 0.3 the
 # loss jumps about (a best validation before the last: best.pt's test)
 STEADY = ("optim.lr=0.05", "scheduler.min_lr=0.05")
 JUMPY = ("optim.lr=0.3", "scheduler.min_lr=0.3")

@@ -84,7 +84,8 @@ from ddp_exp.train.monitor import Monitor
 from ddp_exp.train.objective import Objective
 from ddp_exp.train.optimizer import autocast, build_optimizer, grad_scaler
 from ddp_exp.train.step_checkpoint import Cadence, Preempted, decided
-from ddp_exp.train.strategy import build_strategy, startup_line
+from ddp_exp.train.strategies import build_strategy
+from ddp_exp.train.strategy import startup_line
 
 log = logging.getLogger("ddp_exp.train")
 

@@ -43,6 +43,10 @@ from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.sync_batchnorm import convert_sync_batchnorm
 from ddp_exp.train.optimizer import NO_CONTEXT, OptimizerStep
 
+# Every BatchNorm class of torch.nn (their shared base is private): running statistics per rank.
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+               nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d)
+
 log = logging.getLogger("ddp_exp.train")
 
 MIB = 2 ** 20
@@ -236,7 +240,7 @@ def check_model(cfg: RankConfig, model: nn.Module, device: str) -> None:
     if cfg.ddp.sync_batchnorm:
         raise ConfigError("ddp.sync_batchnorm=true does not apply to strategy=fsdp "
                           "(SyncBatchNorm is DDP's): set ddp.sync_batchnorm=false or strategy=ddp")
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+    if any(isinstance(m, BATCH_NORMS) for m in model.modules()):
         raise ConfigError("strategy=fsdp: the model has BatchNorm, whose running statistics "
                           "each rank would keep from its own shard: use strategy=ddp with "
                           "ddp.sync_batchnorm=true, or a model without BatchNorm")
@@ -248,17 +252,6 @@ def check_model(cfg: RankConfig, model: nn.Module, device: str) -> None:
                           "strategy=fsdp yet: use bf16-mixed or strategy.param_dtype=bfloat16")
     check_device(cfg.strategy, device)
     find_blocks(model, cfg.strategy.blocks)
-
-
-def build_strategy(cfg: RankConfig, model: nn.Module, device: torch.device,
-                   input_shape: Any = None, num_outputs: int = 0) -> Strategy:
-    """The run's strategy (``cfg.strategy``) over the seeded, unwrapped ``model``
-    (``input_shape`` and ``num_outputs``: the dataset's, for the FSDP meta-device build)."""
-    if cfg.strategy.name == "fsdp":
-        from ddp_exp.train.fsdp import FSDPStrategy
-
-        return FSDPStrategy(cfg, cfg.strategy, model, device, input_shape, num_outputs)
-    return DDPStrategy(cfg, model, device)
 
 
 def startup_line(strategy: Strategy, section: StrategyConfig | None,
