@@ -6,9 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import uuid
-import warnings
 
-import helpers
 import pytest
 from helpers import HANG_S, Run, run_tagged, shared_run
 
@@ -76,6 +74,19 @@ def default_run_2_epochs(tmp_path_factory) -> Run:
     return shared_run(tmp_path_factory, "world_size=2", "trainer.epochs=2", "print_config=false")
 
 
+@pytest.fixture(autouse=True)
+def _no_hydra_config_left():
+    """A test that sets Hydra's process-wide HydraConfig (an in-process ``compose(...,
+    return_hydra_config=True)``, a job run in this process) leaves it behind for the next test
+    on the same xdist worker, whose ``command_folder()`` then named the first test's folder
+    (test_an_unimportable_user_module_says_where_python_looked failed in CI, passed alone).
+    Cleared after every test."""
+    yield
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None
+
+
 @pytest.fixture
 def compose():
     """``compose(*overrides)`` -> the composed config (no ``hydra`` node), in this process."""
@@ -86,14 +97,3 @@ def compose():
     register_configs()
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
         yield lambda *overrides: hydra.compose("config", overrides=list(overrides))
-
-
-def __getattr__(name: str):
-    """A helper asked of conftest (``from conftest import QUIET``, the old place) still imports,
-    from :mod:`helpers`, with a warning naming the new place. For test files written before
-    helpers.py; remove once none is left."""
-    if name.startswith("__") or name.startswith("pytest_") or not hasattr(helpers, name):
-        raise AttributeError(name)
-    warnings.warn(f"import {name} from helpers, not from conftest", DeprecationWarning,
-                  stacklevel=2)
-    return getattr(helpers, name)

@@ -145,8 +145,11 @@ def test_any_exception_while_the_launcher_builds_is_one_line_and_recorded(run_cl
     folder = config_dir / "model"
     folder.mkdir(parents=True)
     (folder / "broken.yaml").write_text("_target_: faulty.BrokenParameters\n")
+    # The launcher builds the optimizer where it checks a scheduler (a plain run's optimizer is
+    # built in the ranks alone): a scheduler puts the fault in the launcher.
     run = run_cli("--config-dir", str(config_dir), "model=broken", "trainer.epochs=1", QUIET,
-                  env=tests_on_path())
+                  "scheduler._target_=torch.optim.lr_scheduler.ExponentialLR",
+                  "+scheduler.gamma=0.9", env=tests_on_path())
     log = run.job_dir / "ddp_exp.log"
     line = ("error: the launcher failed before any rank started: RuntimeError: parameters "
             f"are broken (the traceback is in {log})")

@@ -97,3 +97,21 @@ def _where_modules_are(name: str) -> str:
                  f"the folder it runs in): use python -m ddp_exp, or add the folder that holds "
                  f"{name}.py (or {name}/) to PYTHONPATH")
     return f"; Python looked for {name} {where}"
+
+
+def check_targets(cfg: Mapping[str, Any], prefix: str = "") -> None:
+    """Import every ``_target_`` in ``cfg`` (any depth: ``data``, ``model``, ``optim``,
+    ``scheduler``, ``loss``, ``metrics.<name>``, a transform inside ``data``) before the config is
+    printed and anything slow starts: a ``_target_`` that cannot be imported is one line and
+    nothing else (the printed config came first, then the error, issue 26 item 11d). Logs
+    nothing; builds nothing.
+
+    Raises:
+        ConfigError: the first ``_target_`` that cannot be imported (:func:`locate`'s line).
+    """
+    for name, value in cfg.items():
+        key = f"{prefix}{name}"
+        if name == "_target_" and isinstance(value, str) and "." in value:
+            locate(value, key)
+        elif isinstance(value, Mapping):
+            check_targets(value, f"{key}.")

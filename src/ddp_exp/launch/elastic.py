@@ -49,6 +49,7 @@ from omegaconf import DictConfig
 from ddp_exp.compat import elastic_agent as agent
 from ddp_exp.compat import messages
 from ddp_exp.config.checks import check_precision, validate
+from ddp_exp.config.targets import check_targets
 from ddp_exp.distributed.process_group import oversubscription_warning, resolve_placement
 from ddp_exp.io.files import atomic_write
 from ddp_exp.job import folder as jobdir
@@ -153,6 +154,7 @@ def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: i
     warning = oversubscription_warning(nproc * tasks_on_host, jobs)
     if warning:
         log.warning("%s", warning)
+    check_targets(cfg)  # a _target_ that cannot be imported: its line alone, no config first
     if cfg.print_config:  # before the data and the model: the first line comes at once
         log_config(config_as_run(cfg, cfg.world_size, device))  # a sweep's later jobs: overrides
     return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from ddp_exp.config.checks import check_precision, validate
 from ddp_exp.config.compose import task_overrides
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.targets import check_targets
 from ddp_exp.config.view import rank_config
 from ddp_exp.distributed.process_group import (
     World,
@@ -110,10 +111,11 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
-        if world.is_main and cfg.print_config:  # before the data and the model
-            log.info("config:\n%s", OmegaConf.to_yaml(config_as_run(cfg, world.world_size,
-                                                                     device)))
         with build_failure_recorded(job_dir, world.is_main):
+            check_targets(cfg)  # a _target_ that cannot be imported: its line alone
+            if world.is_main and cfg.print_config:  # before the data and the model
+                log.info("config:\n%s", OmegaConf.to_yaml(config_as_run(cfg, world.world_size,
+                                                                         device)))
             inputs = prepare(cfg, job_dir, world.world_size, device, backend)
         try:
             result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
