@@ -49,9 +49,9 @@ def weights_file(run: str, which: str | None) -> str:
     named = {"best": os.path.join(ckpt, "best.pt"), "last": os.path.join(ckpt, "last.pt")}
     if which is not None:
         path = named.get(which, which)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ConfigError(f"--checkpoint={which}: no such file ({path}); best, last or a "
-                              "checkpoint's path")
+                              "checkpoint's path (a file, or a sharded checkpoint's folder)")
         return path
     for path in (named["best"], named["last"], os.path.join(run, "model.pt")):
         if os.path.isfile(path):
@@ -61,8 +61,9 @@ def weights_file(run: str, which: str | None) -> str:
                       "--checkpoint PATH")
 
 
-def load_run(run: str, which: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The run's resolved config and the model's weights (a ``state_dict``).
+def load_run(run: str, which: str | None) -> tuple[dict[str, Any], dict[str, Any] | str]:
+    """The run's resolved config and the model's weights (a ``state_dict``, or the folder of a
+    sharded checkpoint: :mod:`ddp_exp.io.sharded`).
 
     Raises:
         ConfigError: no weights (:func:`weights_file`), an unreadable file, no config.
@@ -91,7 +92,7 @@ def load_run(run: str, which: str | None) -> tuple[dict[str, Any], dict[str, Any
     state = checkpoint.load(path, key="--checkpoint")
     if not isinstance(state.get("config"), dict):
         raise ConfigError(f"{path}: the checkpoint holds no config")
-    return state["config"], state["model"]
+    return state["config"], state.get("model", state.get("shards"))
 
 
 def sample_text(argv: Sequence[str]) -> str:
@@ -115,8 +116,13 @@ def sample_text(argv: Sequence[str]) -> str:
     torch.manual_seed(cfg.get("seed", 0))
     model = build_model(cfg["model"], train.input_shape, train.num_outputs)
     try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:
+        if isinstance(weights, str):  # a sharded checkpoint's folder, read whole here
+            from ddp_exp.io.sharded import load_model
+
+            load_model(weights, model, no_dist=True)
+        else:
+            model.load_state_dict(weights)
+    except (RuntimeError, ValueError) as e:
         raise ConfigError(f"{args.run}: the weights do not fit the run's model "
                           f"({str(e).splitlines()[0]})") from None
     tokenizer = lm.split_tokenizer(train)

@@ -23,6 +23,7 @@ from ddp_exp.config.errors import ConfigError
 
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy dtypes, by name
+CHECKPOINTS = ("sharded", "full")  # strategy.checkpoint
 
 
 @dataclass
@@ -41,6 +42,11 @@ class StrategyConfig:
             (``Block``) or module-path patterns (``blocks.*``, fnmatch); null: the model's
             ``fsdp_blocks()`` if it has one (``model=gpt``: its transformer blocks), else each
             top-level child that holds parameters.
+        checkpoint: how checkpoints hold the model and optimizer: ``full`` (one file, the
+            plain state dicts gathered to rank 0; ddp's only kind) or ``sharded`` (fsdp's
+            default: a folder in which every rank writes its own shard with
+            ``torch.distributed.checkpoint``; :mod:`ddp_exp.io.sharded`). Both resume at any
+            world size under either strategy.
     """
 
     name: str = "ddp"
@@ -49,6 +55,7 @@ class StrategyConfig:
     reduce_dtype: str | None = None
     activation_checkpointing: bool = False
     blocks: list[str] | None = field(default=None)
+    checkpoint: str = "full"
 
     def __post_init__(self) -> None:
         check_ranges(vars(self))
@@ -63,6 +70,14 @@ def check_ranges(values: Mapping[str, Any]) -> None:
     name = values.get("name", "ddp")
     if name not in STRATEGIES:
         raise ConfigError(f"strategy={name!r} is not a strategy: one of {', '.join(STRATEGIES)}")
+    kind = values.get("checkpoint", "full")
+    if kind not in CHECKPOINTS:
+        raise ConfigError(f"strategy.checkpoint={kind!r} is not a checkpoint kind: one of "
+                          f"{', '.join(CHECKPOINTS)}")
+    if kind == "sharded" and name != "fsdp":
+        raise ConfigError(f"strategy.checkpoint=sharded needs strategy=fsdp (under "
+                          f"strategy={name} every rank holds the same full state): set "
+                          "strategy.checkpoint=full")
     for key in ("param_dtype", "reduce_dtype"):
         dtype = values.get(key)
         if dtype is not None and dtype not in DTYPES:

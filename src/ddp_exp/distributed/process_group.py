@@ -294,3 +294,29 @@ def start_rng_gather(device: torch.device) -> RngGather:
     mine = (cpu if cuda is None else torch.cat([cpu, cuda])).to(device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     return RngGather(parts, dist.all_gather(parts, mine, async_op=True), own, cpu.numel())
+
+
+class SideGroup:
+    """A gloo process group of the whole world beside the default one, for collectives that run
+    on a background thread while the loop's own run (a sharded checkpoint's ``dcp.save`` on the
+    checkpoint writer's thread: two threads must never share one group's collectives), and a
+    ``tag`` every rank agrees on (rank 0's random number), so that names derived from it (a
+    checkpoint's temp folder) are the same on every rank and differ between attempts.
+
+    Create on every rank at the same point of its collectives (:func:`side_group`)."""
+
+    def __init__(self, group: Any, tag: str):
+        self.group, self.tag = group, tag
+
+
+def side_group(timeout_s: float) -> SideGroup:
+    """A :class:`SideGroup` (one ``new_group`` and one broadcast on the default group; every
+    rank must call it). Outside a process group: ``group`` None."""
+    import secrets
+
+    token = torch.tensor([secrets.randbits(62)], dtype=torch.int64)
+    if not dist.is_initialized():
+        return SideGroup(None, f"{int(token):x}")
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    dist.broadcast(token, src=0, group=group)
+    return SideGroup(group, f"{int(token):x}")

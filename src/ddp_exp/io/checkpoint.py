@@ -161,7 +161,8 @@ def land(paths: list[str], write_first: Callable[[str], object],
 def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
          writer: BackgroundWriter | None = None, last: bool = True, best: bool = False,
          before_write: Callable[[], object] | None = None,
-         late: Callable[[], dict[str, Any]] | None = None, owned: bool = False) -> str:
+         late: Callable[[], dict[str, Any]] | None = None, owned: bool = False,
+         shards: Any = None) -> str:
     """Write ``state`` under each name it is due: its epoch file (``keep_epoch_file``),
     ``last.pt`` (``last``, and always with an epoch file) and ``best.pt`` (``best``: the epoch
     is the monitor's new best); then delete all but the newest ``keep`` epoch files
@@ -179,6 +180,12 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
     hands the checkpoint over: every rank's RNG states). ``before_write()``, if given, runs
     just before the file is written (on that thread): what must be on disk before the
     checkpoint is (a step checkpoint's TensorBoard events).
+
+    ``shards`` (a sharded checkpoint, :mod:`ddp_exp.io.sharded`): an object whose ``write()``
+    writes this rank's shard into its ``temp`` folder (every rank's writer runs it: a
+    collective); then ``state`` goes into that folder as ``state.pt``, the folder is renamed
+    complete, and each name lands as a small file naming it. Shard folders no name names any
+    more are deleted after the names land.
 
     Returns:
         The path written (the epoch file, else ``last.pt``, else ``best.pt``).
@@ -201,12 +208,25 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
         remove_partial(folder)
         if late is not None:
             payload.update(late())
-        data = _serialized(payload)
+        if shards is not None:
+            from ddp_exp.io import sharded
+
+            sharded.remove_partial_folders(folder, keep=shards.temp)
+            shards.write()  # every rank's shard, then DCP's .metadata
         if before_write is not None:
             before_write()
+        if shards is not None:
+            done = sharded.seal(shards.temp, payload, payload["global_step"])
+            data = _serialized(sharded.pointer(folder, done, FORMAT))
+        else:
+            data = _serialized(payload)
         land(names, lambda path: _write_bytes(path, data))
         if keep_epoch_file:
             rotate(folder, keep)
+        if shards is not None or os.path.isdir(os.path.join(folder, "sharded")):
+            from ddp_exp.io import sharded
+
+            sharded.collect_garbage(folder)
 
     _run(write, writer)
     return names[0]
@@ -246,12 +266,18 @@ def repair_best(source: str, state: dict[str, Any]) -> bool:
 
 def load(path: str, key: str = "trainer.resume", map_location: str | torch.device = "cpu"
          ) -> dict[str, Any]:
-    """Load and check a checkpoint with ``torch.load(weights_only=True)``.
+    """Load and check a checkpoint with ``torch.load(weights_only=True)``. A sharded one (a
+    folder, or a name naming one: :mod:`ddp_exp.io.sharded`) gives its training state with
+    ``shards``, the folder's absolute path, in place of ``model`` and ``optimizer``.
 
     Raises:
         ConfigError: missing, unreadable, corrupt or not a ddp_exp checkpoint; ``key`` names
             the config key the path came from.
     """
+    if os.path.isdir(path):
+        from ddp_exp.io import sharded
+
+        return sharded.load_state(path, key, FORMAT)
     if not os.path.isfile(path):
         valid = ("; trainer.resume takes auto (the job folder's last.pt, if any), null, or a "
                  "checkpoint file's path") if key == "trainer.resume" else ""
@@ -268,7 +294,25 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
                               if intact else "")) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{key}={path!r}: not a ddp_exp checkpoint (no format {FORMAT!r})")
+    if isinstance(state.get("shards"), str):
+        from ddp_exp.io import sharded
+
+        return sharded.resolve(path, state["shards"], key, FORMAT)
     return state
+
+
+def shards_of(path: str) -> str | None:
+    """The sharded checkpoint folder that ``path`` is or names, None for a full checkpoint file
+    (read with ``mmap``: a full file's tensors are not read)."""
+    if os.path.isdir(path):
+        return os.path.abspath(path)
+    import torch
+
+    named = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(named, dict) and isinstance(named.get("shards"), str):
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)),
+                                             named["shards"]))
+    return None
 
 
 def intact_beside(path: str) -> str | None:

@@ -199,6 +199,21 @@ def remove_partial(folder: str) -> list[str]:
     return removed
 
 
+def remove_partial_trees(folder: str, keep: str | None = None) -> list[str]:
+    """Delete the temp folders (``.<name>.tmp``) that writers killed mid-write left in
+    ``folder`` (a sharded checkpoint's), but ``keep`` (one being written now). Returns the
+    paths removed."""
+    import shutil
+
+    removed = []
+    for path in glob.glob(os.path.join(folder, ".*.tmp")):
+        if os.path.isdir(path) and (keep is None or os.path.normpath(path)
+                                    != os.path.normpath(keep)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class BackgroundWriter:
     """Runs file-writing jobs on one background thread, in the order they were submitted, so
     that the caller does not wait for the disk.

@@ -259,5 +259,10 @@ def _names_full_disk(failure: Any) -> bool:
 
 def remove_partial_files(job_dir: str) -> list[str]:
     """Delete half-written outputs (checkpoints, metrics.json, model.pt temp files) that ranks
-    killed mid-write left in the job folder; the launcher calls it once every rank has ended."""
-    return remove_partial(job_dir) + remove_partial(checkpoint.checkpoint_dir(job_dir))
+    killed mid-write left in the job folder, and a sharded checkpoint's temp folders
+    (``checkpoints/sharded/.*.tmp``); the launcher calls it once every rank has ended."""
+    from ddp_exp.io.files import remove_partial_trees
+
+    folder = checkpoint.checkpoint_dir(job_dir)
+    return (remove_partial(job_dir) + remove_partial(folder)
+            + remove_partial_trees(os.path.join(folder, "sharded")))

@@ -34,7 +34,7 @@ from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.view import RankConfig, rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import seeded
-from ddp_exp.io import checkpoint
+from ddp_exp.io import checkpoint, sharded
 from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
 from ddp_exp.launch import model_size
@@ -151,7 +151,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     scheduler = _build_scheduler(view, optimizer, len(datasets.train))
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         _load_optimizer_states(cfg.trainer.resume, view, state, optimizer, scheduler,
-                               len(datasets.train))
+                               len(datasets.train), model)
         if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
             checkpoint.repair_best(source, state)
         _log_world_change(cfg, state, world_size)
@@ -177,8 +177,11 @@ def _resumable_state(cfg: DictConfig, source: str, model: torch.nn.Module, world
     state = checkpoint.load(source)
     train_state.check_resumable(state, cfg.trainer.resume)
     try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError) as exc:
+        if state.get("shards"):  # a sharded checkpoint: read whole in this process
+            sharded.load_model(state["shards"], model, no_dist=True)
+        else:
+            model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, ValueError) as exc:
         raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: the checkpoint's model "
                           "does not fit this model ("
                           f"{checkpoint.model_mismatch(exc, state, cfg.model)})") from None
@@ -315,8 +318,8 @@ def _build_scheduler(view: RankConfig, optimizer: torch.optim.Optimizer | None, 
 
 
 def _load_optimizer_states(resume: str, view: RankConfig, state: dict[str, Any],
-                           optimizer: torch.optim.Optimizer, scheduler: Any, n_train: int
-                           ) -> None:
+                           optimizer: torch.optim.Optimizer, scheduler: Any, n_train: int,
+                           model: torch.nn.Module) -> None:
     """Check, before any rank starts, that the checkpoint's optimizer state fits this run's
     optimizer and that this run's schedule can be entered where the checkpoint left off
     (:func:`ddp_exp.train.state.resume_optimizer`, which every rank runs again). When the
@@ -327,6 +330,8 @@ def _load_optimizer_states(resume: str, view: RankConfig, state: dict[str, Any],
     Args:
         scheduler: built by :func:`_build_scheduler` for a fresh run (None: no schedule).
         n_train: training samples (the run's steps per epoch follow from it).
+        model: the model ``optimizer`` is over (a sharded checkpoint's optimizer state is
+            stored by parameter name).
 
     Raises:
         ConfigError: written by another optimizer (SGD state for AdamW), or a schedule that
@@ -335,8 +340,10 @@ def _load_optimizer_states(resume: str, view: RankConfig, state: dict[str, Any],
     t = view.trainer
     per_epoch = schedule.steps_per_epoch(n_train, view.world_size, view.data.batch_size,
                                          t.accumulate_grad_batches)
+    load = (train_state.sharded_optimizer_loader(state["shards"], model, no_dist=True)
+            if state.get("shards") else None)
     _, interval, run_steps = train_state.resume_optimizer(view, state, optimizer, per_epoch,
-                                                          resume)
+                                                          resume, load)
     was = (state.get("steps_per_epoch"), state.get("run_steps"))
     if scheduler is not None and None not in was and was != (per_epoch, run_steps):
         start, _ = schedule.resume_steps(state["epoch"] + 1, state["global_step"], t.epochs,

@@ -16,8 +16,14 @@ Between the two, a step checkpoint of the step cadence settles the logging check
 (:func:`ddp_exp.train.step_checkpoint.complete`), so that its epoch sums are whole; the other
 checkpoints land at once. The loop's ``fit`` drains every rank's writer before it returns or
 raises (a preemption's ``Preempted`` included), so a status that says completed or preempted
-comes after the files. A writer of another kind (the sharded folders of issue 40) joins at
-:func:`land` with its own serialization, keeping the names and the rotation.
+comes after the files.
+
+Sharded checkpoints (``strategy.checkpoint=sharded``, issue 40; :mod:`ddp_exp.io.sharded`) take
+the same path: :func:`take` snapshots every rank's shard of the model and optimizer
+(``get_state_dict``: local slices, no collective) and rank 0 the rest of the state; :func:`land`
+has every rank's writer thread write its shard (``dcp.save`` over a gloo group of its own,
+:func:`ddp_exp.distributed.process_group.side_group`, so that it runs beside the loop's
+collectives), and rank 0's then seals the folder and lands the names as for a full checkpoint.
 
 Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read through ``world``,
 ``device``, ``cfg``, ``writer`` (its ``job_dir``), ``checkpoint_files`` and what
@@ -31,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ddp_exp.distributed.process_group import RngGather, start_rng_gather
-from ddp_exp.io import checkpoint
+from ddp_exp.distributed.process_group import RngGather, side_group, start_rng_gather
+from ddp_exp.io import checkpoint, sharded
 from ddp_exp.train import state as train_state
+from ddp_exp.train.strategy import held
 
 
 class Due(NamedTuple):
@@ -50,10 +57,41 @@ INSIDE_EPOCH = Due(last=True)  # a step checkpoint: never an epoch file or best.
 
 class Taken:
     """A checkpoint taken on every rank and not landed yet: rank 0's snapshot of the loop
-    (``state``; None on the other ranks) and every rank's RNG states on their way (``rng``)."""
+    (``state``; None on the other ranks), every rank's RNG states on their way (``rng``), and
+    for a sharded checkpoint this rank's :class:`Shards`."""
 
-    def __init__(self, state: dict[str, Any] | None, rng: RngGather):
-        self.state, self.rng = state, rng
+    def __init__(self, state: dict[str, Any] | None, rng: RngGather,
+                 shards: Shards | None = None):
+        self.state, self.rng, self.shards = state, rng, shards
+
+
+class Shards:
+    """This rank's part of a sharded checkpoint: its snapshot of the model and optimizer
+    shards (``tensors``), the temp folder every rank writes into (``temp``) and the group the
+    write's collectives run on."""
+
+    def __init__(self, tensors: dict[str, Any], temp: str, group: Any):
+        self.tensors, self.temp, self.group = tensors, temp, group
+
+    def write(self) -> None:
+        """Write this rank's shard (:func:`ddp_exp.io.sharded.write_shards`; a collective)."""
+        sharded.write_shards(self.tensors, self.temp, self.group)
+
+
+def _take_shards(loop: Any) -> Shards | None:
+    """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None. The side
+    group is made at the first one (every rank, same point)."""
+    if loop.cfg.strategy.checkpoint != "sharded":
+        return None
+    side = getattr(loop, "checkpoint_group", None)
+    if side is None:
+        side = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
+        loop.sharded_taken = 0
+    loop.sharded_taken += 1
+    temp = sharded.temp_folder(checkpoint.checkpoint_dir(loop.writer.job_dir),
+                               f"{side.tag}-{loop.sharded_taken}")
+    tensors = sharded.state_tensors(held(loop).module, loop.optimizer)
+    return Shards(checkpoint.snapshot(tensors), temp, side.group)
 
 
 def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
@@ -64,11 +102,13 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
     :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
     a step checkpoint; 0 and None: at an epoch's end."""
+    shards = _take_shards(loop)
     rng = start_rng_gather(loop.device)  # a collective, not waited for
     state = None
     if loop.world.is_main:
-        state = checkpoint.snapshot(train_state.state_dict(loop, [], position, epoch_sums))
-    return Taken(state, rng)
+        state = checkpoint.snapshot(train_state.state_dict(loop, [], position, epoch_sums,
+                                                           weights=shards is None))
+    return Taken(state, rng, shards)
 
 
 def land(loop: Any, taken: Taken, due: Due,
@@ -80,12 +120,14 @@ def land(loop: Any, taken: Taken, due: Due,
     states (their part of the gather) and write nothing."""
     files = loop.checkpoint_files
     if not loop.world.is_main:
-        files.submit(taken.rng.wait)
+        shards = taken.shards
+        files.submit(taken.rng.wait if shards is None else
+                     lambda: (taken.rng.wait(), shards.write()))
         return
     checkpoint.save(loop.writer.job_dir, taken.state, due.epoch_file,
                     loop.cfg.trainer.keep_checkpoints, files, last=due.last, best=due.best,
                     before_write=before_write, late=lambda: {"rng": taken.rng.wait()},
-                    owned=True)
+                    owned=True, shards=taken.shards)
 
 
 def due_at_epoch_end(loop: Any, best: bool, complete: bool, force_last: bool) -> Due:

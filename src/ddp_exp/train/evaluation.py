@@ -40,6 +40,7 @@ from ddp_exp.distributed.process_group import (
     broadcast_from_main,
 )
 from ddp_exp.io import checkpoint
+from ddp_exp.io.sharded import load_model
 from ddp_exp.metrics import confusion, lm
 from ddp_exp.metrics.writer import Accumulator, MetricsWriter, mean
 from ddp_exp.train.monitor import Monitor
@@ -215,16 +216,21 @@ class Evaluator:
                         "weights", split, monitor.metric)
         last_weights = None
         sharded = getattr(self.strategy, "name", "ddp") == "fsdp"
+        best_path = checkpoint.best_path(self.writer.job_dir)
         if use_best and sharded:  # gathered on rank 0, scattered back from rank 0
             last_weights = self.strategy.model_state()
-            self.strategy.load_from_main(checkpoint.load(
-                checkpoint.best_path(self.writer.job_dir), key="trainer.test_weights")["model"]
-                if self.world.is_main else {})
+            folder = checkpoint.shards_of(best_path)  # every rank reads the small file
+            if folder:  # a sharded best.pt: every rank reads its own slices
+                checkpoint.load(folder, key="trainer.test_weights")
+                load_model(folder, self.strategy.module)
+            else:
+                self.strategy.load_from_main(checkpoint.load(
+                    best_path, key="trainer.test_weights")["model"]
+                    if self.world.is_main else {})
         elif use_best:
             last_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             if self.world.is_main:
-                best = checkpoint.load(checkpoint.best_path(self.writer.job_dir),
-                                       key="trainer.test_weights")
+                best = checkpoint.load(best_path, key="trainer.test_weights")
                 self.model.load_state_dict(best["model"])
             broadcast_from_main(list(self.model.state_dict().values()))
         with self._whole():

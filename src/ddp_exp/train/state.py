@@ -29,7 +29,7 @@ from ddp_exp.config.checks import effective_lr
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.process_group import gather_rng_states
-from ddp_exp.io import checkpoint
+from ddp_exp.io import checkpoint, sharded
 from ddp_exp.train import schedule
 from ddp_exp.train.strategy import held
 
@@ -37,7 +37,8 @@ log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
 
 def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None, position: int = 0,
-               epoch_sums: tuple[float, int, float] | None = None) -> dict[str, Any]:
+               epoch_sums: tuple[float, int, float] | None = None, weights: bool = True
+               ) -> dict[str, Any]:
     """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG),
     unless ``rng`` gives the ranks' RNG states (or a placeholder the caller fills in:
     :func:`ddp_exp.train.checkpointing.take`, which every checkpoint goes through).
@@ -47,14 +48,16 @@ def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None, position: int
     open ``train/loss`` interval), ``world``, ``device``, ``cfg``, ``steps_per_epoch``,
     ``run_steps``. A step checkpoint gives ``position`` (global samples the epoch in progress
     has consumed; 0 at an epoch's end) and ``epoch_sums`` (that epoch's world loss sum,
-    samples and seconds so far).
+    samples and seconds so far). ``weights=False`` leaves out ``model`` and ``optimizer`` (a
+    sharded checkpoint's ranks write them: :mod:`ddp_exp.io.sharded`).
     """
     ranks_rng = gather_rng_states(loop.device) if rng is None else rng  # a collective
+    # Full tensors in the plain layouts, whichever the strategy (ddp_exp.train.strategy):
+    # FSDP gathers them (a collective; rank 0 holds them).
+    tensors = {"model": held(loop).model_state(),
+               "optimizer": held(loop).optimizer_state(loop.optimizer)} if weights else {}
     return {
-        # Full tensors in the plain layouts, whichever the strategy (ddp_exp.train.strategy):
-        # FSDP gathers them (a collective; rank 0 holds them).
-        "model": held(loop).model_state(),
-        "optimizer": held(loop).optimizer_state(loop.optimizer),
+        **tensors,
         "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
         "monitor": loop.monitor.state_dict(),
         "scaler": loop.scaler.state_dict() if loop.scaler is not None else None,
@@ -133,8 +136,8 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
     try:
         if load is None:
             optimizer.load_state_dict(state["optimizer"])
-        else:
-            load(optimizer, state["optimizer"])
+        else:  # a sharded checkpoint's loader reads its folder (no "optimizer" entry)
+            load(optimizer, state.get("optimizer"))
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
                           f"not fit optim ({cfg.optim._target_}; {type(exc).__name__}: "
@@ -174,6 +177,13 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
         for group, lr in zip(optimizer.param_groups, reached, strict=True):
             group["lr"] = lr * (base / before) if before else lr
     return scheduler, interval, run_steps
+
+
+def sharded_optimizer_loader(folder: str, module: torch.nn.Module, no_dist: bool = False
+                             ) -> Callable[[torch.optim.Optimizer, Any], None]:
+    """A ``load`` for :func:`resume_optimizer` that reads the optimizer state of the sharded
+    checkpoint ``folder`` (:func:`ddp_exp.io.sharded.load_optimizer`) over ``module``."""
+    return lambda optimizer, _: sharded.load_optimizer(folder, module, optimizer, no_dist)
 
 
 def exact_batch_advice(saved: int | None, world_size: int) -> str:
@@ -238,14 +248,20 @@ def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
         ConfigError: the checkpoint's model or optimizer does not fit this run. (A checkpoint
             that is not resumable was refused before any rank: :func:`check_resumable`.)
     """
+    folder = state.get("shards")  # a sharded checkpoint: every rank reads its slices
+    module = held(loop).module
     try:
-        held(loop).load_model_state(state["model"])
+        if folder:
+            sharded.load_model(folder, module)
+        else:
+            held(loop).load_model_state(state["model"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
                           f"model ({str(exc).splitlines()[0][:200]})") from None
     loop.scheduler, interval, loop.run_steps = resume_optimizer(
         loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source,
-        held(loop).load_optimizer_state)
+        sharded_optimizer_loader(folder, module) if folder
+        else held(loop).load_optimizer_state)
     loop.step_scheduler = loop.scheduler if interval == "step" else None
     loop.step_lr = loop.optimizer.param_groups[0]["lr"]
     if state.get("scaler") and loop.scaler is not None:
