@@ -189,9 +189,9 @@ DIGITS = ["model=mlp", "trainer.epochs=2", "trainer.gradient_clip_val=1.0", "opt
 
 @pytest.fixture(scope="module")
 def digits_runs(tmp_path_factory):
-    """Uninterrupted: DDP at 1 and 2 ranks, FSDP at 2. A chain: DDP at 2 ranks to step 10
-    (inside epoch 1), FSDP at 3 ranks to step 25, DDP at 2 ranks to step 40, each resuming the
-    last one's ``last.pt``."""
+    """Uninterrupted: DDP at 1 and 2 ranks, FSDP at 2 (full checkpoints). A chain: DDP at 2
+    ranks to step 10 (inside epoch 1), FSDP at 3 ranks to step 25 (its ``last.pt``: sharded),
+    DDP at 2 ranks to step 40; b resumes a's ``last.pt``, c the folder b's ``last.pt`` names."""
     root = tmp_path_factory.mktemp("fsdp_digits")
     out, last = {}, None
     for name, strategy, world, steps in [("ddp1", "ddp", 1, 40), ("ddp2", "ddp", 2, 40),
@@ -199,9 +199,12 @@ def digits_runs(tmp_path_factory):
                                          ("b", "fsdp", 3, 25), ("c", "ddp", 2, 40)]:
         (root / name).mkdir()
         resume = [f"trainer.resume={last}"] if name in ("b", "c") else []
+        full = ["strategy.checkpoint=full"] if name == "fsdp2" else []
         out[name] = run_once(root / name, *DIGITS, f"strategy={strategy}", f"world_size={world}",
-                             per_rank(world, 48), f"trainer.max_steps={steps}", *resume)
+                             per_rank(world, 48), f"trainer.max_steps={steps}", *resume, *full)
         last = out[name].job_dir / "checkpoints" / "last.pt"
+        if name == "b":
+            last = last.parent / load_ckpt(last)["shards"]
     return out
 
 
@@ -214,10 +217,19 @@ def test_digits_mlp_fsdp_equals_ddp_one_rank(digits_runs):
 
 def test_resume_ddp_to_fsdp_in_another_world_and_back(digits_runs):
     """The chain ends at the uninterrupted DDP run's weights: its FSDP leg resumed a DDP
-    checkpoint taken inside an epoch at 2 ranks, at 3 ranks, and DDP resumed FSDP's."""
+    checkpoint taken inside an epoch at 2 ranks, at 3 ranks, and DDP at 2 ranks resumed
+    FSDP's sharded one (3 shards, inside epoch 1) by its folder's path. An FSDP checkpoint
+    with ``strategy.checkpoint=full`` holds the plain layout of DDP's."""
     saved = load_ckpt(digits_runs["a"].job_dir / "checkpoints" / "last.pt")
     assert saved["position"] == 480 and saved["global_step"] == 10  # inside epoch 1
-    from_fsdp = load_ckpt(digits_runs["b"].job_dir / "checkpoints" / "last.pt")
+    folder = digits_runs["b"].job_dir / "checkpoints" / load_ckpt(
+        digits_runs["b"].job_dir / "checkpoints" / "last.pt")["shards"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "state.pt"]
+    sharded_state = load_ckpt(folder / "state.pt")
+    assert sharded_state["global_step"] == 25 and sharded_state["position"] == 25 * 48
+    assert "model" not in sharded_state and "optimizer" not in sharded_state  # in the shards
+    from_fsdp = load_ckpt(digits_runs["fsdp2"].job_dir / "checkpoints" / "last.pt")
     optimizer = from_fsdp["optimizer"]  # the plain layout: parameter ids, full tensors
     assert optimizer["param_groups"][0]["params"] == list(range(len(saved["model"])))
     assert from_fsdp["model"].keys() == saved["model"].keys()

@@ -103,11 +103,16 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
     a step checkpoint; 0 and None: at an epoch's end."""
     shards = _take_shards(loop)
+    # A full checkpoint's model and optimizer on every rank: FSDP gathers them to rank 0 (a
+    # collective every rank must join); DDP's are references to this rank's own.
+    weights = {} if shards is not None else {
+        "model": held(loop).model_state(),
+        "optimizer": held(loop).optimizer_state(loop.optimizer)}
     rng = start_rng_gather(loop.device)  # a collective, not waited for
     state = None
     if loop.world.is_main:
-        state = checkpoint.snapshot(train_state.state_dict(loop, [], position, epoch_sums,
-                                                           weights=shards is None))
+        state = checkpoint.snapshot({**weights, **train_state.state_dict(
+            loop, [], position, epoch_sums, weights=False)})
     return Taken(state, rng, shards)
 
 
