@@ -35,6 +35,9 @@ def mid_epoch(path: str | Path) -> dict | None:
     (``position`` > 0), else None (missing, being renamed, or at an epoch's end)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state.get("shards"), str):  # sharded: the folder's state.pt (issue 40)
+            state = torch.load(Path(path).parent / state["shards"] / "state.pt",
+                               map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError):
         return None
     return state if state.get("position") else None

@@ -1,0 +1,104 @@
+"""Sharded checkpoints (``strategy=fsdp``, ``strategy.checkpoint=sharded``; issue 40 items 2
+and 3): every rank writes its shard into a folder that lands atomically, a world killed once a
+step checkpoint inside an epoch is on disk resumes with ``trainer.resume=auto`` at another world
+size (1 and 3 ranks, the same global batch) to the uninterrupted run's weights, TensorBoard
+shows every step once, and a folder a kill left half-written is never loaded.
+
+The kill lands where ``resume_support.HoldingMLP`` holds rank 0 once ``last.pt`` names a step
+checkpoint inside epoch 2 (the test waits for the file, never for a time); the whole process
+group gets SIGKILL (``helpers.kill_when_held``, as the step-checkpoint tests do). The expected
+weights are the uninterrupted run's ``model.pt``, never the resumed code's own output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import QUIET, kill_when_held, run_tagged, tensorboard_series
+from helpers import tests_on_path as on_path
+from resume_support import mid_epoch, write_holding_yaml
+
+pytestmark = [pytest.mark.slow, pytest.mark.float_sensitive]
+
+# SGD on digits, a global batch of 48 (32 steps per epoch), 60 steps, a step checkpoint every 5.
+COMMON = ["strategy=fsdp", "optim=sgd", "optim.lr=0.05", "trainer.epochs=2",
+          "trainer.max_steps=60", "trainer.checkpoint_every_n_steps=5", QUIET]
+
+
+def world(n: int) -> list[str]:
+    return [f"world_size={n}", f"data.batch_size={48 // n}"]
+
+
+def run(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    proc, _ = run_tagged([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"], cwd,
+                         uuid.uuid4().hex, 240, on_path())
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def weights(job: Path) -> dict[str, torch.Tensor]:
+    return {k: v.double() for k, v in torch.load(job / "model.pt", weights_only=True).items()}
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """The uninterrupted run (2 ranks) and a copy of it SIGKILLed at step 38, with the step
+    checkpoint of step 35 (inside epoch 2) on disk."""
+    root = tmp_path_factory.mktemp("sharded_kill")
+    plain = write_holding_yaml(root / "plain")  # HoldingMLP that never holds
+    reference = root / "reference"
+    run(reference, root, *plain, *COMMON, *world(2))
+    job, marker = root / "killed", root / "held"
+    last = job / "checkpoints" / "last.pt"
+    held = write_holding_yaml(root / "conf", 38, str(last), 0, str(marker))
+    kill_when_held(job, root, [*held, *COMMON, *world(2)], marker)
+    return root, plain, reference, job
+
+
+def test_killed_world_resumes_at_one_and_three_ranks(killed, tmp_path):
+    root, plain, reference, job = killed
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.io import checkpoint
+
+    state = mid_epoch(job / "checkpoints" / "last.pt")
+    assert state is not None and state["global_step"] == 35 and state["position"] == 3 * 48
+    named = checkpoint.shards_of(str(job / "checkpoints" / "last.pt"))
+    assert sorted(p.name for p in Path(named).iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    assert not (job / "metrics.json").exists()
+    # What a kill inside the next checkpoint's write leaves: every rank's shard, no metadata.
+    partial = job / "checkpoints" / "sharded" / ".5eed-8.tmp"
+    partial.mkdir()
+    for shard in Path(named).glob("__*.distcp"):
+        shutil.copy(shard, partial / shard.name)
+    with pytest.raises(ConfigError, match="half-written"):
+        checkpoint.load(str(partial))
+    want = weights(reference)
+    want_steps = [s for s, _ in tensorboard_series(reference, "train/loss")]
+    for n in (1, 3):
+        copy = tmp_path / f"resumed{n}"
+        shutil.copytree(job, copy)
+        proc = run(copy, root, *plain, *COMMON, *world(n), "trainer.resume=auto")
+        out = proc.stdout + proc.stderr
+        assert "resumed from" in out and "step 35, inside epoch 2" in out, out[-2000:]
+        metrics = json.loads((copy / "metrics.json").read_text())
+        assert metrics["global_step"] == 60 and metrics["world_size"] == n
+        got = weights(copy)
+        assert got.keys() == want.keys()
+        for name in want:
+            rel = float((got[name] - want[name]).norm() / want[name].norm())
+            assert rel <= 1e-5, (n, name, rel)
+        steps = [s for s, _ in tensorboard_series(copy, "train/loss")]
+        assert len(steps) == len(set(steps)) and steps == want_steps, (n, steps)
+        assert not (copy / "checkpoints" / "sharded" / partial.name).exists()  # cleaned up
+        folders = sorted(p.name for p in (copy / "checkpoints" / "sharded").iterdir())
+        named_now = {Path(checkpoint.shards_of(str(p))).name
+                     for p in (copy / "checkpoints").glob("*.pt")}
+        assert set(folders) == named_now  # no folder that no name names
