@@ -181,6 +181,32 @@ def test_state_per_rank_is_sharded(gpt_runs):
     assert "strategy fsdp" in gpt_runs["adamw_fsdp2"].stderr + gpt_runs["adamw_fsdp2"].stdout
 
 
+def test_sample_reads_a_sharded_checkpoint(gpt_runs, tmp_path):
+    """``ddp-exp sample`` continues a prompt from a sharded ``last.pt`` (step 8: the final
+    weights) and from its folder given by path exactly as from the gathered ``model.pt``."""
+    import shutil
+
+    from ddp_exp.cli.sample import sample_text
+
+    job = gpt_runs["adamw_fsdp2"].job_dir
+    folder = job / "checkpoints" / load_ckpt(job / "checkpoints" / "last.pt")["shards"]
+    assert (folder / ".metadata").is_file()
+    bare = tmp_path / "bare"  # the run without checkpoints/: sample reads model.pt
+    shutil.copytree(job, bare, ignore=shutil.ignore_patterns("checkpoints"))
+    args = ["--prompt", "The ", "--max-new-tokens", "40", "--temperature", "1", "--seed", "3"]
+    want = sample_text([str(bare), *args])
+    from ddp_exp.io.sharded import full_model_state
+    from ddp_exp.train.models import build_model
+
+    gathered = load_ckpt(job / "model.pt")  # the folder's shards, read whole in one process
+    model = build_model(load_ckpt(folder / "state.pt")["config"]["model"], (32,), 256)
+    read = full_model_state(str(folder), model)
+    assert read.keys() == gathered.keys()
+    assert all(torch.equal(read[k], gathered[k]) for k in gathered)
+    assert sample_text([str(job), "--checkpoint", "last", *args]) == want
+    assert sample_text([str(job), "--checkpoint", str(folder), *args]) == want
+
+
 # The digits MLP, SGD with clipping and accumulation 2, a global batch of 48; 40 steps cross the
 # first epoch's end (32 steps).
 DIGITS = ["model=mlp", "trainer.epochs=2", "trainer.gradient_clip_val=1.0", "optim.lr=0.05",
