@@ -25,8 +25,6 @@ from helpers import QUIET, kill_when_held, run_tagged, tensorboard_series
 from helpers import tests_on_path as on_path
 from resume_support import mid_epoch, write_holding_yaml
 
-pytestmark = [pytest.mark.slow, pytest.mark.float_sensitive]
-
 # SGD on digits, a global batch of 48 (32 steps per epoch), 60 steps, a step checkpoint every 5.
 COMMON = ["strategy=fsdp", "optim=sgd", "optim.lr=0.05", "trainer.epochs=2",
           "trainer.max_steps=60", "trainer.checkpoint_every_n_steps=5", QUIET]
@@ -62,6 +60,8 @@ def killed(tmp_path_factory):
     return root, plain, reference, job
 
 
+@pytest.mark.slow
+@pytest.mark.float_sensitive
 def test_killed_world_resumes_at_one_and_three_ranks(killed, tmp_path):
     root, plain, reference, job = killed
     from ddp_exp.config.errors import ConfigError
@@ -102,3 +102,23 @@ def test_killed_world_resumes_at_one_and_three_ranks(killed, tmp_path):
         named_now = {Path(checkpoint.shards_of(str(p))).name
                      for p in (copy / "checkpoints").glob("*.pt")}
         assert set(folders) == named_now  # no folder that no name names
+
+
+def test_a_first_sharded_checkpoint_killed_mid_write_starts_afresh(tmp_path):
+    """A world killed while it wrote its first sharded checkpoint leaves a temp folder (and
+    maybe a sealed folder no name names yet): no checkpoint, so trainer.resume=auto starts the
+    run afresh there, and the start deletes the temp folder; a named folder is a checkpoint."""
+    from ddp_exp.job.earlier_run import killed_first_epoch
+    from ddp_exp.job.folder import remove_partial_files
+
+    job = tmp_path / "run"
+    partial = job / "checkpoints" / "sharded" / ".5eed-1.tmp"
+    partial.mkdir(parents=True)
+    (partial / "__0_0.distcp").write_bytes(b"x")
+    (job / "checkpoints" / "sharded" / "step_00000005").mkdir()
+    assert killed_first_epoch(str(job)) is None
+    assert remove_partial_files(str(job)) == [str(partial)]
+    assert not partial.exists()
+    torch.save({"format": "ddp_exp/checkpoint/v1", "shards": "sharded/step_00000005"},
+               job / "checkpoints" / "last.pt")
+    assert killed_first_epoch(str(job)) == "it holds a checkpoint"

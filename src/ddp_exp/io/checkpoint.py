@@ -26,6 +26,8 @@ temp file, fsynced and renamed (:func:`ddp_exp.io.files.atomic_write`), so a rea
 mid-save, sees the previous complete file or the new complete one, never part of one. The loop
 serializes each checkpoint at once and writes it on a background thread
 (:class:`ddp_exp.io.files.BackgroundWriter`): training goes on while the file is fsynced.
+Under ``strategy.checkpoint=sharded`` each name is a small file naming a folder in which every
+rank wrote its shard (:mod:`ddp_exp.io.sharded`); :func:`load` resolves it.
 
 May use: :mod:`ddp_exp.config` (``ConfigError``), :mod:`ddp_exp.io.files` (atomic writes),
 :mod:`ddp_exp.compat` (torch's wording); what the loop puts into a checkpoint and takes back

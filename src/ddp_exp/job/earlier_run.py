@@ -79,7 +79,8 @@ def killed_first_epoch(job_dir: str) -> str | None:
     others = sorted(names - allowed)
     if others:
         return f"it holds {others[0]!r}, which ddp_exp did not write"
-    if not all(is_temp(n) for n in checkpoints):
+    # sharded/: folders of a sharded checkpoint, none complete until a name (a .pt) names one
+    if not all(is_temp(n) or n == "sharded" for n in checkpoints):
         return "it holds a checkpoint"
     if not all("tfevents" in n for n in events):
         return "tensorboard/ holds files ddp_exp did not write"
