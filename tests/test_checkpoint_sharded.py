@@ -26,8 +26,10 @@ from helpers import tests_on_path as on_path
 from resume_support import mid_epoch, write_holding_yaml
 
 # SGD on digits, a global batch of 48 (32 steps per epoch), 60 steps, a step checkpoint every 5.
+# epoch_0000.pt: the sharded checkpoint at the first epoch's end (step 32).
 COMMON = ["strategy=fsdp", "optim=sgd", "optim.lr=0.05", "trainer.epochs=2",
-          "trainer.max_steps=60", "trainer.checkpoint_every_n_steps=5", QUIET]
+          "trainer.max_steps=60", "trainer.checkpoint_every_n_steps=5",
+          "trainer.checkpoint_every_n_epochs=1", QUIET]
 
 
 def world(n: int) -> list[str]:
@@ -102,6 +104,25 @@ def test_killed_world_resumes_at_one_and_three_ranks(killed, tmp_path):
         named_now = {Path(checkpoint.shards_of(str(p))).name
                      for p in (copy / "checkpoints").glob("*.pt")}
         assert set(folders) == named_now  # no folder that no name names
+    # The uninterrupted run's checkpoint at the first epoch's end, by path, at 3 ranks in a
+    # folder of its own: the same end.
+    epoch_end = reference / "checkpoints" / "epoch_0000.pt"
+    assert checkpoint.load(str(epoch_end))["global_step"] == 32
+    fresh = tmp_path / "from_epoch_end"
+    proc = run(fresh, root, *plain, *COMMON, *world(3), f"trainer.resume={epoch_end}")
+    assert "epoch 1 done, step 32" in proc.stdout + proc.stderr
+    got = weights(fresh)
+    assert max(float((got[k] - want[k]).norm() / want[k].norm()) for k in want) <= 1e-5
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["strategy=ddp", "strategy.checkpoint=sharded"], "strategy.checkpoint=sharded needs"),
+    (["strategy=fsdp", "strategy.checkpoint=zip"], "strategy.checkpoint='zip'"),
+])
+def test_checkpoint_kind_refused_before_any_rank(compose, tmp_path, overrides, named):
+    from helpers import refused_before_ranks
+
+    assert named in refused_before_ranks(compose(*overrides), tmp_path / "job")
 
 
 def test_a_first_sharded_checkpoint_killed_mid_write_starts_afresh(tmp_path):
