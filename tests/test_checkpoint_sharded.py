@@ -143,3 +143,35 @@ def test_a_first_sharded_checkpoint_killed_mid_write_starts_afresh(tmp_path):
     torch.save({"format": "ddp_exp/checkpoint/v1", "shards": "sharded/step_00000005"},
                job / "checkpoints" / "last.pt")
     assert killed_first_epoch(str(job)) == "it holds a checkpoint"
+
+
+def test_a_folder_that_does_not_fit_says_which_tensor(tmp_path):
+    """A sharded checkpoint read into another model fails with DCP's own one-line reason (the
+    tensor named), not its ``CheckpointException`` (a ``BaseException`` holding every rank's
+    traceback); the same model reads it back exactly, optimizer state included."""
+    import torch.distributed.checkpoint as dcp
+
+    from ddp_exp.io import sharded
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(sharded.state_tensors(model, optimizer), checkpoint_id=tmp_path, no_dist=True)
+    same = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    same_optimizer = torch.optim.SGD(same.parameters(), lr=0.1, momentum=0.9)
+    sharded.load_model(str(tmp_path), same, no_dist=True)
+    sharded.load_optimizer(str(tmp_path), same, same_optimizer, no_dist=True)
+    for p, q in zip(model.parameters(), same.parameters(), strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(optimizer.state[p]["momentum_buffer"],
+                           same_optimizer.state[q]["momentum_buffer"])
+    wider = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
+    with pytest.raises(ValueError, match=r"Size mismatch.*model\.0\.weight"):
+        sharded.load_model(str(tmp_path), wider, no_dist=True)
+    deeper = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2),
+                                 torch.nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match=r"Missing key.*model\.2\.weight"):
+        sharded.load_model(str(tmp_path), deeper, no_dist=True)

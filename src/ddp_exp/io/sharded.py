@@ -33,9 +33,11 @@ May use: :mod:`ddp_exp.io.files`, :mod:`ddp_exp.config` (``ConfigError``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -81,8 +83,27 @@ def write_shards(tensors: dict[str, Any], folder: str, group: Any) -> None:
     group of its own so that it can run on the writer thread while the loop's collectives run).
     On rank 0 it returns once every rank's file is written and fsynced and ``.metadata`` is
     written (DCP gathers the ranks' results to rank 0 before it writes the metadata)."""
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder, sync_files=True),
-             process_group=group)
+    with _one_error():
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder, sync_files=True),
+                 process_group=group)
+
+
+@contextlib.contextmanager
+def _one_error() -> Iterator[None]:
+    """DCP's ``CheckpointException`` (a ``BaseException`` whose text is every rank's
+    traceback, which no ``except Exception`` catches) becomes the first failing rank's own
+    error: a full disk stays an ``OSError`` (one line in ddp_exp's error table), a key that does
+    not fit a ``RuntimeError``/``ValueError`` (the callers' one line)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        first = next(iter(exc.failures.values()), None)
+        error = first[0] if isinstance(first, tuple) else first
+        if isinstance(error, Exception):
+            raise error.with_traceback(None) from None
+        raise RuntimeError(f"torch.distributed.checkpoint failed: {error!r}") from None
 
 
 def _fsync_dir(path: str) -> None:
@@ -188,24 +209,13 @@ def resolve(path: str, named: str, key: str, fmt: str) -> dict[str, Any]:
 
 
 def _load(folder: str, tensors: dict[str, Any], no_dist: bool) -> None:
-    """``dcp.load`` into ``tensors``; its ``CheckpointException`` (a ``BaseException`` whose
-    text is every rank's traceback) becomes the first rank's own error, so that a caller's
-    ``except (RuntimeError, ValueError)`` turns it into one line."""
+    """``dcp.load`` into ``tensors``, its failure one error (:func:`_one_error`)."""
     import warnings
 
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            if no_dist:
-                warnings.simplefilter("ignore", UserWarning)
-            dcp.load(tensors, storage_reader=dcp.FileSystemReader(folder), no_dist=no_dist)
-    except CheckpointException as exc:
-        first = next(iter(exc.failures.values()), None)
-        error = first[0] if isinstance(first, tuple) else first
-        if isinstance(error, (RuntimeError, ValueError, KeyError)):
-            raise type(error)(str(error)) from None
-        raise RuntimeError(f"{type(error).__name__}: {error}") from None
+    with _one_error(), warnings.catch_warnings():
+        if no_dist:  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+        dcp.load(tensors, storage_reader=dcp.FileSystemReader(folder), no_dist=no_dist)
 
 
 def load_model(folder: str, module: torch.nn.Module, no_dist: bool = False) -> None:
