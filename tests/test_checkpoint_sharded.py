@@ -175,3 +175,24 @@ def test_a_folder_that_does_not_fit_says_which_tensor(tmp_path):
                                  torch.nn.Linear(2, 2))
     with pytest.raises(RuntimeError, match=r"Missing key.*model\.2\.weight"):
         sharded.load_model(str(tmp_path), deeper, no_dist=True)
+
+
+@pytest.mark.slow
+@pytest.mark.float_sensitive  # which epoch is the best
+def test_test_split_with_best_weights_reads_the_sharded_best(tmp_path):
+    """``trainer.test_weights=best`` under FSDP: every rank reads its slices of the folder
+    ``best.pt`` names (epoch 2 is the best here, not the last), and the test metrics and the
+    final ``model.pt`` (the last weights, put back) equal those of the same run with full
+    checkpoints, bit for bit (the same weights, the same computation)."""
+    args = ["strategy=fsdp", *world(2), "trainer.epochs=3", "data.test_size=150",
+            "trainer.test_weights=best", "trainer.monitor=val/accuracy", QUIET]
+    sharded_run = run(tmp_path / "sharded", tmp_path, *args)
+    run(tmp_path / "full", tmp_path, *args, "strategy.checkpoint=full")
+    assert "best weights, epoch 2" in sharded_run.stdout + sharded_run.stderr
+    assert (tmp_path / "sharded" / "checkpoints" / "sharded").is_dir()
+    got, want = (json.loads((tmp_path / n / "metrics.json").read_text())
+                 for n in ("sharded", "full"))
+    for key in ("test/loss", "test/accuracy", "test/num_samples"):
+        assert got[key] == want[key], key
+    a, b = weights(tmp_path / "sharded"), weights(tmp_path / "full")
+    assert all(torch.equal(a[k], b[k]) for k in b)
