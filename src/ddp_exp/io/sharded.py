@@ -41,17 +41,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io.files import atomic_write, remove_partial_trees
 
+# torch.distributed.checkpoint is imported where a sharded checkpoint is written or read: ~0.5 s
+# that a DDP run's launcher never pays.
 SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
 METADATA = ".metadata"
@@ -83,6 +78,8 @@ def write_shards(tensors: dict[str, Any], folder: str, group: Any) -> None:
     group of its own so that it can run on the writer thread while the loop's collectives run).
     On rank 0 it returns once every rank's file is written and fsynced and ``.metadata`` is
     written (DCP gathers the ranks' results to rank 0 before it writes the metadata)."""
+    import torch.distributed.checkpoint as dcp
+
     with _one_error():
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder, sync_files=True),
                  process_group=group)
@@ -212,6 +209,8 @@ def _load(folder: str, tensors: dict[str, Any], no_dist: bool) -> None:
     """``dcp.load`` into ``tensors``, its failure one error (:func:`_one_error`)."""
     import warnings
 
+    import torch.distributed.checkpoint as dcp
+
     with _one_error(), warnings.catch_warnings():
         if no_dist:  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
@@ -228,6 +227,11 @@ def load_model(folder: str, module: torch.nn.Module, no_dist: bool = False) -> N
         RuntimeError, ValueError: the checkpoint does not hold this model's tensors (a missing
             key, another shape): DCP's error.
     """
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
     tensors = get_model_state_dict(module)
     _load(folder, {"model": tensors}, no_dist)
     set_model_state_dict(module, tensors)
@@ -237,6 +241,11 @@ def load_optimizer(folder: str, module: torch.nn.Module, optimizer: torch.optim.
                    no_dist: bool = False) -> None:
     """Load the optimizer state of the sharded checkpoint ``folder`` into ``optimizer`` (over
     ``module``'s parameters, by parameter name), as :func:`load_model` loads the model."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
     tensors = get_optimizer_state_dict(module, optimizer)
     _load(folder, {"optimizer": tensors}, no_dist)
     set_optimizer_state_dict(module, optimizer, tensors)
