@@ -231,7 +231,10 @@ class Evaluator:
             last_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             if self.world.is_main:
                 best = checkpoint.load(best_path, key="trainer.test_weights")
-                self.model.load_state_dict(best["model"])
+                if best.get("shards"):  # an FSDP epoch's best, in a run DDP continued
+                    load_model(best["shards"], self.model, no_dist=True)
+                else:
+                    self.model.load_state_dict(best["model"])
             broadcast_from_main(list(self.model.state_dict().values()))
         with self._whole():
             result = evaluate(self.model, self.data.eval_batches(data), self.objective,
