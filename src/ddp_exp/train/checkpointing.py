@@ -96,18 +96,21 @@ def _take_shards(loop: Any) -> Shards | None:
 
 def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
          ) -> Taken:
-    """Take a checkpoint of ``loop`` as it is now, waiting for no collective (every rank, at
-    the same point of its collectives): start gathering the ranks' RNG states, and on rank 0
-    snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
+    """Take a checkpoint of ``loop`` as it is now (every rank, at the same point of its
+    collectives), waiting for no collective but FSDP's gather of a full checkpoint's tensors
+    (``strategy.checkpoint=full``) and, once per run, the sharded checkpoints' side group:
+    start gathering the ranks' RNG states, under ``strategy.checkpoint=sharded`` snapshot
+    this rank's shards, and on rank 0 snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
     :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
     a step checkpoint; 0 and None: at an epoch's end."""
     shards = _take_shards(loop)
     # A full checkpoint's model and optimizer on every rank: FSDP gathers them to rank 0 (a
-    # collective every rank must join); DDP's are references to this rank's own.
-    weights = {} if shards is not None else {
-        "model": held(loop).model_state(),
-        "optimizer": held(loop).optimizer_state(loop.optimizer)}
+    # collective every rank must join); DDP's are rank 0's own (references, snapshotted below).
+    strategy = held(loop)
+    weights = {} if shards is not None or not (loop.world.is_main or strategy.name == "fsdp") \
+        else {"model": strategy.model_state(),
+              "optimizer": strategy.optimizer_state(loop.optimizer)}
     rng = start_rng_gather(loop.device)  # a collective, not waited for
     state = None
     if loop.world.is_main:
