@@ -46,3 +46,21 @@ def test_a_sweeps_job_and_an_unlinked_run_pass(monkeypatch):
     refuse_trial_link_in_a_plain_run(False, [])  # no link
     monkeypatch.setenv("DDP_EXP_OPTUNA_TRIAL", "3")
     refuse_trial_link_in_a_plain_run(True, COPIED)  # the sweeper's own job
+
+
+@pytest.mark.slow  # starts torchrun's world of two ranks
+def test_a_trials_copied_line_is_refused_under_torchrun_too(run_cli):
+    """Regression: the torchrun/srun path skipped the refusal (its setup was written apart from
+    the elastic path's); both now take the launch session's steps
+    (:mod:`ddp_exp.launch.session`), so the same line ends the world before any rank trains."""
+    from helpers import QUIET, TORCHRUN_2
+
+    run = run_cli("trainer.epochs=1", QUIET, *COPIED, launcher=TORCHRUN_2, timeout=120)
+    assert run.returncode != 0, run.stdout[-2000:]
+    refusals = [ln for ln in (run.stdout + run.stderr).splitlines() if "links this run" in ln]
+    assert refusals and set(refusals) == {
+        "error: ++hydra.job.env_set.DDP_EXP_OPTUNA_TRIAL='0' links this run to trial 0 of an "
+        "Optuna study, which only a hydra/sweeper=ddp_optuna sweep's own jobs do (a finished "
+        "trial takes no more reports): drop the 3 ++hydra.job.env_set.DDP_EXP_OPTUNA_* "
+        "override(s) copied from the trial's line and keep its parameters"}, refusals
+    assert "epoch 1" not in run.stdout and not (run.job_dir / "metrics.json").exists()

@@ -1,15 +1,14 @@
 """Start a world: from one composed Hydra job to ``world_size`` running ranks.
 
 :func:`run_job` validates the config, resolves device and backend, has the data and the seeded
-model built **once** in this process (:func:`ddp_exp.launch.build.prepare`), and starts
-``world_size``
-ranks through PyTorch's elastic launcher (``torch.distributed.launcher.api.elastic_launch``,
-the machinery behind torchrun), every field of its ``LaunchConfig`` set explicitly: on one node
-the agent's own rendezvous (:mod:`ddp_exp.launch.rendezvous`: a fresh store on a free loopback
-port, so
-parallel jobs cannot collide or merge), across nodes c10d (or static) on
-``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``;
-the agent checks its ranks every ``launcher.monitor_interval_s``.
+model built **once** in this process (the launch session's steps, shared with the torchrun path:
+:mod:`ddp_exp.launch.session`), and starts ``world_size`` ranks through PyTorch's elastic
+launcher (``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun),
+every field of its ``LaunchConfig`` set explicitly: on one node the agent's own rendezvous
+(:mod:`ddp_exp.launch.rendezvous`: a fresh store on a free loopback port, so parallel jobs
+cannot collide or merge), across nodes c10d (or static) on ``launcher.rdzv_endpoint``; a fresh
+``run_id``, restarts from ``launcher.max_restarts``; the agent checks its ranks every
+``launcher.monitor_interval_s``.
 
 When the entry itself was started by ``torchrun``, or srun started one task per rank, this
 process is one rank instead (:func:`ddp_exp.launch.torchrun.run_under_torchrun`).
@@ -18,14 +17,12 @@ Fork safety: the default start method is fork (fast start; ranks inherit imports
 model). A forked child hangs in OpenMP if the parent ever ran a parallel torch operation, so this
 process pins itself to one intra-op thread before any torch compute (docs/scaling-out.md).
 
-May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.launch.cluster` (a scheduler's layout),
-:mod:`ddp_exp.distributed.process_group` (placement, the process group),
-:mod:`ddp_exp.launch.build`,
-:mod:`ddp_exp.job.folder` (``errors/``, partial files, the job log), :mod:`ddp_exp.rank.failures`
-(a build that fails), :mod:`ddp_exp.io.files`, :mod:`ddp_exp.launch.rendezvous` (one node's),
-:mod:`ddp_exp.compat.elastic_agent` (the start of the ranks), :mod:`ddp_exp.rank.worker` (what
-each rank runs), :mod:`ddp_exp.rank.parent` (a rank ends with its launcher),
-:mod:`ddp_exp.launch.torchrun` (a world torchrun or srun started).
+May use: :mod:`ddp_exp.launch.cluster` (a scheduler's layout), :mod:`ddp_exp.launch.session`
+(the checks and the build), :mod:`ddp_exp.job.folder` (``errors/``, partial files, the job
+log), :mod:`ddp_exp.rank.failures` (a build that fails), :mod:`ddp_exp.io.files`,
+:mod:`ddp_exp.launch.rendezvous` (one node's), :mod:`ddp_exp.compat.elastic_agent` (the start
+of the ranks), :mod:`ddp_exp.rank.worker` (what each rank runs), :mod:`ddp_exp.rank.parent` (a
+rank ends with its launcher), :mod:`ddp_exp.launch.torchrun` (a world torchrun or srun started).
 """
 
 from __future__ import annotations
@@ -43,24 +40,16 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ddp_exp.compat import elastic_agent as agent
 from ddp_exp.compat import messages
-from ddp_exp.config.checks import check_precision, validate
-from ddp_exp.config.targets import check_targets
-from ddp_exp.distributed.process_group import oversubscription_warning, resolve_placement
 from ddp_exp.io.files import atomic_write
 from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
-from ddp_exp.job.sweep import log_config
-from ddp_exp.launch import cluster
-from ddp_exp.launch.build import config_as_run, prepare
+from ddp_exp.launch import cluster, session
 from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
-from ddp_exp.launch.trial_link import refuse_trial_link_in_a_plain_run
-from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
 from ddp_exp.rank.worker import RankInputs, run_rank
@@ -119,9 +108,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
                                           signum)
         with _environ(env):
             results = _elastic_launch(cfg, nproc, inputs, owner, held)
-        stop = preemption.preempted_in(results)
-        if stop is not None:  # every rank stopped after the same step, rank 0 checkpointed
-            raise stop
+        session.raise_if_preempted(results)
         if 0 not in results:
             log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
                      sorted(results))
@@ -130,34 +117,19 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
 
 def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1
                   ) -> tuple[int, RankInputs]:
-    """Everything this launcher checks and builds before its ranks start, in order: the
-    config (:func:`ddp_exp.config.checks.validate`), device and backend for this node's ranks, the
-    precision on that device, the oversubscription warning (over the ranks of
+    """Everything this launcher checks and builds before its ranks start, in the launch
+    session's order (:mod:`ddp_exp.launch.session`): the config checked, device and backend
+    placed for this node's ranks, the oversubscription warning (over the ranks of
     ``tasks_on_host`` tasks on this machine, ``jobs`` of them a sweep's jobs running at once),
-    the config printed (``print_config``: before anything that may take long), then the data,
-    model and the rest
-    (:func:`ddp_exp.launch.build.prepare` in ``job_dir``). Returns (ranks on this node, inputs).
+    then the config printed and the data, model and the rest built in ``job_dir``. Returns
+    (ranks on this node, inputs).
 
     Raises:
         ConfigError: invalid config or data (one line naming the key).
         FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.launch.build.prepare`.
     """
-    settle(cfg)  # paths relative to the command's folder, a replaced _target_'s keys
-    validate(cfg)
-    if HydraConfig.initialized():  # a trial's link copied into a plain run: refused here
-        hc = HydraConfig.get()
-        hydra_overrides = [str(o) for o in hc.overrides.hydra]  # hydra.job.env_set.* among them
-        refuse_trial_link_in_a_plain_run(hc.mode == RunMode.MULTIRUN, hydra_overrides)
-    nproc = cfg.world_size // cfg.launcher.nnodes
-    device, backend = resolve_placement(cfg.device, cfg.distributed.backend, nproc)
-    check_precision(cfg.trainer.precision, device)
-    warning = oversubscription_warning(nproc * tasks_on_host, jobs)
-    if warning:
-        log.warning("%s", warning)
-    check_targets(cfg)  # a _target_ that cannot be imported: its line alone, no config first
-    if cfg.print_config:  # before the data and the model: the first line comes at once
-        log_config(config_as_run(cfg, cfg.world_size, device))  # a sweep's later jobs: overrides
-    return nproc, prepare(cfg, job_dir, cfg.world_size, device, backend)
+    placement = session.check(cfg, tasks_on_host=tasks_on_host, jobs=jobs)
+    return placement.nproc, session.build(cfg, job_dir, placement)
 
 
 def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:

@@ -11,36 +11,29 @@ variables (:func:`ignore_leftover_torchrun_variables`), refuses a multirun under
 ranks from creating folders (:func:`torchrun_overrides`): those read the environment alone and
 live in :mod:`ddp_exp.launch.torchrun_env`, which the entry imports without torch.
 
-May use: :mod:`ddp_exp.config` (validation), :mod:`ddp_exp.distributed.process_group` (the
-world, placement, the process group), :mod:`ddp_exp.launch.build`,
-:mod:`ddp_exp.launch.user_input`, :mod:`ddp_exp.job` (``errors/``, the job log, an earlier
-run's status), :mod:`ddp_exp.rank` (what a rank runs, its failures, logs and preemption).
+The checks and the build both paths share, in their order, are :mod:`ddp_exp.launch.session`'s.
+
+May use: :mod:`ddp_exp.config` (the world size), :mod:`ddp_exp.distributed.process_group` (the
+world, the process group), :mod:`ddp_exp.launch.session` (the checks and the build),
+:mod:`ddp_exp.job` (``errors/``, the job log, an earlier run's status), :mod:`ddp_exp.rank`
+(what a rank runs, its failures, logs and preemption).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.config.checks import check_precision, validate
 from ddp_exp.config.compose import task_overrides
 from ddp_exp.config.errors import ConfigError
-from ddp_exp.config.targets import check_targets
 from ddp_exp.config.view import rank_config
-from ddp_exp.distributed.process_group import (
-    World,
-    destroy_process_group,
-    init_process_group,
-    oversubscription_warning,
-    resolve_placement,
-)
+from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
 from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
-from ddp_exp.launch.build import config_as_run, prepare
+from ddp_exp.launch import session
 from ddp_exp.launch.torchrun_env import (  # noqa: F401  (re-exported: their home before)
     MULTIRUN_UNDER_TORCHRUN,
     RANK_VARIABLES,
@@ -52,13 +45,11 @@ from ddp_exp.launch.torchrun_env import (  # noqa: F401  (re-exported: their hom
     torchrun_overrides,
     under_torchrun,
 )
-from ddp_exp.launch.user_input import settle
 from ddp_exp.rank import preemption
 from ddp_exp.rank.failures import build_failure_recorded, record_rank_failure
 from ddp_exp.rank.logs import configure_logging
 from ddp_exp.rank.worker import set_threads, train_rank
 
-log = logging.getLogger("ddp_exp")
 
 def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     """This process is one rank of a torchrun world: validate, join, adopt rank 0's config.
@@ -85,17 +76,12 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     la.rdzv_backend, la.node_rank, la.rdzv_id = "static", world.rank // world.local_world_size, None
     la.rdzv_endpoint = ":".join(os.environ.get(k, d) for k, d in (("MASTER_ADDR", "127.0.0.1"),
                                                                    ("MASTER_PORT", "0")))
-    settle(cfg)
-    validate(cfg)
+    # The launch session's first phase, on each rank (ddp_exp.launch.session); one rank of
+    # each machine says the oversubscription warning.
+    placement = session.check(cfg, world.local_world_size, warn=world.local_rank == 0)
     preemption.install(preemption.signal_number(cfg.trainer.preempt_signal, la.cluster))
-    device, backend = resolve_placement(cfg.device, cfg.distributed.backend,
-                                        world.local_world_size)
-    check_precision(cfg.trainer.precision, device)
     threads = set_threads(world, cfg.data.num_workers)
-    warning = oversubscription_warning(world.local_world_size)
-    if warning and world.local_rank == 0:
-        log.warning("%s", warning)
-    init_process_group(backend, world, cfg.distributed.timeout_s, device)
+    init_process_group(placement.backend, world, cfg.distributed.timeout_s, placement.device)
     try:
         # Rank 0's composition wins: the same resolved config (${now:} included) and one
         # output folder for the whole world.
@@ -111,19 +97,13 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         plain, job_dir, log_file = shared
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
-        with build_failure_recorded(job_dir, world.is_main):
-            check_targets(cfg)  # a _target_ that cannot be imported: its line alone
-            if world.is_main and cfg.print_config:  # before the data and the model
-                log.info("config:\n%s", OmegaConf.to_yaml(config_as_run(cfg, world.world_size,
-                                                                         device)))
-            inputs = prepare(cfg, job_dir, world.world_size, device, backend)
+        with build_failure_recorded(job_dir, world.is_main):  # the session's second phase
+            inputs = session.build(cfg, job_dir, placement, show_config=world.is_main)
         try:
             result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
         except Exception as exc:  # recorded as the built-in launcher records a failed rank
             raise record_rank_failure(exc, world.rank, job_dir) from None
-        stop = preemption.preempted_in({world.rank: result})
-        if stop is not None:  # every rank stopped after the same step, rank 0 checkpointed
-            raise stop
+        session.raise_if_preempted({world.rank: result})
         return result
     finally:
         destroy_process_group()

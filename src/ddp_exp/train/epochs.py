@@ -19,7 +19,7 @@ May use: :mod:`ddp_exp.metrics` (the epoch's line, the dashboard, the writer's m
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_exp.metrics import dashboard, warmup
 from ddp_exp.metrics.progress import EpochResult, epoch_line
@@ -27,10 +27,14 @@ from ddp_exp.metrics.writer import mean
 from ddp_exp.train import checkpointing, schedule, step_checkpoint, step_validation
 from ddp_exp.train.step_checkpoint import Preempted
 
+if TYPE_CHECKING:
+    from ddp_exp.train.step_checkpoint import CheckpointedLoop
+    from ddp_exp.train.training_loop import TrainingLoop
+
 log = logging.getLogger("ddp_exp.train")
 
 
-def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
+def run_epochs(loop: CheckpointedLoop) -> tuple[EpochResult | None, float, int]:
     """The epochs of :meth:`ddp_exp.train.loop.Trainer.fit`: returns the last epoch's result
     (None if none ran), the seconds in the training loops and the samples trained in them,
     warm-up left out of both (:mod:`ddp_exp.metrics.warmup`)."""
@@ -93,7 +97,7 @@ def run_epochs(loop: Any) -> tuple[EpochResult | None, float, int]:
     return last, train_s, run_samples
 
 
-def final_metrics(loop: Any, last: EpochResult, run_samples: int, train_s: float
+def final_metrics(loop: TrainingLoop, last: EpochResult, run_samples: int, train_s: float
                   ) -> dict[str, Any]:
     """The final global metrics of the last epoch (docs/metrics-and-tensorboard.md). For
     token data the loop counts tokens: ``train/num_samples`` and ``train/samples_per_sec``

@@ -14,7 +14,7 @@ bar), torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,8 +23,11 @@ from ddp_exp.metrics.progress import Progress
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.metrics.writer import mean
 
+if TYPE_CHECKING:
+    from ddp_exp.train.training_loop import TrainingLoop
 
-def settle(loop: Any, window: LossWindow, progress: Progress) -> tuple[float, int]:
+
+def settle(loop: TrainingLoop, window: LossWindow, progress: Progress) -> tuple[float, int]:
     """Finish the window's started check, if any; a logging step's check writes its
     interval (:func:`write_interval`). Returns the check's world (loss sum, samples), (0, 0) if
     none."""
@@ -38,7 +41,7 @@ def settle(loop: Any, window: LossWindow, progress: Progress) -> tuple[float, in
     return loss_sum, samples
 
 
-def write_interval(loop: Any, window: LossWindow, progress: Progress,
+def write_interval(loop: TrainingLoop, window: LossWindow, progress: Progress,
                    timing: list[float] | None, step: int, grad_norm: torch.Tensor | None,
                    lr: float) -> None:
     """Write the interval's scalars at x = ``step``, the logging step (rank 0), and start
@@ -67,7 +70,7 @@ def write_interval(loop: Any, window: LossWindow, progress: Progress,
     progress.interval(loss, rate)
 
 
-def lr_used(loop: Any) -> float:
+def lr_used(loop: TrainingLoop) -> float:
     """The learning rate of the last optimizer step (a per-step scheduler has already set
     the next one)."""
     if loop.step_scheduler is not None:

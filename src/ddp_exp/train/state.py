@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,10 +33,13 @@ from ddp_exp.io import checkpoint, sharded
 from ddp_exp.train import schedule
 from ddp_exp.train.strategy import held
 
+if TYPE_CHECKING:
+    from ddp_exp.train.training_loop import TrainingLoop
+
 log = logging.getLogger("ddp_exp.train")  # the loop's lines, under one name
 
 
-def state_dict(loop: Any, rng: list[dict[str, Any]] | None = None, position: int = 0,
+def state_dict(loop: TrainingLoop, rng: list[dict[str, Any]] | None = None, position: int = 0,
                epoch_sums: tuple[float, int, float] | None = None, weights: bool = True
                ) -> dict[str, Any]:
     """Everything needed to continue ``loop`` exactly; a collective (gathers every rank's RNG),
@@ -237,7 +240,7 @@ def steps_into_epoch(global_batch: int, world_size: int, state: dict[str, Any], 
     return position // now
 
 
-def load_state_dict(loop: Any, state: dict[str, Any], source: str) -> None:
+def load_state_dict(loop: TrainingLoop, state: dict[str, Any], source: str) -> None:
     """Continue ``loop`` from a checkpoint written by :func:`state_dict` (same model and
     optimizer; ``source``: its path, for messages). Every rank's RNG streams continue when the
     world has the checkpoint's size. The optimizer and the schedule continue under this run's

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddp_exp.train import checkpointing
 from ddp_exp.train.checkpointing import Taken
+from ddp_exp.train.training_loop import TrainingLoop
 
 if TYPE_CHECKING:
     from ddp_exp.config.schema import TrainerConfig
@@ -105,7 +106,7 @@ def decided(flags: list[float]) -> tuple[bool, bool]:
     return flags[CLOCK] > 0, flags[PREEMPT] > 0
 
 
-def enter_position(loop: Any) -> tuple[int, tuple[float, int, float]]:
+def enter_position(loop: CheckpointedLoop) -> tuple[int, tuple[float, int, float]]:
     """Where the loop's epoch starts: ``(steps done in it, (its world loss sum, samples and
     seconds so far))``, all 0 unless a step checkpoint interrupted it (``loop.position``
     global samples consumed, ``loop.epoch_sums``, set by
@@ -121,7 +122,7 @@ def enter_position(loop: Any) -> tuple[int, tuple[float, int, float]]:
     return first, (float(sums[0]), int(sums[1]), float(sums[2]))
 
 
-def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps: int,
+def take(loop: CheckpointedLoop, window: Any, settle: Callable[[], tuple[float, int]], steps: int,
          loss_sum: float, samples: int, seconds: float) -> tuple[float, int, bool]:
     """Write a step checkpoint after the epoch's ``steps``-th step now (every rank, at the
     same step: the minutes' cadence, a preemption): :func:`begin` and :func:`complete` at
@@ -142,8 +143,8 @@ def take(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], steps:
     return loss_sum, samples, preempt or carried
 
 
-def begin(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], started_now: bool,
-          steps: int, loss_sum: float, samples: int, seconds: float
+def begin(loop: CheckpointedLoop, window: Any, settle: Callable[[], tuple[float, int]],
+          started_now: bool, steps: int, loss_sum: float, samples: int, seconds: float
           ) -> tuple[float, int, bool, Taken]:
     """Begin a step checkpoint after the epoch's ``steps``-th step without waiting for any
     collective (every rank, at the same step): the check of the steps since the last one is
@@ -172,7 +173,7 @@ def begin(loop: Any, window: Any, settle: Callable[[], tuple[float, int]], start
     return loss_sum, samples, preempt, taken
 
 
-def complete(loop: Any, window: Any, settle: Callable[[], tuple[float, int]],
+def complete(loop: CheckpointedLoop, window: Any, settle: Callable[[], tuple[float, int]],
              taken: Taken, loss_sum: float, samples: int) -> tuple[float, int, bool]:
     """Complete a step checkpoint :func:`begin` began (every rank, before anything else of
     this step's check): the check started then is settled (the epoch's sums through that
@@ -195,14 +196,15 @@ def complete(loop: Any, window: Any, settle: Callable[[], tuple[float, int]],
     return loss_sum, samples, preempt
 
 
-def steps_entered(loop: Any) -> int:
+def steps_entered(loop: CheckpointedLoop) -> int:
     """The optimizer steps the epoch ``loop.epoch`` has taken before the loop enters it: a
     step checkpoint's ``loop.position`` in this run's global batch, else 0 (call before
     ``loop.train_epoch()``, which consumes the position)."""
     return (loop.position or 0) // loop.cfg.global_batch_size
 
 
-def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float) -> None:
+def at_stop(loop: CheckpointedLoop, steps: int, loss_sum: float, samples: int, seconds: float
+            ) -> None:
     """``trainer.max_steps`` stopped the epoch after its ``steps``-th step (< its steps per
     epoch): write ``checkpoints/last.pt`` as a step checkpoint there (every rank; the
     epoch's world ``loss_sum``, ``samples`` and ``seconds`` so far, settled by
@@ -218,7 +220,7 @@ def at_stop(loop: Any, steps: int, loss_sum: float, samples: int, seconds: float
                                    (loss_sum, samples, seconds)))
 
 
-def _land(loop: Any, taken: Taken) -> None:
+def _land(loop: CheckpointedLoop, taken: Taken) -> None:
     """Land a step checkpoint as ``last.pt``. TensorBoard's events up to its step are in the
     event file before the checkpoint file is, so a resume's ``purge_step`` sees them: the
     queued scalars are added here, and the background writer's job waits for the event file
@@ -227,3 +229,11 @@ def _land(loop: Any, taken: Taken) -> None:
     checkpointing.land(loop, taken, checkpointing.INSIDE_EPOCH,
                        before_write=loop.writer.flush_events)
     loop.cadence.written()
+
+
+class CheckpointedLoop(TrainingLoop, Protocol):
+    """The loop as this module's helpers see it: :class:`ddp_exp.train.training_loop.TrainingLoop`
+    and the step checkpoints' cadence (declared here, beside its class: the protocol's module
+    cannot import this one, which imports it)."""
+
+    cadence: Cadence

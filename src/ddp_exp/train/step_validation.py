@@ -22,25 +22,28 @@ May use: :mod:`ddp_exp.train.checkpointing` (``best.pt``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddp_exp.train import checkpointing
+
+if TYPE_CHECKING:
+    from ddp_exp.train.training_loop import TrainingLoop
 
 log = logging.getLogger("ddp_exp.train")
 
 
-def every(loop: Any) -> int | None:
+def every(loop: TrainingLoop) -> int | None:
     """``trainer.val_every_n_steps`` (None: validation after each epoch)."""
     return getattr(loop.cfg.trainer, "val_every_n_steps", None)
 
 
-def due(loop: Any) -> bool:
+def due(loop: TrainingLoop) -> bool:
     """Whether the step just taken is a validation step."""
     n = every(loop)
     return bool(n) and loop.global_step % n == 0 and loop.last_val_step != loop.global_step
 
 
-def validate(loop: Any, final: bool = False) -> dict[str, Any]:
+def validate(loop: TrainingLoop, final: bool = False) -> dict[str, Any]:
     """Validate at the current global step (every rank), then the monitor, ``best.pt`` and
     the sample (module docstring); returns the validation's results. ``final``: the run's
     last validation (a sweep's pruner is not asked after it)."""
@@ -56,7 +59,7 @@ def validate(loop: Any, final: bool = False) -> dict[str, Any]:
     return val
 
 
-def at_epoch_end(loop: Any, run_ends: bool) -> dict[str, Any]:
+def at_epoch_end(loop: TrainingLoop, run_ends: bool) -> dict[str, Any]:
     """The validation results an epoch's end reports: the last validation's, validating
     first if the run ends here after steps no validation saw."""
     if run_ends and loop.last_val_step != loop.global_step:

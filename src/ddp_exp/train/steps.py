@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ddp_exp.data.batches import call_model, to_device
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.train.optimizer import NO_CONTEXT
+
+if TYPE_CHECKING:
+    from ddp_exp.train.training_loop import TrainingLoop
 
 log = logging.getLogger("ddp_exp.train")
 
@@ -42,7 +45,7 @@ def groups(batches: Iterable, size: int) -> Iterator[list]:
         yield group
 
 
-def duplicate_ignored(loop: Any, batches: Iterable, first: int = 0) -> Iterator:
+def duplicate_ignored(loop: TrainingLoop, batches: Iterable, first: int = 0) -> Iterator:
     """The epoch's batches (from its ``first``-th), the last one's last sample
     (DistributedSampler's duplicate) made to count nowhere for per-element targets: its
     labels become ``ignore_index``."""
@@ -54,7 +57,7 @@ def duplicate_ignored(loop: Any, batches: Iterable, first: int = 0) -> Iterator:
         yield xb, yb
 
 
-def train_step(loop: Any, group: list, window: LossWindow) -> None:
+def train_step(loop: TrainingLoop, group: list, window: LossWindow) -> None:
     """One optimizer step over a group of micro-batches (see the module docstring). The
     hot path: no device sync, and nothing done per step that can be done once."""
     if loop.objective.elementwise(group[0][1]):
@@ -82,7 +85,7 @@ def train_step(loop: Any, group: list, window: LossWindow) -> None:
     finish_step(loop, perf)
 
 
-def element_step(loop: Any, group: list, window: LossWindow) -> None:
+def element_step(loop: TrainingLoop, group: list, window: LossWindow) -> None:
     """An optimizer step on per-element targets (tokens, pixels): the gradient of the
     world's element mean. The labels say how many elements count before any forward, so the
     world's count N of the step is all-reduced asynchronously while the first micro-batch's
@@ -125,7 +128,7 @@ def element_step(loop: Any, group: list, window: LossWindow) -> None:
     finish_step(loop, loop.perf)
 
 
-def padded_step(loop: Any, group: list, window: LossWindow) -> None:
+def padded_step(loop: TrainingLoop, group: list, window: LossWindow) -> None:
     """The epoch's last step when DistributedSampler repeated samples to fill the world
     (a training set ``world_size`` does not divide): each repeated sample (the last of its
     rank) counts zero, so the step's gradient is the mean over the world's real samples
@@ -154,7 +157,7 @@ def padded_step(loop: Any, group: list, window: LossWindow) -> None:
     finish_step(loop, loop.perf)
 
 
-def finish_step(loop: Any, perf) -> None:
+def finish_step(loop: TrainingLoop, perf) -> None:
     """Clipping or the logging step's norm, ``optimizer.step()``, the step's scheduler."""
     if perf is not None:
         perf.backward_done()

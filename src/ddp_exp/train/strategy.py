@@ -31,7 +31,7 @@ import fnmatch
 import functools
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -122,7 +122,14 @@ class Whole(Strategy):
         return NO_CONTEXT
 
 
-def held(loop: Any) -> Strategy:
+class HoldsModel(Protocol):
+    """What :func:`held` reads: a loop's (or a stand-in's) unwrapped ``model``; its
+    ``strategy`` where it has one."""
+
+    model: nn.Module
+
+
+def held(loop: HoldsModel) -> Strategy:
     """``loop.strategy``, or :class:`Whole` over ``loop.model`` where the loop has none."""
     strategy = getattr(loop, "strategy", None)
     return strategy if strategy is not None else Whole(loop.model)
