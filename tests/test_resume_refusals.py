@@ -6,6 +6,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -173,13 +174,20 @@ def test_a_changed_split_is_refused_before_the_ranks_unless_forced(compose, tmp_
     key, value = change.split("=")
     before = {"seed": 0, "data.val_size": 297}[key]
     overrides = ("trainer.epochs=2", "trainer.resume=auto", change, QUIET)
-    assert refused_before_ranks(compose(*overrides), job) == _split_refusal(key, value, before)
     kept = folder_files(job)
+    assert refused_before_ranks(compose(*overrides), job) == _split_refusal(key, value, before)
+    assert folder_files(job) == kept  # refused: the folder as it was
     with caplog.at_level("WARNING", logger="ddp_exp"):
         launch.prepare_world(compose(*overrides, "trainer.resume_allow_changes=true"), str(job))
     assert f"{key}={value} differs from the checkpoint's {key}={before} " \
            "(trainer.resume_allow_changes=true)" in caplog.text
-    assert folder_files(job) == kept
+    # accepted: the launcher records the attempt it starts in run.json (and the working tree's
+    # uncommitted changes in run.diff, when there are any), and touches nothing else
+    now = folder_files(job)
+    now.pop(Path("run.diff"), None)
+    attempts = json.loads(now.pop(Path("run.json")))["attempts"]
+    assert len(attempts) == len(json.loads(kept.pop(Path("run.json")))["attempts"]) + 1
+    assert now == kept
 
 
 def test_a_resume_value_that_is_no_file_names_the_valid_values(compose, tmp_path):
