@@ -294,3 +294,31 @@ def test_unknown_dtype_refused(compose):
 
     with pytest.raises(ConfigError, match="strategy.param_dtype='fp8'"):
         StrategyConfig(name="fsdp", param_dtype="fp8")
+
+
+def test_the_state_estimate_runs_no_users_optimizer_hook():
+    """Regression: the startup line's optimizer-state estimate steps a probe optimizer, and a
+    global step hook (torch.optim.optimizer.register_optimizer_step_pre_hook) counted it as the
+    run's first step (a preemption test's signal came one step early). The estimate is the same,
+    the hooks see nothing and stay registered."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+
+    from ddp_exp.train import strategy
+
+    seen: list[str] = []
+    pre = register_optimizer_step_pre_hook(lambda *a: seen.append("pre"))
+    post = register_optimizer_step_post_hook(lambda *a: seen.append("post"))
+    try:
+        strategy._state_ratio.cache_clear()
+        param = torch.nn.Parameter(torch.zeros(3))
+        assert strategy.optimizer_bytes_per_byte(torch.optim.AdamW([param])) == 2.0  # was 0
+        assert strategy.optimizer_bytes_per_byte(torch.optim.SGD([param], lr=0.1,
+                                                                  momentum=0.9)) == 1.0
+        assert seen == []
+        param.grad = torch.zeros(3)
+        torch.optim.SGD([param], lr=0.1).step()
+        assert seen == ["pre", "post"]
+    finally:
+        pre.remove()
+        post.remove()

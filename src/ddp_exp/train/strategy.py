@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import inspect
 import logging
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from ddp_exp.compat.ddp_buckets import lay_out_buckets_once
+from ddp_exp.compat.optimizer_hooks import without_global_hooks
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.config.strategy import StrategyConfig
 from ddp_exp.config.view import RankConfig
@@ -145,7 +147,8 @@ def _state_ratio(factory: type, defaults: tuple) -> float:
     probe = nn.Parameter(torch.zeros(64))
     optimizer = factory([probe], **dict(defaults))
     probe.grad = torch.ones_like(probe)
-    optimizer.step()
+    with without_global_hooks():  # a user's step-counting hook must not see the probe's step
+        optimizer.step()
     sized = sum(v.numel() for v in optimizer.state[probe].values()
                 if isinstance(v, torch.Tensor) and v.numel() == probe.numel())
     return sized / probe.numel()
@@ -155,13 +158,27 @@ def optimizer_bytes_per_byte(optimizer: torch.optim.Optimizer) -> float:
     """Optimizer state bytes per byte of gradient, for an optimizer that has not stepped yet
     (its state is created lazily): one step of the same class and settings on a 64-element
     probe, counting the state tensors the size of the parameter (AdamW: 2, SGD with momentum:
-    1, plain SGD: 0)."""
+    1, plain SGD: 0). The probe gets the settings its class's ``__init__`` takes (AdamW's
+    defaults hold ``decoupled_weight_decay``, which ``AdamW()`` refuses: the estimate was 0 for
+    every AdamW run), and 0 where an optimizer needs more than params and its settings."""
+    try:
+        accepted = inspect.signature(type(optimizer)).parameters
+    except (TypeError, ValueError):
+        return 0.0
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     defaults = tuple(sorted((k, v) for k, v in optimizer.defaults.items()
-                            if isinstance(v, (int, float, bool, str, type(None)))))
+                            if (takes_any or k in accepted) and _hashable(v)))
     try:
         return _state_ratio(type(optimizer), defaults)
     except Exception:  # an optimizer that needs more than params and its defaults
         return 0.0
+
+
+def _hashable(value: Any) -> bool:
+    """A plain setting (number, flag, text, None, or a tuple of them: AdamW's ``betas``)."""
+    if isinstance(value, tuple):
+        return all(_hashable(v) for v in value)
+    return isinstance(value, (int, float, bool, str, type(None)))
 
 
 class DDPStrategy(Strategy):
