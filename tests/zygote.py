@@ -107,24 +107,27 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
 
 
 def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[int, int],
-                    base_path: list[str]) -> None:
-    """In the forked run: take the caller's stdio, cwd, environment and argv, then run
-    ``ddp_exp`` as ``python -m ddp_exp`` would; never returns."""
+                    base_path: list[str], tagged_fd: int) -> None:
+    """In the forked run: carry the caller's tag in ``/proc/<pid>/environ`` and say so by
+    closing ``tagged_fd`` (the waiter reports the pid only then: a test that looks for its
+    tagged processes right after the start found none), take the caller's stdio, cwd,
+    environment and argv, then run ``ddp_exp`` as ``python -m ddp_exp`` would; never returns."""
     import ctypes
     import random
     import runpy
 
     code = 1
     try:
+        tag = request["env"].get(CASE_TAG, "").encode() + b"\0"
+        address, room = slot
+        ctypes.memmove(address, tag.ljust(room, b"\0")[:room], room)
+        os.close(tagged_fd)
         os.setpgid(0, 0)  # its own process group: nothing it signals reaches the server
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        tag = request["env"].get(CASE_TAG, "").encode() + b"\0"
-        address, room = slot
-        ctypes.memmove(address, tag.ljust(room, b"\0")[:room], room)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -177,12 +180,17 @@ def _wait_for_the_run(conn: socket.socket, request: dict, fds: list[int], replay
                       slot: tuple[int, int], base_path: list[str]) -> None:
     """In the waiter: fork the run, report its pid, reap it, report its exit status (as
     :attr:`subprocess.Popen.returncode`: negative for a signal)."""
+    tagged_r, tagged_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _become_the_run(request, fds, replay, slot, base_path)
+        os.close(tagged_r)
+        _become_the_run(request, fds, replay, slot, base_path, tagged_w)
+    os.close(tagged_w)
     for fd in fds:
         os.close(fd)
+    os.read(tagged_r, 1)  # b"" once the run has closed its end: tagged (or dead)
+    os.close(tagged_r)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
     conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
