@@ -14,15 +14,20 @@ from __future__ import annotations
 from benchmarks.groups import (
     digits,
     epoch_checkpoint,
+    first_line,
+    fsdp,
     image_folder,
     lm,
     memory,
     perf,
+    prepare_text,
     scaling,
     startup,
     step_checkpoint,
     step_overhead,
     threads,
+    trackers,
+    warmup,
 )
 from benchmarks.harness.group import Group
 
@@ -40,6 +45,11 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     memory.MEMORY,
     step_overhead.STEP_OVERHEAD,
     epoch_checkpoint.EPOCH_CHECKPOINT,
+    fsdp.FSDP,
+    prepare_text.PREPARE_TEXT,
+    first_line.FIRST_LINE,
+    trackers.TRACKERS_GROUP,
+    warmup.WARMUP,
 )}
 
 ALIASES = {"c17": "threads"}  # the group's name before it was named by what it measures
