@@ -1,8 +1,9 @@
 """Every group of ``make bench``, by the name ``--only`` takes.
 
 To add a group: write one module in ``benchmarks/groups/`` that defines a
-``benchmarks.harness.group.Group`` (its variants, targets and hooks: see that class; a probe
-that runs in one process is a group with no variants and an ``extra``), then add it to the
+``benchmarks.harness.group.Group`` (its variants, targets and hooks: see that class; a
+measurement that is not interleaved runs is a group with no variants and a ``probe``, whose rows
+land in the results file like the runs'), then add it to the
 import and to :data:`GROUPS` below, in the order the groups should run. Its results land in
 ``benchmarks/results/<name>.csv`` and its targets in docs/benchmarks.md's table.
 

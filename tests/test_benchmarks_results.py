@@ -175,12 +175,12 @@ def test_a_probe_groups_rows_land_in_its_results_and_its_target_in_the_docs(
     assert seen == {"quick": False, "repeats": 3}
     saved = results.load_rows("first_line", str(folder))
     assert [(r["variant"], r["first_line_s"]) for r in saved][:2] == [
-        ("first_line/ws1/help/ddp_exp", 0.5), ("first_line/ws1/slowest/ddp_exp", 1.0)]
+        ("first_line/ws1/help/probe", 0.5), ("first_line/ws1/slowest/probe", 1.0)]
     assert len(saved) == 6 and all(r["measured"] and r["status"] == "ok" for r in saved)
     line = [ln for ln in docs.read_text().splitlines() if ln.startswith("| `first_line")]
     assert line and line[0].startswith("| `first_line.slowest` |") and "| 2.000 | < 3 | PASS |" \
         in line[0] and line[0].endswith('3 runs each | `make bench ARGS="--only first_line"` |')
-    assert "first_line/ws1/help/ddp_exp" in report.read_text()
+    assert "first_line/ws1/help/probe" in report.read_text()
 
     def broken(quick, repeats, timeout_s):
         raise group.ProbeFailed("benchmarks.probes.first_line: exit 1")

@@ -56,7 +56,7 @@ def measure(quick: bool, repeats: int, timeout_s: float) -> list[dict]:
 def targets() -> list[Target]:
     return [Target("first_line.slowest", f"seconds from the command to its first line, the "
                    f"slowest of --help, --cfg job and {len(COMMANDS) - 2} jobs (presets, extreme "
-                   "values)", f"{GROUP}/ws1/slowest/ddp_exp", None, "first_line_s", "<", BOUND_S)]
+                   "values)", f"{GROUP}/ws1/slowest/probe", None, "first_line_s", "<", BOUND_S)]
 
 
 FIRST_LINE = Group(GROUP, "Time to the first line: --help, --cfg job, every preset and the "

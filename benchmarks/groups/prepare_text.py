@@ -45,7 +45,7 @@ def measure(quick: bool, repeats: int, timeout_s: float) -> list[dict]:
 
 def targets() -> list[Target]:
     return [Target("prepare_text.peak_rss", f"ddp-exp prepare, {MB} MB corpus, BPE 8192: peak "
-                   "RSS, MiB", f"{GROUP}/ws1/prepare/ddp_exp", None, "peak_rss_mib_per_rank",
+                   "RSS, MiB", f"{GROUP}/ws1/prepare/probe", None, "peak_rss_mib_per_rank",
                    "<", round(GB_IN_MIB, 1))]
 
 

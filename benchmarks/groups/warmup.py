@@ -50,7 +50,7 @@ def measure(quick: bool, repeats: int, timeout_s: float) -> list[dict]:
 
 
 def key(label: str) -> str:
-    return f"{GROUP}/ws1/{label}/ddp_exp"
+    return f"{GROUP}/ws1/{label}/probe"
 
 
 def targets() -> list[Target]:

@@ -70,9 +70,10 @@ class Group:
 
 
 def probe_row(group: str, label: str, repeat: int, world_size: int = 1, *, workload: str = "",
-              impl: str = "ddp_exp", status: str = "ok", **figures) -> dict:
+              impl: str = "probe", status: str = "ok", **figures) -> dict:
     """One row of a group's results file measured by its ``probe``: the variant key
-    ``<group>/ws<world_size>/<label>/<impl>`` (the keys its targets name), the row's
+    ``<group>/ws<world_size>/<label>/<impl>`` (the keys its targets name; ``impl`` "probe": not
+    one of the runner's ddp_exp runs, whose thread rule it is not held to), the row's
     description, and ``figures`` (columns of ``results.CSV_FIELDS``: ``samples_per_sec``,
     ``wall_s``, ``first_line_s``, ...)."""
     return {"group": group, "variant": f"{group}/ws{world_size}/{label}/{impl}", "impl": impl,
