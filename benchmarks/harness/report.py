@@ -61,7 +61,7 @@ def group_table(rows: list[dict], variants: list[Variant]) -> list[str]:
     return out
 
 
-FIGURES = ("samples_per_sec", "wall_s", "first_line_s", "peak_rss_mib_per_rank",
+FIGURES = ("samples_per_sec", "ratio", "wall_s", "first_line_s", "peak_rss_mib_per_rank",
            "state_mib_per_rank")
 
 

@@ -24,7 +24,7 @@ CSV_FIELDS = ["measured", "commit", "group", "variant", "impl", "workload", "wor
               "wall_s", "wall_s_inside", "peak_rss_mib_per_rank", "peak_rss_mib_self_reported",
               "world_pss_mib", "ranks_seen", "threads_per_rank", "train_loss", "val_loss",
               "val_accuracy", "model_flops_per_sec", "loadavg_1m", "other_cpu_cores",
-              "state_mib_per_rank", "first_line_s", "note"]
+              "state_mib_per_rank", "first_line_s", "ratio", "note"]
 BEGIN, END = "<!-- targets: begin -->", "<!-- targets: end -->"
 TABLE_HEAD = ["| target | what | latest | bound | result | measured (UTC, commit) | reproduce |",
               "|---|---|---|---|---|---|---|"]
