@@ -190,3 +190,27 @@ def test_a_probe_groups_rows_land_in_its_results_and_its_target_in_the_docs(
     before = (folder / "first_line.csv").read_text()
     assert main.main(["--only", "first_line", "--markdown", str(report)]) == 1
     assert (folder / "first_line.csv").read_text() == before
+
+
+def test_a_results_file_does_not_make_the_stamp_dirty(bench, tmp_path, monkeypatch):
+    """A run's stamp says ``+dirty`` where the code that measured differs from the commit, not
+    where an earlier group's results file is not committed yet (one ``make bench`` of several
+    groups writes several)."""
+    import subprocess
+
+    results, _ = bench
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "src")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    monkeypatch.setattr(results.common, "ROOT", str(tmp_path))
+    (tmp_path / "benchmarks" / "results" / "g.csv").write_text("measured\n")
+    assert not results.stamp()["commit"].endswith("+dirty")
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    assert results.stamp()["commit"].endswith("+dirty")
