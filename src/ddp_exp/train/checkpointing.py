@@ -61,18 +61,13 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
     """Take a checkpoint of ``loop`` as it is now, waiting for no collective (every rank, at
     the same point of its collectives): start gathering the ranks' RNG states, and on rank 0
     snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
-    :func:`ddp_exp.train.state.state_dict`; under FSDP every rank joins its gather first).
-    ``position`` (global samples the epoch in progress has consumed) and ``epoch_sums`` (its
-    world loss sum, samples, seconds) make it a step checkpoint; 0 and None: at an epoch's
-    end."""
+    :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
+    progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
+    a step checkpoint; 0 and None: at an epoch's end."""
     rng = start_rng_gather(loop.device)  # a collective, not waited for
     state = None
-    # FSDP gathers the full state (a collective every rank joins; rank 0 holds the result)
-    sharded = getattr(getattr(loop, "strategy", None), "name", "ddp") == "fsdp"
-    if loop.world.is_main or sharded:
-        full = train_state.state_dict(loop, [], position, epoch_sums)
-        if loop.world.is_main:
-            state = checkpoint.snapshot(full)
+    if loop.world.is_main:
+        state = checkpoint.snapshot(train_state.state_dict(loop, [], position, epoch_sums))
     return Taken(state, rng)
 
 
