@@ -9,10 +9,12 @@ holds the import graph to this order, free of cycles):
 * ``registry.py``: every group, by name;
 * ``groups/``: one module per workload: what it runs, interleaved, and its targets (digits and
   compute against the hand-written scripts and Lightning, start-up, threads, perf, step
-  checkpoints, image folder, language model, scaling, memory, step overhead);
-* ``probes/``: measurements inside one process (per-step overhead, the step checkpoint's cost
-  in one world, two runs side by side on two cores): run by a group or alone
-  (``python -m benchmarks.probes.NAME --help``);
+  checkpoints, image folder, language model; opt-in: scaling, memory, step overhead, the epoch
+  checkpoint, FSDP against DDP, text preparation, time to the first line, trackers, warm-up);
+* ``probes/``: measurements that are not interleaved runs (per-step overhead, the checkpoints'
+  cost in one world, two runs side by side on two cores, ``ddp-exp prepare`` on a generated
+  corpus, time to the first line, each epoch's rate against its own steady intervals): run by a
+  group or alone (``python -m benchmarks.probes.NAME --help``);
 * ``harness/``: the machinery, the same for every group: a variant and its command line, one
   timed process, a run -> one row, medians and targets, the results files and the report;
 * ``baselines/``: the hand-written programs ddp_exp is measured against, each run as its own
@@ -21,9 +23,9 @@ holds the import graph to this order, free of cycles):
   and ``workloads.py`` (the workloads' settings and ddp_exp's arrays, in NumPy);
 * ``results/``: one CSV per group, the latest measured rows of each variant.
 
-Adding a group (FSDP memory and speed, tokenizer tokens/s, the epoch checkpoint's cost, ...):
-one module in ``groups/`` that defines a ``harness.group.Group`` (its variants, targets and
-hooks; a probe in one process is a group with no variants and an ``extra``), a hand-written
+Adding a group: one module in ``groups/`` that defines a ``harness.group.Group`` (its variants,
+targets and hooks; a measurement that is not interleaved runs is a group with no variants and a
+``probe`` whose rows, ``harness.group.probe_row``, go into its results file), a hand-written
 baseline in ``baselines/`` or a probe in ``probes/`` if it needs one, and its entry in
 ``registry.GROUPS``. Its rows then land in ``results/<name>.csv`` and its targets' rows in
 docs/benchmarks.md's table after a full run.

@@ -85,7 +85,8 @@ def chosen(args: argparse.Namespace) -> dict[str, list[Variant]]:
         keep = args.impls.split(",")
         groups = {n: [v for v in vs if any(v.key.endswith("/" + k) for k in keep)]
                   for n, vs in groups.items()}
-        groups = {n: vs for n, vs in groups.items() if vs or GROUPS[n].extra}
+        groups = {n: vs for n, vs in groups.items()
+                  if vs or GROUPS[n].extra or GROUPS[n].probe}
     return groups
 
 
@@ -127,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     info.update(more)
     probes_failed = []
     for n in groups:
+        if GROUPS[n].probe:
+            print(f"== {n}: measured by its probe", flush=True)
+            try:
+                rows += GROUPS[n].probe(args.quick, repeats_of[n], args.timeout)
+            except ProbeFailed as exc:
+                info["extra"][n] = [f"failed: {exc}"]
+                probes_failed.append(n)
         if GROUPS[n].extra:
             print(f"== {n}: measured apart from the runs", flush=True)
             try:
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 info["extra"][n] = [f"failed: {exc}"]
                 probes_failed.append(n)
     targets = [t for n, vs in groups.items() for t in GROUPS[n].targets()
-               if {t.num, t.den} <= {v.key for v in vs}]
+               if t.keys <= {v.key for v in vs} | {r["variant"] for r in rows if r["group"] == n}]
     for t in targets:
         t.evaluate(rows)
     when = results.stamp()
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.markdown}")
     for t in targets:
         ratio = f"{t.ratio:.3f}" if t.ratio is not None else "n/a"
-        print(f"  {t.name:<30} {t.what:<70} {ratio:>7} ({t.op} {t.bound:g}) {t.verdict}")
+        print(f"  {t.name:<30} {t.what:<70} {ratio:>7} ({t.bound_text}) {t.verdict}")
     for line in threads_check(rows):
         print(f"  threads  {line}")
     for n, lines in info["extra"].items():

@@ -64,3 +64,65 @@ def test_a_failed_probe_fails_the_run(monkeypatch, tmp_path, capsys):
                       "--markdown", str(report)]) == 1
     assert "the measurement apart from the runs failed in: step_overhead" in capsys.readouterr().out
     assert "- failed: benchmarks.probes.x: exit 1 (TypeError)" in report.read_text()
+
+
+def test_warmup_rates_reads_epoch_lines_and_combines_steady_intervals(monkeypatch):
+    """The warmup probe's reading, without a run: each epoch line's rate and last step, and an
+    epoch's steady rate, the harmonic mean of its intervals after the first (equal samples
+    each: the samples over the seconds of those intervals)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    w = importlib.import_module("benchmarks.probes.warmup_rates")
+    out = ("[..][rank0][ddp_exp.train][INFO] - epoch 1/2 | step 94 | train/epoch_loss 0.97 | "
+           "val/loss 0.37 | val/accuracy 0.88 (263/297) | 7,211 samples/s\n"
+           "[..][rank0][ddp_exp.train][INFO] - epoch 2/2 | step 188 | train/epoch_loss 0.21 | "
+           "1,664 samples/s\n")
+    assert w.epoch_rates(out, "samples") == [(94, 7211.0), (188, 1664.0)]
+    assert w.epoch_rates(out, "tokens") == []
+    # steps 5 (the first interval, left out), 10, 15, 20 of the first epoch; 25 is the next's
+    points = [(5, 10.0), (10, 100.0), (15, 300.0), (20, 300.0), (25, 1.0)]
+    assert w.steady_rate(points, 0, 20) == pytest.approx(3 / (1 / 100 + 2 / 300))
+    with pytest.raises(ValueError, match="1 steady intervals"):
+        w.steady_rate(points, 0, 10)
+
+
+def test_probe_groups_turn_their_probes_results_into_rows(monkeypatch):
+    """first_line: a command's exit outside what it may exit with fails its row, and each
+    repeat's slowest first line is a row of its own; warmup: each epoch's rate, its steady and
+    first intervals' and the run's ratio; prepare_text: prepare's seconds, RSS and tokens/s."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    first = importlib.import_module("benchmarks.groups.first_line")
+    runs = [{"command": "help", "first_line_s": 0.4, "whole_s": 0.5, "exit": 0},
+            {"command": "debug", "first_line_s": 2.5, "whole_s": 9.0, "exit": 2},
+            {"command": "job-fork", "first_line_s": 1.0, "whole_s": 8.0, "exit": 2}]
+    monkeypatch.setattr(first, "probe_result", lambda probe, args, timeout: {"runs": runs})
+    rows = {r["variant"]: r for r in first.measure(False, 1, 10.0)}
+    assert rows["first_line/ws1/debug/probe"]["status"] == "ok"  # refused in one line
+    assert rows["first_line/ws1/job-fork/probe"]["status"] == "failed"  # a job must run
+    slow = rows["first_line/ws1/slowest/probe"]
+    assert (slow["first_line_s"], slow["note"]) == (2.5, "debug")
+
+    warm = importlib.import_module("benchmarks.groups.warmup")
+    epochs = [{"rate": 90.0, "steady": 100.0, "steps": [1, 20]},
+              {"rate": 200.0, "steady": 100.0, "steps": [21, 40]}]
+    result = {"digits": {"epochs": epochs, "intervals": [(5, 7.0), (10, 100.0), (25, 8.0)]},
+              "gpt": {"epochs": epochs[:1], "intervals": [(5, 3.0)]}}
+    monkeypatch.setattr(warm, "probe_result", lambda probe, args, timeout: result)
+    rows = {r["variant"]: r for r in warm.measure(False, 2, 10.0)}
+    assert rows["warmup/ws1/digits-epoch2-ratio/probe"]["ratio"] == 2.0
+    assert rows["warmup/ws1/digits-epoch1-first-interval/probe"]["samples_per_sec"] == 7.0
+    assert rows["warmup/ws1/digits-epoch2-first-interval/probe"]["samples_per_sec"] == 8.0
+    targets = {t.name: t for t in warm.targets()}
+    all_rows = warm.measure(False, 2, 10.0)
+    for t in targets.values():
+        t.evaluate(all_rows)
+    assert [targets[n].verdict for n in ("warmup.digits.epoch1", "warmup.digits.epoch2",
+                                         "warmup.gpt.epoch1")] == ["PASS", "MISS by 90.0%",
+                                                                   "PASS"]
+
+    prep = importlib.import_module("benchmarks.groups.prepare_text")
+    monkeypatch.setattr(prep, "probe_result", lambda probe, args, timeout: {
+        "corpus_mb": 10.1, "cores": 2, "prepare_s": 8.0, "peak_rss_mb": 464.6,
+        "tokens": 2_000_000, "encode_tokens_per_s": 562_559})
+    rows = {r["variant"]: r for r in prep.measure(True, 1, 10.0)}
+    assert rows["prepare_text/ws1/prepare/probe"]["samples_per_sec"] == 250_000.0
+    assert rows["prepare_text/ws1/encode_batch/probe"]["samples_per_sec"] == 562_559

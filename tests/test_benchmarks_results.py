@@ -4,6 +4,7 @@ says, row by row, with the command that measures each."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -122,3 +123,94 @@ def test_a_full_run_writes_its_group_and_its_targets_rows_and_a_quick_one_neithe
     assert main.main(["--only", "perf", "--quick", "--markdown", str(report)]) == 0
     assert ((folder / "perf.csv").read_text(), docs.read_text()) == before
     assert len(results.read_csv(str(tmp_path / "out" / "quick.csv"))) == 6
+
+
+def test_absolute_and_two_sided_targets(bench):
+    """A target without ``den`` is ``num``'s median against the bound, in its unit; ``within``
+    holds the ratio to 1 +- bound; ``<`` is strict."""
+    _, _ = bench
+    stats = importlib.import_module("benchmarks.harness.stats")
+    rows = [row("g/ws1/a", r, v, "") for r, v in enumerate([2.0, 2.5, 4.0])]
+    rows += [row("g/ws1/b", r, v, "") for r, v in enumerate([2.0, 2.0, 2.0])]
+    t = stats.Target("g.a", "a, s", "g/ws1/a", None, "samples_per_sec", "<", 3.0)
+    t.evaluate(rows)
+    assert (t.ratio, t.verdict, t.bound_text, t.keys) == (2.5, "PASS", "< 3", {"g/ws1/a"})
+    t = stats.Target("g.a", "a, s", "g/ws1/a", None, "samples_per_sec", "<", 2.5)
+    t.evaluate(rows)
+    assert t.verdict == "MISS by 0.0%"  # equal is not below
+    t = stats.Target("g.ab", "a / b", "g/ws1/a", "g/ws1/b", "samples_per_sec", "within", 0.1)
+    t.evaluate(rows)
+    assert t.ratio == 1.25 and t.verdict == "MISS by 15.0%" and t.bound_text == "1 +- 0.1"
+    t.evaluate([dict(r, samples_per_sec=1.9) if r["variant"] == "g/ws1/a" else r
+                for r in rows])
+    assert t.ratio == pytest.approx(0.95) and t.verdict == "PASS"
+
+
+def test_a_probe_groups_rows_land_in_its_results_and_its_target_in_the_docs(
+        bench, tmp_path, monkeypatch):
+    """A group measured by a ``probe`` (no interleaved runs): its rows go into its results file
+    and its target's row into the docs' table, as a group of runs'; a failed probe fails the
+    run and writes nothing."""
+    results, registry = bench
+    main = importlib.import_module("benchmarks.__main__")
+    group = importlib.import_module("benchmarks.harness.group")
+    folder, docs = tmp_path / "results", tmp_path / "benchmarks.md"
+    folder.mkdir()
+    docs.write_text(f"{results.BEGIN}\n" + "\n".join(results.TABLE_HEAD) + f"\n{results.END}\n")
+    monkeypatch.setattr(results, "RESULTS", str(folder))
+    monkeypatch.setattr(results, "DOCS", str(docs))
+    monkeypatch.setattr(main, "OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(main, "warm_up", lambda timeout_s: None)
+    seen = {}
+
+    def probe(quick, repeats, timeout_s):
+        seen.update(quick=quick, repeats=repeats)
+        return [group.probe_row("first_line", label, r, first_line_s=s)
+                for r in range(repeats) for label, s in (("help", 0.5 + r), ("slowest", 1.0 + r))]
+
+    monkeypatch.setitem(registry.GROUPS, "first_line", dataclasses.replace(
+        registry.GROUPS["first_line"], probe=probe))
+    report = tmp_path / "report.md"
+    assert main.main(["--only", "first_line", "--repeats", "3", "--markdown", str(report)]) == 0
+    assert seen == {"quick": False, "repeats": 3}
+    saved = results.load_rows("first_line", str(folder))
+    assert [(r["variant"], r["first_line_s"]) for r in saved][:2] == [
+        ("first_line/ws1/help/probe", 0.5), ("first_line/ws1/slowest/probe", 1.0)]
+    assert len(saved) == 6 and all(r["measured"] and r["status"] == "ok" for r in saved)
+    line = [ln for ln in docs.read_text().splitlines() if ln.startswith("| `first_line")]
+    assert line and line[0].startswith("| `first_line.slowest` |") and "| 2.000 | < 3 | PASS |" \
+        in line[0] and line[0].endswith('3 runs each | `make bench ARGS="--only first_line"` |')
+    assert "first_line/ws1/help/probe" in report.read_text()
+
+    def broken(quick, repeats, timeout_s):
+        raise group.ProbeFailed("benchmarks.probes.first_line: exit 1")
+
+    monkeypatch.setitem(registry.GROUPS, "first_line", dataclasses.replace(
+        registry.GROUPS["first_line"], probe=broken))
+    before = (folder / "first_line.csv").read_text()
+    assert main.main(["--only", "first_line", "--markdown", str(report)]) == 1
+    assert (folder / "first_line.csv").read_text() == before
+
+
+def test_a_results_file_does_not_make_the_stamp_dirty(bench, tmp_path, monkeypatch):
+    """A run's stamp says ``+dirty`` where the code that measured differs from the commit, not
+    where an earlier group's results file is not committed yet (one ``make bench`` of several
+    groups writes several)."""
+    import subprocess
+
+    results, _ = bench
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "src")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    monkeypatch.setattr(results.common, "ROOT", str(tmp_path))
+    (tmp_path / "benchmarks" / "results" / "g.csv").write_text("measured\n")
+    assert not results.stamp()["commit"].endswith("+dirty")
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    assert results.stamp()["commit"].endswith("+dirty")

@@ -61,6 +61,24 @@ def group_table(rows: list[dict], variants: list[Variant]) -> list[str]:
     return out
 
 
+FIGURES = ("samples_per_sec", "ratio", "wall_s", "first_line_s", "peak_rss_mib_per_rank",
+           "state_mib_per_rank")
+
+
+def probe_table(rows: list[dict]) -> list[str]:
+    """One line per variant key of a group's ``probe`` rows: the median (min-max) of each
+    figure of :data:`FIGURES` the rows hold, and the runs that succeeded."""
+    keys = list(dict.fromkeys(r["variant"] for r in rows))
+    shown = [f for f in FIGURES if any(r.get(f) is not None for r in rows)]
+    out = ["| variant | " + " | ".join(shown) + " | runs |", "|---" * (len(shown) + 2) + "|"]
+    for key in keys:
+        cells = [(s.fmt(",.2f") if (s := stat(rows, key, f)) else "-") for f in shown]
+        ok = sum(r["variant"] == key and r["status"] == "ok" for r in rows)
+        total = sum(r["variant"] == key for r in rows)
+        out.append(f"| {key} | " + " | ".join(cells) + f" | {ok}/{total} |")
+    return out
+
+
 def same_training(rows: list[dict], groups: dict[str, list[Variant]]) -> list[str]:
     """Per group and world size, the final validation loss of the first repeat of every
     implementation that trains the same steps on the same data (:data:`SAME_STEPS`), and
@@ -125,7 +143,7 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
            "| target | what | ratio | bound | result |", "|---|---|---|---|---|"]
     for t in targets:
         ratio = f"{t.ratio:.3f}" if t.ratio is not None else "n/a"
-        md.append(f"| `{t.name}` | {t.what} | {ratio} | {t.op} {t.bound:g} | {t.verdict} |")
+        md.append(f"| `{t.name}` | {t.what} | {ratio} | {t.bound_text} | {t.verdict} |")
     for name, lines in info.get("extra", {}).items():
         md += ["", f"{name}, measured apart from the interleaved runs:", ""]
         md += [f"- {line}" for line in lines]
@@ -149,10 +167,14 @@ def write_markdown(path: str, rows: list[dict], groups: dict[str, list[Variant]]
         md += ["", "Other ratios (no target):", ""] + [f"- {e}" for e in extra]
     for name, variants in groups.items():
         g = defs.get(name)
-        if not variants:
+        probed = [r for r in rows if r["group"] == name] if not variants else []
+        if not variants and not probed:
             continue
         md += ["", f"## {g.title if g else name}", ""]
-        md += (g.table if g and g.table else group_table)(rows, variants)
+        if g and g.table:
+            md += g.table(rows, variants)
+        else:
+            md += group_table(rows, variants) if variants else probe_table(probed)
     md += ["", "## How each figure is measured", "",
            "- **train samples/s**: training loop only, all ranks together. ddp_exp: "
            "`train/samples_per_sec` of `metrics.json` (samples of all ranks / rank 0's seconds in "

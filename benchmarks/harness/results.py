@@ -23,7 +23,8 @@ CSV_FIELDS = ["measured", "commit", "group", "variant", "impl", "workload", "wor
               "batch_size", "epochs", "repeat", "rc", "status", "samples_per_sec", "train_s",
               "wall_s", "wall_s_inside", "peak_rss_mib_per_rank", "peak_rss_mib_self_reported",
               "world_pss_mib", "ranks_seen", "threads_per_rank", "train_loss", "val_loss",
-              "val_accuracy", "model_flops_per_sec", "loadavg_1m", "other_cpu_cores", "note"]
+              "val_accuracy", "model_flops_per_sec", "loadavg_1m", "other_cpu_cores",
+              "state_mib_per_rank", "first_line_s", "ratio", "note"]
 BEGIN, END = "<!-- targets: begin -->", "<!-- targets: end -->"
 TABLE_HEAD = ["| target | what | latest | bound | result | measured (UTC, commit) | reproduce |",
               "|---|---|---|---|---|---|---|"]
@@ -31,7 +32,8 @@ TABLE_HEAD = ["| target | what | latest | bound | result | measured (UTC, commit
 
 def stamp() -> dict[str, str]:
     """``measured`` (UTC, to the minute) and ``commit`` (the checkout's short hash, ``+dirty``
-    where ``src/`` or ``benchmarks/`` has uncommitted changes; ``unknown`` outside git)."""
+    where ``src/`` or ``benchmarks/`` outside ``benchmarks/results/`` has uncommitted changes;
+    ``unknown`` outside git)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
     def git(*args: str) -> str:
@@ -40,7 +42,8 @@ def stamp() -> dict[str, str]:
 
     try:
         commit = git("rev-parse", "--short", "HEAD") or "unknown"
-        if git("status", "--porcelain", "--", "src", "benchmarks"):
+        # the results files themselves are not the code that measured them
+        if git("status", "--porcelain", "--", "src", "benchmarks", ":!benchmarks/results"):
             commit += "+dirty"
     except (OSError, subprocess.TimeoutExpired):
         commit = "unknown"
@@ -92,9 +95,9 @@ def load_rows(group: str, folder: str | None = None) -> list[dict]:
 def when_measured(rows: list[dict], t: Target) -> tuple[dict[str, str], int]:
     """When and at which commit ``t``'s runs were measured (its latest row), and the fewest
     successful runs of its two variants."""
-    mine = [r for r in rows if r["variant"] in (t.num, t.den) and r["status"] == "ok"]
+    mine = [r for r in rows if r["variant"] in t.keys and r["status"] == "ok"]
     latest = max(mine, key=lambda r: r["measured"] or "")
-    n = min(sum(r["variant"] == key for r in mine) for key in (t.num, t.den))
+    n = min(sum(r["variant"] == key for r in mine) for key in t.keys)
     return {"measured": latest["measured"], "commit": latest["commit"]}, n
 
 
@@ -114,7 +117,7 @@ def target_row(t: Target, measured: dict[str, str], runs: int, reproduce: str) -
     medians, the bound, PASS/MISS, when, at which commit and over how many runs of each
     variant, and the command that measures it."""
     ratio = f"{t.ratio:.3f}" if t.ratio is not None else "n/a"
-    return (f"| `{t.name}` | {t.what} | {ratio} | {t.op} {t.bound:g} | {t.verdict} | "
+    return (f"| `{t.name}` | {t.what} | {ratio} | {t.bound_text} | {t.verdict} | "
             f"{measured['measured']}, `{measured['commit']}`, {runs} runs each | "
             f"`{reproduce}` |")
 

@@ -35,29 +35,48 @@ def stat(rows: list[dict], key: str, field_: str) -> Stat | None:
 
 @dataclass
 class Target:
-    """``num``'s median ``field`` over ``den``'s (variant keys) against ``bound`` (``op``: ``>=``
-    or ``<=``). ``name``: the target's key in docs/benchmarks.md's table (what it measures, e.g.
-    ``digits.ws2.vs_tight``)."""
+    """``num``'s median ``field`` over ``den``'s (variant keys) against ``bound``; ``den`` None:
+    ``num``'s median itself (an absolute bound, in ``field``'s unit). ``op``: ``>=``, ``<=``,
+    ``<``, or ``within`` (``|ratio - 1| <= bound``). ``name``: the target's key in
+    docs/benchmarks.md's table (what it measures, e.g. ``digits.ws2.vs_tight``)."""
 
     name: str
     what: str
     num: str
-    den: str
+    den: str | None
     field: str
-    op: str  # ">=" or "<="
+    op: str  # ">=", "<=", "<" or "within"
     bound: float
     ratio: float | None = None
     extra: dict = field(default_factory=dict)
 
     def evaluate(self, rows: list[dict]) -> None:
-        a, b = stat(rows, self.num, self.field), stat(rows, self.den, self.field)
+        a = stat(rows, self.num, self.field)
+        if self.den is None:
+            self.ratio = a.median if a else None
+            return
+        b = stat(rows, self.den, self.field)
         self.ratio = a.median / b.median if a and b and b.median else None
+
+    @property
+    def keys(self) -> set[str]:
+        """The variant keys the target reads."""
+        return {self.num} | ({self.den} if self.den else set())
+
+    @property
+    def bound_text(self) -> str:
+        """The bound as the tables print it: ``>= 0.97``, ``1 +- 0.1``."""
+        return f"1 +- {self.bound:g}" if self.op == "within" else f"{self.op} {self.bound:g}"
 
     @property
     def verdict(self) -> str:
         if self.ratio is None:
             return "n/a"
-        ok = self.ratio >= self.bound if self.op == ">=" else self.ratio <= self.bound
+        if self.op == "within":
+            off = abs(self.ratio - 1.0)
+            return "PASS" if off <= self.bound else f"MISS by {off - self.bound:.1%}"
+        ok = {">=": self.ratio >= self.bound, "<=": self.ratio <= self.bound,
+              "<": self.ratio < self.bound}[self.op]
         if ok:
             return "PASS"
         miss = (self.bound - self.ratio) / self.bound if self.op == ">=" else (

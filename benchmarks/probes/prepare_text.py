@@ -1,8 +1,8 @@
 """``ddp-exp prepare`` on a generated corpus (issue 39): the tokenizer's tokens/s and prepare's
 peak resident memory.
 
-    python benchmarks/prepare_text.py              # 200 MB (the target: peak RSS < 1 GB)
-    python benchmarks/prepare_text.py --mb 10      # a quick look
+    python -m benchmarks.probes.prepare_text              # 200 MB (the target: peak RSS < 1 GB)
+    python -m benchmarks.probes.prepare_text --mb 10      # a quick look
 
 The corpus is generated here, deterministic: files of Chinese example text
 (:mod:`ddp_exp.data.example_text`) and English (the built-in corpus's text), each file one
@@ -14,7 +14,8 @@ document, cycled with a document number until ``--mb`` MB. Reported:
   8 MB of the corpus, tokens per second;
 * ``tokens``: the prepared folder's token count.
 
-A group of its own, with ``main()``, beside ``benchmarks/run.py``'s groups.
+Prints ``BENCH_RESULT {json}``. Run by the ``prepare_text`` group
+(``benchmarks/groups/prepare_text.py``), or alone.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def write_corpus(folder: Path, megabytes: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the measurement; prints and returns one JSON row."""
+    """Run the measurement; prints (``BENCH_RESULT``) and returns one JSON row. Raises
+    SystemExit with prepare's error output when it fails."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=200.0, help="corpus size in MB (default 200)")
     p.add_argument("--vocab-size", type=int, default=8192)
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         proc = subprocess.run([sys.executable, "-m", "ddp_exp", "prepare", str(corpus), "--out",
                                str(out), "--tokenizer", "bpe", "--vocab-size",
                                str(args.vocab_size), "--no-progress"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
         seconds = time.perf_counter() - t0
         if proc.returncode:
             raise SystemExit(proc.stderr)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
            "prepare_s": round(seconds, 1), "peak_rss_mb": round(peak_kb / 1024, 1),
            "tokens": meta["train"]["tokens"] + meta["val"]["tokens"],
            "encode_tokens_per_s": round(tokens / encode_s)}
-    print(json.dumps(row))
+    print("BENCH_RESULT " + json.dumps(row))
     return row
 
 
