@@ -301,8 +301,10 @@ def test_the_state_estimate_runs_no_users_optimizer_hook():
     global step hook (torch.optim.optimizer.register_optimizer_step_pre_hook) counted it as the
     run's first step (a preemption test's signal came one step early). The estimate is the same,
     the hooks see nothing and stay registered."""
-    from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                       register_optimizer_step_pre_hook)
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     from ddp_exp.train import strategy
 

@@ -1,8 +1,8 @@
 """A sharded checkpoint written beside the loop: ddp_exp's writer thread against
 ``torch.distributed.checkpoint.async_save`` (issue 40 item 2).
 
-    python benchmarks/sharded_checkpoint.py             # the issue's GPT (~25M parameters)
-    python benchmarks/sharded_checkpoint.py --quick     # smoke test: a tiny GPT
+    python -m benchmarks.probes.sharded_checkpoint             # the issue's GPT (~25M parameters)
+    python -m benchmarks.probes.sharded_checkpoint --quick     # smoke test: a tiny GPT
 
 Two gloo ranks (spawned), the GPT under FSDP2 (each block, then the root) after one AdamW step;
 each rank then takes ``--repeats`` checkpoints of model + optimizer both ways, alternating:
