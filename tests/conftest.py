@@ -37,6 +37,23 @@ def pytest_collection_modifyitems(config, items):
         starts_cli = CLI_FIXTURES & set(getattr(item, "fixturenames", ()))
         if starts_cli and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)
+        _group_by_shared_fixture(item)
+
+
+def _group_by_shared_fixture(item) -> None:
+    """A test that uses a module- or session-scoped fixture of its own module (the module's
+    shared runs: ``runs``, ``sweep``, ``gpt_runs``, ...) joins the xdist group of that fixture,
+    so that ``--dist loadgroup`` builds it on one worker: spread over both, each worker built it
+    (two ~30 s builds of test_closed_output's runs in one suite). Tests that already name a
+    group keep theirs."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope in ("module", "session") and defs[-1].baseid.endswith(".py"):
+            item.add_marker(pytest.mark.xdist_group(f"{defs[-1].baseid}::{name}"))
+            return
 
 
 @pytest.fixture
