@@ -131,14 +131,20 @@ def test_a_checkpoint_of_the_previous_release_loads():
 @pytest.mark.float_sensitive
 def test_a_previous_release_checkpoint_resumes_exactly(run_cli):
     """Resumed from the previous release's checkpoint to epoch 2, a run ends with the weights
-    of a run of two epochs never stopped (the same world, the same computation)."""
+    of a run of two epochs never stopped (the same world, the same computation).
+
+    The fixture's first epoch was computed on another CPU, whose kernels round differently
+    (its weights differ from this machine's first epoch by up to 6e-8, and the two-epoch
+    results by 1.8e-7, measured), so the runs must agree to 1e-6 per tensor, not bit for bit;
+    the optimizer's momentum read as zeros moves them by 0.17."""
     whole = run_cli(*PREVIOUS_RUN, "trainer.epochs=2", job="whole").ok()
     resumed = run_cli(*PREVIOUS_RUN, "trainer.epochs=2", f"trainer.resume={PREVIOUS_RELEASE}",
                       job="resumed").ok()
     assert "epoch 1 done, step 24" in resumed.stdout + resumed.stderr
     got, want = (load_ckpt(r.job_dir / "model.pt") for r in (resumed, whole))
     assert got.keys() == want.keys()
-    assert all(torch.equal(got[k], want[k]) for k in want)
+    worst = max((got[k] - want[k]).abs().max().item() for k in want)
+    assert worst < 1e-6, f"resumed weights differ from the uninterrupted run's by {worst:.2e}"
 
 
 @pytest.mark.slow
