@@ -462,6 +462,28 @@ def test_an_unknown_option_asked_for_by_a_config_names_that_config():
     assert _unknown_option_line(RuntimeError("other"), []) is None
 
 
+def test_an_unknown_option_in_a_list_of_options_is_one_line():
+    """``logger=[csv,foo]``: Hydra's "Could not load" names no options (its report is six
+    lines); the entry's line is the one a single bad option gets, with the options. Read as
+    the entry reads it: after composing, Hydra's global state cleared (as @hydra.main does)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from ddp_exp.cli.errors import error_exit
+    from ddp_exp.config.compose import register_configs
+
+    register_configs()
+    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        with pytest.raises(HydraException) as info:
+            hydra.compose("config", overrides=["logger=[csv,foo]"])
+    assert not GlobalHydra.instance().is_initialized()
+    out = error_exit(info.value, ["logger=[csv,foo]"])
+    assert (out.text, out.code) == (
+        "error: logger=foo: no such option in config group logger; valid options: csv, "
+        "mlflow, tensorboard, wandb", 2)
+    assert not GlobalHydra.instance().is_initialized()  # left as found
+
+
 def test_a_sweep_refused_before_its_first_job_puts_the_folder_back(tmp_path):
     """discard_refused_sweep: a new folder (and the folders made on the way) goes; a used one
     gets its earlier multirun.yaml back and keeps everything else; once a job of this sweep

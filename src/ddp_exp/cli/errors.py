@@ -147,10 +147,12 @@ def _unknown_option_line(exc: BaseException, argv: Sequence[str]) -> str | None:
     from hydra.errors import MissingConfigException
 
     missing = _caused_by(exc, MissingConfigException)
-    if missing is None or not missing.options or not missing.missing_cfg_file:
+    if missing is None or not missing.missing_cfg_file:
         return None
     group, _, choice = missing.missing_cfg_file.rpartition("/")
-    if not group:
+    # one option of a list (logger=[csv,foo]): Hydra's "Could not load" names no options
+    options = missing.options or _group_options(group)
+    if not group or not options:
         return None
     asked = messages.hydra_asking_config(str(missing))
     typed = any(arg.lstrip("+~").partition("=")[0] == group for arg in argv)
@@ -159,7 +161,20 @@ def _unknown_option_line(exc: BaseException, argv: Sequence[str]) -> str | None:
     where = (f" (asked for by {asked})" if asked and not typed
              and asked not in ("config", "hydra/config") else "")
     return (f"{group}={choice}{where}: no such option in config group {group}; valid "
-            f"options: {', '.join(missing.options)}")
+            f"options: {', '.join(options)}")
+
+
+def _group_options(group: str) -> list[str]:
+    """The options of config ``group`` where ``python -m ddp_exp`` looks for them (ddp_exp's
+    configs, the command's ``--config-dir``): Hydra's public config loader over the same
+    search path, Hydra's own having been cleared after the failed composition."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # composing in-process (hydra.compose)
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    with initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
 def _plus_on_a_default(exc: BaseException, argv: Sequence[str]) -> str | None:
