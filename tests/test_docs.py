@@ -435,3 +435,14 @@ def test_stale_code_refs():
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_the_code_the_pages_name_exists(page):
     assert stale_code_refs(page.read_text()) == []
+
+
+def test_the_pages_name_the_job_folders_as_hydra_writes_them():
+    """A job's folder is ``outputs/runs/<date>/<time>`` (a sweep's ``outputs/multirun/...``:
+    ``hydra.run.dir`` and ``hydra.sweep.dir`` in conf/config.yaml), never ``outputs/<date>``
+    (Hydra's own default, which language-models.md named)."""
+    config = (ROOT / "conf" / "config.yaml").read_text()
+    assert "dir: outputs/runs/" in config and "dir: outputs/multirun/" in config
+    stale = re.compile(r"outputs/(?:<date>|\d{4}-\d\d-\d\d)")
+    assert [(page.name, hit) for page in PAGES
+            for hit in stale.findall(page.read_text())] == []
