@@ -277,6 +277,26 @@ def test_a_sample_that_cannot_be_made_is_a_warning(caplog):
         r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_a_sample_at_a_validation_step_names_the_step(caplog):
+    """trainer.val_every_n_steps: the sample of a validation at step 37 (mid epoch 1) says
+    "at step 37", not "after epoch 1"; the per-epoch sample still says the epoch."""
+    from types import SimpleNamespace
+
+    from ddp_exp.config.schema import TrainerConfig
+    from ddp_exp.metrics.lm import LanguageModelReport
+
+    stream = tk.load_tokens(None, block_size=8)
+    splits = tk.split_stream(stream, None, 0, seed=0)
+    report = LanguageModelReport(TrainerConfig(), 0, splits, MappingLM(257), 1, True,
+                                 SimpleNamespace(writer=None))
+    with caplog.at_level("INFO", logger="ddp_exp"):
+        assert report.sample(0, 37, validation=2) is not None
+        assert report.sample(0, 50) is not None
+    heads = [r.getMessage().splitlines()[0] for r in caplog.records]
+    assert heads == ["sample at step 37 of epoch 1 (trainer.sample_prompt='The ', 120 tokens):",
+                     "sample after epoch 1 (trainer.sample_prompt='The ', 120 tokens):"]
+
+
 def test_the_chinese_example_corpus_prepares_and_round_trips(tmp_path):
     paths = write_chinese_corpus(str(tmp_path / "zh"), documents=30, seed=1)
     again = write_chinese_corpus(str(tmp_path / "zh2"), documents=30, seed=1)

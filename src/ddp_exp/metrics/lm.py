@@ -180,7 +180,8 @@ class LanguageModelReport:
         """After (0-based) ``epoch``: rank 0 writes a sample every ``sample_every_n_epochs``
         epochs (TensorBoard text, tag ``samples``, at x = ``step``); returns its text. With
         validation by steps, after the (0-based) ``validation``-th validation instead: every
-        ``sample_every_n_epochs`` validations, seeded from ``(seed, step)``.
+        ``sample_every_n_epochs`` validations, seeded from ``(seed, step)``. The log line
+        says when: "after epoch E", or "at step S of epoch E" for validation by steps.
 
         The sample is ddp_exp's own loop over the model's next-token logits
         (:func:`ddp_exp.metrics.sampling.sample_ids`), decoded with the run's tokenizer. A
@@ -190,15 +191,18 @@ class LanguageModelReport:
         if (not self.active or not self.is_main or self.every <= 0
                 or (count + 1) % self.every):
             return None
+        # validation by steps is at a step, mostly inside an epoch: the step says when
+        when = (f"after epoch {epoch + 1}" if validation is None
+                else f"at step {step} of epoch {epoch + 1}")
         try:
             text = self.sample_text([epoch] if validation is None else [step, 1])
         except Exception as e:  # a view of the run: it never fails the run
-            log.warning("no text sample after epoch %d: %s: %s", epoch + 1, type(e).__name__,
+            log.warning("no text sample %s: %s: %s", when, type(e).__name__,
                         str(e).splitlines()[0][:200] if str(e) else "")
             return None
         indented = "    " + text.replace("\n", "\n    ")  # markdown: keep line breaks
-        log.info("sample after epoch %d (trainer.sample_prompt=%r, %d tokens):\n%s",
-                 epoch + 1, self.prompt, SAMPLE_TOKENS, printable(indented))
+        log.info("sample %s (trainer.sample_prompt=%r, %d tokens):\n%s",
+                 when, self.prompt, SAMPLE_TOKENS, printable(indented))
         tb = getattr(self.writer, "writer", None)
         if tb is not None:  # rank 0's SummaryWriter
             tb.add_text("samples", indented, step)
