@@ -159,6 +159,46 @@ def test_bad_sources_and_options_are_one_line(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]  # no work folder
 
 
+def test_a_long_document_drawn_for_validation_is_a_warning_and_counts_are_singular(
+        tmp_path, capsys):
+    """Four documents of 100 bytes and one of 1000, --val-fraction 0.2 (one document): where
+    the long one is drawn, validation holds 1001 of 1405 byte tokens (the bytes + one
+    <|endoftext|> each: 71%, over twice 20%): one warning line says both shares and the fix,
+    and the summary says "1 document"; where a short one is, 101 of 1405 (7%, under half of
+    20%) warns too. Five equal documents (20% exactly): no warning."""
+    from ddp_exp.cli.prepare import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(5):
+        (corpus / f"d{i}.txt").write_text(("x" * 999 if i == 2 else "y" * 99) + "\n")
+    seen = {}
+    for seed in range(12):
+        out = tmp_path / f"s{seed}"
+        assert main([str(corpus), "--out", str(out), "--tokenizer", "bytes", "--no-progress",
+                     "--val-fraction", "0.2", "--seed", str(seed)]) == 0
+        val_tokens = os.path.getsize(out / "val.bin") // 2  # uint16 ids
+        seen[val_tokens] = (seed, capsys.readouterr())
+        if len(seen) == 2:
+            break
+    assert sorted(seen) == [101, 1001]
+    long_seed, long_out = seen[1001]
+    assert long_out.out.splitlines() == [
+        f"{tmp_path}/s{long_seed}: vocabulary 257 (uint16), train 404 tokens / 4 documents, "
+        "val 1,001 tokens / 1 document; train with python -m ddp_exp experiment=gpt_tokens "
+        f"data.path={tmp_path}/s{long_seed}"]
+    assert long_out.err.splitlines() == [
+        "warning: validation holds 71% of the tokens, --val-fraction=0.2 asked for 20% (1 "
+        "document of 5: the split never cuts a document): cut the text into more documents "
+        "(--documents paragraph, or several files) or draw other ones (--seed)"]
+    assert seen[101][1].err.startswith("warning: validation holds 7% of the tokens")
+    for i in range(5):
+        (corpus / f"d{i}.txt").write_text("y" * 99 + "\n")
+    assert main([str(corpus), "--out", str(tmp_path / "even"), "--tokenizer", "bytes",
+                 "--no-progress", "--val-fraction", "0.2"]) == 0
+    assert capsys.readouterr().err == ""  # 101 of 505 tokens: 20%
+
+
 def test_bpe_without_the_text_extra_names_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
     write_corpus(tmp_path / "c", 3)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_exp.cli.one_line_parser import OneLineParser
-from ddp_exp.data.prepare_text import PrepareOptions, prepare
+from ddp_exp.data.prepare_text import PrepareOptions, plural, prepare, val_share_warning
 
 
 def parser() -> OneLineParser:
@@ -45,7 +45,9 @@ def parser() -> OneLineParser:
 
 def main(argv: Sequence[str]) -> int:
     """Run ``ddp-exp prepare`` with ``argv`` (the words after ``prepare``); prints one summary
-    line. Bad input raises :class:`ddp_exp.config.errors.ConfigError` (the entry's one line)."""
+    line, and one warning line when validation's share of the tokens is far from
+    ``--val-fraction`` (:func:`~ddp_exp.data.prepare_text.val_share_warning`). Bad input raises
+    :class:`ddp_exp.config.errors.ConfigError` (the entry's one line)."""
     args = parser().parse_args(list(argv))
     opts = PrepareOptions(args.sources, args.out, args.tokenizer, args.vocab_size,
                           args.val_fraction, args.seed, args.text_key, args.documents,
@@ -54,7 +56,10 @@ def main(argv: Sequence[str]) -> int:
     meta = prepare(opts)
     train, val = meta["train"], meta["val"]
     print(f"{args.out}: vocabulary {meta['vocab_size']} ({meta['dtype']}), train "
-          f"{train['tokens']:,} tokens / {train['documents']:,} documents, val "
-          f"{val['tokens']:,} tokens / {val['documents']:,} documents; train with "
-          f"python -m ddp_exp experiment=gpt_tokens data.path={args.out}", file=sys.stdout)
+          f"{plural(train['tokens'], 'token')} / {plural(train['documents'], 'document')}, val "
+          f"{plural(val['tokens'], 'token')} / {plural(val['documents'], 'document')}; train "
+          f"with python -m ddp_exp experiment=gpt_tokens data.path={args.out}", file=sys.stdout)
+    warning = val_share_warning(meta)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0

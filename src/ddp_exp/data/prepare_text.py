@@ -155,6 +155,30 @@ def prepare(opts: PrepareOptions) -> dict:
     return meta
 
 
+def val_share_warning(meta: dict) -> str | None:
+    """One line when the validation split's share of the tokens is far from the
+    ``val_fraction`` of the documents asked for (under half of it, or over twice it): the split
+    is by whole document, so one long document drawn for validation (or none of the long ones)
+    skews it. None when near, or with ``val_fraction`` 0."""
+    fraction = float(meta.get("val_fraction") or 0.0)
+    train, val = meta["train"]["tokens"], meta["val"]["tokens"]
+    if fraction <= 0 or train + val == 0:
+        return None
+    share = val / (train + val)
+    if fraction / 2 <= share <= 2 * fraction:
+        return None
+    docs = meta["val"]["documents"]
+    return (f"warning: validation holds {share:.0%} of the tokens, --val-fraction={fraction:g} "
+            f"asked for {fraction:.0%} ({plural(docs, 'document')} of {meta['documents']:,}: "
+            "the split never cuts a document): cut the text into more documents (--documents "
+            "paragraph, or several files) or draw other ones (--seed)")
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 document``, ``2 documents``: a count and its noun, thousands separated."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _val_documents(count: int, fraction: float, seed: int) -> np.ndarray:
     """Whether each document is validation's: bool ``[count]``, from ``seed`` only."""
     is_val = np.zeros(count, dtype=bool)
