@@ -120,3 +120,102 @@ def test_rerun_of_a_folder_without_a_record_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path}: not a finished job folder") and err.count(
         "\n") == 1
+
+
+def fake_job(folder: Path, cwd: Path, world_size: int, attempts: list, status: str,
+             weights: list[float] | None) -> dict:
+    """A job folder as ddp_exp leaves it: run.json (``attempts``: earlier starts), status.json
+    and, unless None, model.pt holding ``{"w": weights}``."""
+    import torch
+
+    folder.mkdir(parents=True)
+    record = {"cwd": str(cwd), "config_dir": None, "config_name": "config",
+              "overrides": ["trainer.epochs=2", f"world_size={world_size}"],
+              "world_size": world_size, "threads_per_rank": 1, "seed": 0,
+              "attempts": attempts, "status": status}
+    (folder / "run.json").write_text(json.dumps(record))
+    (folder / "status.json").write_text(json.dumps({"status": status}))
+    if weights is not None:
+        torch.save({"w": torch.tensor(weights)}, folder / "model.pt")
+    return record
+
+
+@pytest.fixture
+def fake_rerun(monkeypatch):
+    """``subprocess.run`` of ddp_exp.cli.rerun replaced by a job that trains start to end (no
+    attempts) into its hydra.run.dir, its w one float step (2**-22) off at 2.0; records each
+    call's command and cwd."""
+    import subprocess
+
+    from ddp_exp.cli import rerun
+
+    calls = []
+
+    def run(cmd, cwd, env, stdin):
+        calls.append((cmd, cwd))
+        out = Path(cmd[-1].removeprefix("hydra.run.dir="))
+        world_size = [int(a.split("=")[1]) for a in cmd if a.startswith("world_size=")][-1]
+        fake_job(out, Path(cwd), world_size, [], "completed", [1.0, 2.0 + 2 ** -22])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(rerun.subprocess, "run", run)
+    return calls
+
+
+def test_rerun_of_a_run_resumed_at_another_world_size_says_it_differs_by_the_resume(
+        tmp_path, monkeypatch, capsys, fake_rerun):
+    """Started at 2 ranks, resumed at 1 (run.json's attempts): the rerun (all at 1 rank)
+    differs at float level; the verdict names the resume and both world sizes, not a
+    nondeterministic operation. The rerun starts in the recorded command folder and writes
+    under the current folder (outputs/reruns/<time>), which it names."""
+    from ddp_exp.cli.rerun import main
+
+    project, here = tmp_path / "project", tmp_path / "here"
+    project.mkdir(), here.mkdir()
+    fake_job(tmp_path / "resumed", project, 1, [{"world_size": 2, "status": "interrupted"}],
+             "completed", [1.0, 2.0])
+    monkeypatch.chdir(here)
+    assert main([str(tmp_path / "resumed")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    (cmd, cwd), = fake_rerun
+    out = Path(cmd[-1].removeprefix("hydra.run.dir="))
+    assert cwd == str(project) and out.parent == here / "outputs" / "reruns"
+    assert lines == [
+        f"rerun: trainer.epochs=2 world_size=1 hydra.run.dir={out}",
+        f"rerun: into {out}",
+        f"not bit-identical: {out}/model.pt differs from {tmp_path}/resumed/model.pt (w: "
+        "largest difference 2.38e-07)",
+        "expected: the run was resumed at another world size (world_size 2 then 1, run.json's "
+        "attempts) and the rerun trained start to end at world_size=1: sums over another "
+        "number of ranks round otherwise (float-level differences), not a nondeterministic "
+        "operation"]
+    # resumed at the same world size: the same difference is the nondeterminism verdict
+    fake_job(tmp_path / "same", project, 1, [{"world_size": 1, "status": "interrupted"}],
+             "completed", [1.0, 2.0])
+    assert main([str(tmp_path / "same"), "--out", "again"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"rerun: into {here / 'again'}"
+    assert lines[3:] == ["the records do not differ (versions, commit, world size, threads, "
+                         "CPU kernels, data): a nondeterministic operation, or a change the "
+                         "record does not see"]
+
+
+def test_rerun_of_a_failed_run_names_its_state_and_reruns_nothing(tmp_path, capsys,
+                                                                  fake_rerun):
+    """A failed run (no model.pt) is refused in one line naming status.json's state, exit
+    2, no rerun started; a run.json still saying running (killed; no status.json) likewise."""
+    from ddp_exp.cli.rerun import main
+
+    fake_job(tmp_path / "failed", tmp_path, 2, [], "failed", None)
+    assert main([str(tmp_path / "failed")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path}/failed: the run failed (status.json says 'failed'); ddp-exp rerun "
+        "compares a completed run's final weights, which it has none of: resume it "
+        f"(hydra.run.dir={tmp_path}/failed trainer.resume=auto) or start it again\n")
+    fake_job(tmp_path / "killed", tmp_path, 2, [], "running", None)
+    (tmp_path / "killed" / "status.json").unlink()
+    assert main([str(tmp_path / "killed")]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path}/killed: the run has not ended (running, or killed) (run.json says "
+        "'running'); ")
+    assert fake_rerun == []

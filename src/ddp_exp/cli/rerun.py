@@ -2,16 +2,25 @@
 (``RUN/run.json``, :mod:`ddp_exp.job.record`) into a new folder and say whether the final
 weights (``model.pt``) are bit-identical.
 
-The job is started as it was: the same command folder, the user's config folder and primary
-config, the job's overrides, and the torch threads per rank and CPU kernel settings the record
-holds (``OMP_NUM_THREADS``, ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``; one set in
-this shell wins, to rerun with another). Extra overrides are appended (``world_size=1``). Then
+The job is started as it was: in the recorded command folder (the record's relative paths
+resolve there), with the user's config folder and primary config, the job's overrides, and the
+torch threads per rank and CPU kernel settings the record holds (``OMP_NUM_THREADS``,
+``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``; one set in this shell wins, to rerun with
+another). Extra overrides are appended (``world_size=1``). It writes into ``--out`` or
+``outputs/reruns/<time>`` under the current folder, as every command does, and names it. Then
 every tensor of the two ``model.pt`` is compared bit for bit; and the two records, in the order
-of :data:`CAUSES` (what changes floating-point results first), name what differs. The exit
-status is 0 when bit-identical, 1 when not (or the rerun failed), 2 for a RUN that is no
-finished job.
+of :data:`CAUSES` (what changes floating-point results first), name what differs. A run that
+was resumed at another world size (``attempts`` in its record) is expected to differ at float
+level: its rerun trains start to end at the last world size, whose sums round otherwise; the
+verdict says so, naming the world sizes, instead of blaming a nondeterministic operation.
 
-May use: :mod:`ddp_exp.job.record`, :mod:`ddp_exp.io.files`.
+The exit status is 0 when bit-identical, 1 when not (or the rerun failed), 2 for a RUN that is
+no completed job: a run whose ``status.json`` (or record) says it failed, was interrupted or
+was preempted is refused in one line naming that state, without a rerun (it has no final
+weights to compare); start it again, or resume it (``trainer.resume=auto``), instead.
+
+May use: :mod:`ddp_exp.job.record`, :mod:`ddp_exp.job.folder` (``STATUS_FILE``),
+:mod:`ddp_exp.io.files`.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_exp.io.files import read_json
+from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
 
 # Record entries in the order they are named when the weights differ: the first that differs
@@ -32,6 +42,9 @@ from ddp_exp.job.record import RECORD
 CAUSES = ("versions", "git.commit", "git.dirty", "world_size", "threads_per_rank", "cpu",
           "backend", "device", "nnodes", "seed", "data", "overrides", "hostname")
 KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+# A job's state (status.json, else run.json) that left no final weights, in words.
+NOT_COMPLETED = {"failed": "failed", "interrupted": "was interrupted",
+                 "preempted": "was preempted", "running": "has not ended (running, or killed)"}
 
 
 def rerun_command(record: Mapping[str, Any], extra: Sequence[str], out: str) -> list[str]:
@@ -54,6 +67,31 @@ def rerun_env(record: Mapping[str, Any]) -> dict[str, str]:
         if recorded.get(key) and key not in env:
             env[key] = recorded[key]
     return env
+
+
+def world_sizes(record: Mapping[str, Any]) -> list[int]:
+    """The world sizes a job trained at, in order: each earlier start's (``attempts``), then
+    the last; a size repeated by the next start is listed once (``[2, 1]``: started at 2
+    ranks, resumed at 1)."""
+    sizes: list[int] = []
+    for start in [*record.get("attempts", []), record]:
+        size = start.get("world_size")
+        if size is not None and (not sizes or sizes[-1] != size):
+            sizes.append(size)
+    return sizes
+
+
+def not_completed_line(run: str, record: Any, status: Any) -> str | None:
+    """The refusal for a RUN whose ``status.json`` (or, without one, ``run.json``) says it did
+    not complete: its state and what to do; None for a completed run, or one with no state."""
+    state = (status if isinstance(status, dict) else {}).get("status") or (
+        record if isinstance(record, dict) else {}).get("status")
+    if state not in NOT_COMPLETED:
+        return None
+    source = STATUS_FILE if isinstance(status, dict) and status.get("status") else RECORD
+    return (f"error: {run}: the run {NOT_COMPLETED[state]} ({source} says {state!r}); ddp-exp "
+            "rerun compares a completed run's final weights, which it has none of: resume it "
+            f"(hydra.run.dir={run} trainer.resume=auto) or start it again")
 
 
 def compare_weights(a: str, b: str) -> str | None:
@@ -97,10 +135,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("run", help="a finished job folder (holding run.json and model.pt)")
     parser.add_argument("overrides", nargs="*", help="overrides appended to the job's")
     parser.add_argument("--out", help="the new job folder (default: outputs/reruns/<time> in "
-                                      "the recorded command folder)")
+                                      "the current folder)")
     args = parser.parse_args(list(argv))
     record = read_json(os.path.join(args.run, RECORD))
     weights = os.path.join(args.run, "model.pt")
+    refused = not_completed_line(args.run, record,
+                                 read_json(os.path.join(args.run, STATUS_FILE)))
+    if refused is not None:
+        print(refused, file=sys.stderr)
+        return 2
     if not isinstance(record, dict) or not os.path.isfile(weights):
         print(f"error: {args.run}: not a finished job folder with a record (run.json and "
               "model.pt; jobs started before ddp_exp wrote run.json have none)",
@@ -108,9 +151,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     cwd = record.get("cwd") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-    out = os.path.abspath(args.out or os.path.join(cwd, "outputs", "reruns", stamp))
+    out = os.path.abspath(args.out or os.path.join("outputs", "reruns", stamp))
     cmd = rerun_command(record, args.overrides, out)
     print(f"rerun: {' '.join(cmd[3:])}", flush=True)
+    print(f"rerun: into {out}", flush=True)
     code = subprocess.run(cmd, cwd=cwd, env=rerun_env(record), stdin=subprocess.DEVNULL
                           ).returncode
     if code != 0 or not os.path.isfile(os.path.join(out, "model.pt")):
@@ -122,9 +166,15 @@ def main(argv: Sequence[str]) -> int:
         print(f"bit-identical: {out}/model.pt equals {args.run}/model.pt in every bit")
     else:
         print(f"not bit-identical: {out}/model.pt differs from {args.run}/model.pt ({first})")
+    sizes = world_sizes(record)
+    if first is not None and len(sizes) > 1:
+        print(f"expected: the run was resumed at another world size (world_size "
+              f"{' then '.join(map(str, sizes))}, run.json's attempts) and the rerun trained "
+              f"start to end at world_size={sizes[-1]}: sums over another number of ranks "
+              "round otherwise (float-level differences), not a nondeterministic operation")
     if differences:
         print("the records differ: " + "; ".join(differences))
-    elif first is not None:
+    elif first is not None and len(sizes) <= 1:
         print("the records do not differ (versions, commit, world size, threads, CPU kernels, "
               "data): a nondeterministic operation, or a change the record does not see")
     return 0 if first is None else 1
