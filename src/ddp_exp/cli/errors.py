@@ -167,14 +167,18 @@ def _unknown_option_line(exc: BaseException, argv: Sequence[str]) -> str | None:
 def _group_options(group: str) -> list[str]:
     """The options of config ``group`` where ``python -m ddp_exp`` looks for them (ddp_exp's
     configs, the command's ``--config-dir``): Hydra's public config loader over the same
-    search path, Hydra's own having been cleared after the failed composition."""
+    search path, Hydra's own having been cleared after the failed composition; empty where
+    that fails."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():  # composing in-process (hydra.compose)
         return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
-    with initialize_config_module("ddp_exp.conf", version_base="1.3"):
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    try:
+        with initialize_config_module("ddp_exp.conf", version_base="1.3"):
+            return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    except Exception:  # noqa: BLE001  (no options found: Hydra's own report is shown)
+        return []
 
 
 def _plus_on_a_default(exc: BaseException, argv: Sequence[str]) -> str | None:
