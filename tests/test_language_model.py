@@ -70,17 +70,6 @@ def test_gpt_trains_under_bf16_autocast():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_gpt_one_step_compiled(run_cli):
-    """The one compile check of the GPT: ``trainer.compile=true`` trains a step (inductor's C++
-    code generation costs ~10 s whatever the size, so the model is as small as it gets)."""
-    run = run_cli("model=gpt", "data=tokens", "world_size=1", "model.n_layer=1",
-                  "model.n_head=1", "model.n_embd=8", "data.block_size=8", "data.batch_size=2",
-                  "trainer.max_steps=1", "trainer.epochs=1", "trainer.limit_val_batches=1",
-                  "trainer.sample_every_n_epochs=0", "trainer.compile=true", QUIET,
-                  timeout=300).ok()
-    assert run.metrics["global_step"] == 1 and math.isfinite(run.metrics["val/loss"])
-
-
 def _byte_unigram_entropy() -> float:
     counts = np.bincount(tk.builtin_corpus(), minlength=256).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
