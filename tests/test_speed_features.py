@@ -48,9 +48,11 @@ def test_accumulation_equals_the_bigger_batch(run_cli):
     assert _max_abs_diff(_state(acc.job_dir), _state(big.job_dir)) < 1e-5
 
 
-def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir: str,
+def _count_allreduces(rank: int, world_size: int, port: int, cfgs: list[dict], job_dir: str,
                       out: mp.Queue) -> None:
-    """One rank: build ddp_exp's Trainer, wrap DDP's all-reduce in a counting comm hook, fit."""
+    """One rank: for each config in turn, build ddp_exp's Trainer, wrap DDP's all-reduce in a
+    counting comm hook, fit; one process group for them all (a world's start-up, ~2.5 s of
+    imports per spawned rank, paid once)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from ddp_exp.config.view import rank_config
@@ -69,55 +71,56 @@ def _count_allreduces(rank: int, world_size: int, port: int, cfg: dict, job_dir:
     init_process_group("gloo", world, 60)
     try:
         datasets = build_datasets(load_digits(), 297, 0, world_size)
-        torch.manual_seed(0)
-        model = MLP((1, 8, 8), 10, [128])
-        trainer = Trainer(rank_config(cfg), world, datasets, model, Objective(10),
-                          torch.device("cpu"),
-                          MetricsWriter(job_dir, {}, enabled=False))
-        calls = [0]
+        for cfg in cfgs:
+            torch.manual_seed(0)
+            model = MLP((1, 8, 8), 10, [128])
+            trainer = Trainer(rank_config(cfg), world, datasets, model, Objective(10),
+                              torch.device("cpu"),
+                              MetricsWriter(job_dir, {}, enabled=False))
+            calls = [0]
 
-        def counting_allreduce(state, bucket):
-            calls[0] += 1
-            return default_hooks.allreduce_hook(state, bucket)
+            def counting_allreduce(state, bucket, calls=calls):
+                calls[0] += 1
+                return default_hooks.allreduce_hook(state, bucket)
 
-        trainer.ddp.register_comm_hook(None, counting_allreduce)
-        trainer.fit()
-        out.put((rank, calls[0], trainer.global_step, len(list(model.parameters()))))
+            trainer.ddp.register_comm_hook(None, counting_allreduce)
+            trainer.fit()
+            out.put((cfg["trainer"]["accumulate_grad_batches"], rank, calls[0],
+                     trainer.global_step))
     finally:
         destroy_process_group()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulate", [1, 2, 3])
-def test_one_gradient_all_reduce_per_optimizer_step(tmp_path, accumulate):
+def test_one_gradient_all_reduce_per_optimizer_step(tmp_path):
     """DDP all-reduces gradients once per optimizer step, not per micro-batch: the forward and
     backward of all but the last micro-batch run inside no_sync(). The model fits in one
-    bucket, so calls == optimizer steps."""
+    bucket, so calls == optimizer steps; accumulating 1, 2 and 3 micro-batches, in one world."""
     import hydra
     from omegaconf import OmegaConf
 
     register_configs()
+    accumulations = (1, 2, 3)
     with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
-        cfg = hydra.compose("config", overrides=[
+        cfgs = [OmegaConf.to_container(hydra.compose("config", overrides=[
             "world_size=2", "trainer.epochs=1", "data.batch_size=16", "trainer.save_last=false",
-            f"trainer.accumulate_grad_batches={accumulate}", "trainer.progress=off"])
-    plain = OmegaConf.to_container(cfg, resolve=True)
+            f"trainer.accumulate_grad_batches={accumulate}", "trainer.progress=off"]),
+            resolve=True) for accumulate in accumulations]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_count_allreduces, args=(r, 2, port, plain, str(tmp_path), out))
+    procs = [ctx.Process(target=_count_allreduces, args=(r, 2, port, cfgs, str(tmp_path), out))
              for r in range(2)]
     for p in procs:
         p.start()
-    results = sorted(out.get(timeout=240) for _ in procs)
+    results = sorted(out.get(timeout=240) for _ in range(2 * len(accumulations)))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
     micro_batches = -(-750 // 16)  # 750 samples per rank at batch 16
-    steps = -(-micro_batches // accumulate)
-    for _rank, calls, global_step, _ in results:
-        assert global_step == steps
-        assert calls == steps
+    want = [(a, rank, -(-micro_batches // a), -(-micro_batches // a))
+            for a in accumulations for rank in (0, 1)]
+    assert results == want  # (accumulated, rank, all-reduce calls, optimizer steps)
 
 
 @pytest.mark.float_sensitive
