@@ -5,9 +5,11 @@
 forward ran the GPT's attention over two windows of 100,000 tokens (``T^2``) before the config
 was printed. Each extreme value a range check lets through either runs or is refused in one line
 (exit 2, no job folder); the time to the first line is held against the same machine's time to
-the first line of an immediate refusal (interpreter, torch and Hydra start-up): under twice that
-plus 3 s (3 s on a quiet machine, ~5 s more beside other work; the hang was minutes), a hang
-detector with generous margins, not a speed test.
+the first line of an immediate refusal, started the same way: under twice that plus 5 s (the
+hang was minutes), a hang detector with generous margins, not a speed test. The table runs
+forked from the suite's pre-imported server (:mod:`zygote`: what is timed is then the checks
+themselves, without the ~2.5 s of imports each); the issue's own command also runs as a real
+process, timed from the interpreter's start.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import uuid
 
 import pytest
 import torch
+import zygote
 from helpers import assert_no_orphans, cli_env
 
 from ddp_exp.launch.build import PROBE_TOKENS, bounded_probe
 from ddp_exp.train.gpt import GPT
 
-MARGIN_S = 3.0
+MARGIN_S = 5.0
 RUN = ("world_size=1", "trainer.epochs=1", "trainer.max_steps=1", "trainer.progress=off")
 # (overrides, refused): refused ones exit 2 with one line on stderr and leave no folder; None:
 # either outcome, each as it must be.
@@ -46,16 +49,29 @@ EXTREMES = [
 ]
 
 
-def _first_line(tmp_path, *overrides: str, timeout: float = 120) -> tuple[float, int, str, str]:
-    """Start ``python -m ddp_exp`` in ``tmp_path``: (seconds to its first line on stdout or
-    stderr, exit status, stdout, stderr)."""
+def _first_line(tmp_path, *overrides: str, timeout: float = 120,
+                real: bool = False) -> tuple[float, int, str, str]:
+    """Start ``python -m ddp_exp`` in ``tmp_path`` (forked from the pre-imported server unless
+    ``real``, or where it cannot be): (seconds to its first output on stdout or stderr, exit
+    status, stdout, stderr)."""
     tag = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "ddp_exp", *overrides, f"hydra.run.dir={tmp_path / 'job'}"]
     start = time.monotonic()
+    forked = None if real else zygote.popen(cmd, tmp_path, cli_env(tag))
+    if forked is not None:
+        try:
+            out, err = forked.communicate(timeout=timeout)
+        finally:
+            if forked.poll() is None:
+                forked.kill()
+                forked.wait(30)
+            assert_no_orphans(tag)
+        first = forked.first_output
+        return (first - start if first is not None else float("inf")), forked.returncode, out, err
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     first: list[float] = []
-    out: dict[str, str] = {}
+    outputs: dict[str, str] = {}
 
     def read(name: str, stream) -> None:
         lines = []
@@ -63,7 +79,7 @@ def _first_line(tmp_path, *overrides: str, timeout: float = 120) -> tuple[float,
             if not first:
                 first.append(time.monotonic() - start)
             lines.append(line)
-        out[name] = "".join(lines)
+        outputs[name] = "".join(lines)
 
     readers = [threading.Thread(target=read, args=(n, s))
                for n, s in (("out", proc.stdout), ("err", proc.stderr))]
@@ -77,24 +93,26 @@ def _first_line(tmp_path, *overrides: str, timeout: float = 120) -> tuple[float,
         for reader in readers:
             reader.join(10)
         assert_no_orphans(tag)
-    return (first[0] if first else float("inf")), proc.returncode, out["out"], out["err"]
+    return (first[0] if first else float("inf")), proc.returncode, outputs["out"], outputs["err"]
 
 
-@pytest.fixture(scope="module")
-def startup_s(tmp_path_factory) -> float:
+def _refusal_s(tmp_path, real: bool = False) -> float:
     """This machine's time to the first line of a config refused at once (a range check)."""
-    seconds, code, _, err = _first_line(tmp_path_factory.mktemp("baseline"), "world_size=0")
+    seconds, code, _, err = _first_line(tmp_path, "world_size=0", real=real)
     assert code == 2 and err.startswith("error: world_size"), err
     return seconds
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("overrides, refused", EXTREMES,
-                         ids=[" ".join(o) for o, _ in EXTREMES])
-def test_an_extreme_value_runs_or_is_refused_after_a_prompt_first_line(
-        tmp_path, startup_s, overrides, refused):
-    seconds, code, out, err = _first_line(tmp_path, *RUN, *overrides)
-    assert seconds < 2 * startup_s + MARGIN_S, (seconds, startup_s, out[-500:], err[-500:])
+@pytest.fixture(scope="module")
+def startup_s(tmp_path_factory) -> float:
+    """The time to an immediate refusal's first line, started as the table's runs are."""
+    return _refusal_s(tmp_path_factory.mktemp("baseline"))
+
+
+def _check(tmp_path, seconds, code, out, err, *, startup, refused) -> None:
+    """The first line came in time; the run either ran or was refused in one line, as
+    ``refused`` (None: either) says; the config came first."""
+    assert seconds < 2 * startup + MARGIN_S, (seconds, startup, out[-500:], err[-500:])
     if refused is None:
         refused = code != 0
     if refused:
@@ -107,6 +125,27 @@ def test_an_extreme_value_runs_or_is_refused_after_a_prompt_first_line(
         assert (tmp_path / "job" / "metrics.json").exists()
     if out:  # the config comes first (a range check's refusal comes before it, alone)
         assert out.startswith("[") and "config:" in out.splitlines()[0], out[:300]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, refused", EXTREMES,
+                         ids=[" ".join(o) for o, _ in EXTREMES])
+def test_an_extreme_value_runs_or_is_refused_after_a_prompt_first_line(
+        tmp_path, startup_s, overrides, refused):
+    _check(tmp_path, *_first_line(tmp_path, *RUN, *overrides), refused=refused,
+           startup=startup_s)
+
+
+@pytest.mark.slow
+def test_the_issues_command_as_a_real_process_prints_its_line_in_time(tmp_path):
+    """The issue's command, started as a user starts it (interpreter, imports and all), against
+    a real process's immediate refusal."""
+    (tmp_path / "baseline").mkdir()
+    startup = _refusal_s(tmp_path / "baseline", real=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    _check(run, *_first_line(run, *RUN, *EXTREMES[0][0], real=True), refused=True,
+           startup=startup)
 
 
 def test_a_sequence_models_probe_is_cut_to_a_bounded_length():

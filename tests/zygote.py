@@ -332,6 +332,7 @@ class ZygoteProcess:
             for fd in (null, out_w, err_w):
                 os.close(fd)
         self._chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        self.first_output: float | None = None  # time.monotonic() of its first byte, any fd
         self._readers = [threading.Thread(target=self._read, args=(fd,), daemon=True)
                          for fd in (out_r, err_r)]
         for reader in self._readers:
@@ -345,6 +346,8 @@ class ZygoteProcess:
     def _read(self, fd: int) -> None:
         with open(fd, "rb", closefd=True) as pipe:
             for chunk in iter(lambda: pipe.read1(65536), b""):
+                if self.first_output is None:
+                    self.first_output = time.monotonic()
                 self._chunks[fd].append(chunk)
 
     def _await_exit(self) -> None:
