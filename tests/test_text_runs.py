@@ -2,7 +2,8 @@
 ``experiment=gpt_tokens data.path=DIR`` on it (learns: below the validation tokens' unigram
 entropy; ``val/bits_per_byte``; samples in TensorBoard), the same validation at world sizes 1
 and 3, ``ddp-exp sample`` (seeded, decoded; Chinese with no U+FFFD), a Hugging Face GPT-2 by
-``_target_`` (F09), and the subcommands' bad input as one line, exit 2.
+``_target_`` (F09), the subcommands' bad input as one line, exit 2, and a prepared-folder run
+killed mid-epoch (kill -9) resuming bit for bit.
 
 Models are tiny and runs short (the issue's budget: 90 s on a quiet machine)."""
 
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import QUIET, Run, run_tagged
+import torch
+from helpers import QUIET, Run, load_ckpt, run_tagged, tests_on_path
 from text_corpus import write_corpus
 
 from ddp_exp.data.example_text import write_chinese_corpus
@@ -93,6 +95,26 @@ def test_prepare_train_and_sample_a_folder_of_text(tmp_path):
     for key in ("val/loss", "val/bits_per_byte", "train/epoch_loss"):
         assert one.metrics[key] == pytest.approx(three.metrics[key], rel=1e-6), key
     assert one.metrics["val/num_samples"] == three.metrics["val/num_samples"]
+    # kill -9 of the world of 3 mid-epoch, once the step-4 checkpoint is on disk (a step
+    # checkpoint lands during the next step), resumed:
+    # the uninterrupted world's weights, bit for bit
+    killed_job = tmp_path / "killed"
+    common = (*TINY, "data.path=prepared", "trainer.max_steps=6", "world_size=3",
+              "data.batch_size=4", "optim=sgd", "optim.lr=0.5", "trainer.save_last=false",
+              "trainer.sample_every_n_epochs=0", "trainer.checkpoint_every_n_steps=2",
+              "launcher.max_restarts=0", "model._target_=test_val_every_n_steps.StepKilledGPT",
+              f"hydra.run.dir={killed_job}")
+    kill = ("+model.kill_at=6", "+model.after_step=4",  # step 4 lands during step 5
+            f"+model.after_checkpoint={killed_job / 'checkpoints' / 'last.pt'}")
+    killed, _ = run_tagged([sys.executable, "-m", "ddp_exp", *common, *kill], tmp_path,
+                           uuid.uuid4().hex, 240, tests_on_path())
+    assert killed.returncode != 0 and not (killed_job / "metrics.json").exists(), killed.stdout
+    resumed, _ = run_tagged([sys.executable, "-m", "ddp_exp", *common, "trainer.resume=auto"],
+                            tmp_path, uuid.uuid4().hex, 240, tests_on_path())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert ": step 4, inside epoch 1" in resumed.stdout, resumed.stdout
+    got, want = (load_ckpt(d / "model.pt") for d in (killed_job, three.job_dir))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 @pytest.mark.slow
