@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 TRAIN = Path(__file__).resolve().parents[1] / "src" / "ddp_exp" / "train"
-# Modules whose `loop` parameters are still `Any`: checkpointing.py is being reworked by
-# issue 42 item 1 (one way to take a checkpoint); its signatures follow when that lands.
-PENDING = {"checkpointing.py"}
+# Modules whose `loop` parameters may still be `Any`: none.
+PENDING: set[str] = set()
 PROTOCOL_MODULES = ("training_loop", "step_checkpoint", "strategy")
 
 
@@ -74,15 +73,19 @@ def test_a_helper_touches_only_what_its_signature_declares(helper):
     members = protocols[note]
     assert not _touched(node) - members, (
         f"{file}:{name} touches loop.{sorted(_touched(node) - members)}, not in {note}")
-    # The loop handed on: the callee asks no more than this helper's protocol holds.
-    callees = {(h[1]): protocols.get(h[2]) for h in _helpers() if h[0] not in PENDING}
+    # The loop handed on: the callee asks no more than this helper's protocol holds. A bare
+    # name is this module's function; ``module.name`` is that module's (two modules have a
+    # ``take``).
+    callees = {(h[0][:-3], h[1]): protocols.get(h[2]) for h in _helpers()
+               if h[0] not in PENDING}
     for call in ast.walk(node):
         if isinstance(call, ast.Call) and any(
                 isinstance(a, ast.Name) and a.id == "loop" for a in call.args[:1]):
-            callee = ast.unparse(call.func).split(".")[-1]
-            wanted = callees.get(callee)
+            parts = ast.unparse(call.func).split(".")
+            module = parts[-2] if len(parts) > 1 else file[:-3]
+            wanted = callees.get((module, parts[-1]))
             if wanted is not None:
-                assert wanted <= members, f"{file}:{name} hands {note} to {callee}"
+                assert wanted <= members, f"{file}:{name} hands {note} to {module}.{parts[-1]}"
 
 
 def test_the_loop_has_every_member_the_protocols_declare():

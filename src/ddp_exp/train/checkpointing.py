@@ -35,12 +35,15 @@ Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read throug
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ddp_exp.distributed.process_group import RngGather, side_group, start_rng_gather
 from ddp_exp.io import checkpoint, sharded
 from ddp_exp.train import state as train_state
 from ddp_exp.train.strategy import held
+
+if TYPE_CHECKING:
+    from ddp_exp.train.training_loop import TrainingLoop
 
 
 class Due(NamedTuple):
@@ -78,15 +81,14 @@ class Shards:
         sharded.write_shards(self.tensors, self.temp, self.group)
 
 
-def _take_shards(loop: Any) -> Shards | None:
+def _take_shards(loop: TrainingLoop) -> Shards | None:
     """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None. The side
     group is made at the first one (every rank, same point)."""
     if loop.cfg.strategy.checkpoint != "sharded":
         return None
-    side = getattr(loop, "checkpoint_group", None)
+    side = loop.checkpoint_group
     if side is None:
         side = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
-        loop.sharded_taken = 0
     loop.sharded_taken += 1
     temp = sharded.temp_folder(checkpoint.checkpoint_dir(loop.writer.job_dir),
                                f"{side.tag}-{loop.sharded_taken}")
@@ -94,7 +96,7 @@ def _take_shards(loop: Any) -> Shards | None:
     return Shards(checkpoint.snapshot(tensors), temp, side.group)
 
 
-def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
+def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
          ) -> Taken:
     """Take a checkpoint of ``loop`` as it is now (every rank, at the same point of its
     collectives), waiting for no collective but FSDP's gather of a full checkpoint's tensors
@@ -119,7 +121,7 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
     return Taken(state, rng, shards)
 
 
-def land(loop: Any, taken: Taken, due: Due,
+def land(loop: TrainingLoop, taken: Taken, due: Due,
          before_write: Callable[[], object] | None = None) -> None:
     """Hand ``taken`` to this rank's background writer (every rank): rank 0's writes it
     under the names ``due`` (:func:`ddp_exp.io.checkpoint.save`) once the RNG states have
@@ -138,7 +140,7 @@ def land(loop: Any, taken: Taken, due: Due,
                     owned=True, shards=taken.shards)
 
 
-def due_at_epoch_end(loop: Any, best: bool, complete: bool, force_last: bool) -> Due:
+def due_at_epoch_end(loop: TrainingLoop, best: bool, complete: bool, force_last: bool) -> Due:
     """The names an epoch's checkpoint is due under (``loop.epoch`` already counts the epoch):
     ``last.pt`` with ``trainer.save_last`` or ``force_last`` (a step checkpoint was due at
     the epoch's last step, or a preemption), the epoch's file every
@@ -151,7 +153,7 @@ def due_at_epoch_end(loop: Any, best: bool, complete: bool, force_last: bool) ->
     return Due(epoch_file, complete and (trainer.save_last or force_last), best)
 
 
-def at_epoch_end(loop: Any, best: bool = False, complete: bool = True,
+def at_epoch_end(loop: TrainingLoop, best: bool = False, complete: bool = True,
                  force_last: bool = False) -> None:
     """The epoch's checkpoint (every rank, after the epoch's validation and monitor):
     taken and landed under the names :func:`due_at_epoch_end` gives, if any; with

@@ -67,7 +67,7 @@ from torch import nn
 from ddp_exp.config.view import RankConfig
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import RankData
-from ddp_exp.distributed.process_group import World
+from ddp_exp.distributed.process_group import SideGroup, World
 from ddp_exp.io.files import BackgroundWriter
 from ddp_exp.job import pruning
 from ddp_exp.metrics.lm import LanguageModelReport
@@ -171,6 +171,11 @@ class Trainer:
         # Rank 0's checkpoint files, written on a background thread (ddp_exp.io.files): the loop
         # does not wait for the disk.
         self.checkpoint_files = BackgroundWriter()
+        # strategy.checkpoint=sharded: the gloo side group every rank's writer saves its shard
+        # over (made at the first sharded checkpoint, every rank at the same point), and the
+        # sharded checkpoints taken (each one's temporary folder is named by the count).
+        self.checkpoint_group: SideGroup | None = None
+        self.sharded_taken = 0
         self.epoch = 0  # the next epoch to run
         # Step checkpoints (ddp_exp.train.step_checkpoint): the cadence, and the position in
         # the epoch in progress (global samples consumed) with its sums, set while a step

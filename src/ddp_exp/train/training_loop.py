@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ddp_exp.config.view import RankConfig
     from ddp_exp.data.loaders import RankData
-    from ddp_exp.distributed.process_group import World
+    from ddp_exp.distributed.process_group import SideGroup, World
     from ddp_exp.io.files import BackgroundWriter
     from ddp_exp.metrics.lm import LanguageModelReport
     from ddp_exp.metrics.perf import StepTimer
@@ -101,8 +101,12 @@ class TrainingLoop(Protocol):
     last_val: dict[str, Any] | None
     last_val_step: int | None
     validations: int
-    # Rank 0's checkpoint files, written on a background thread.
+    # Rank 0's checkpoint files, written on a background thread; under
+    # strategy.checkpoint=sharded, the side group shards are saved over (None before the first)
+    # and the sharded checkpoints taken.
     checkpoint_files: BackgroundWriter
+    checkpoint_group: SideGroup | None
+    sharded_taken: int
 
     @property
     def steps_per_epoch(self) -> int:
