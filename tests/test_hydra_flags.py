@@ -6,10 +6,8 @@ printed argparse's usage and "unrecognized arguments" naming the overrides, not 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import run_sweep
 
 from ddp_exp.cli.flags import flag_among_overrides
 
@@ -44,9 +42,7 @@ def test_what_hydras_parser_takes_passes(argv):
 
 @pytest.mark.slow
 def test_the_cli_refuses_it_in_one_line_before_any_folder(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ddp_exp", "trainer.epochs=2", "--cfg", "job",
-                          "seed=1"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+    out = run_sweep(tmp_path, "trainer.epochs=2", "--cfg", "job", "seed=1", timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "error: --cfg job comes after the override trainer.epochs=2: Hydra takes its flags only "

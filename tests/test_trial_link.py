@@ -4,10 +4,8 @@ failed with Optuna's ``UpdateFinishedTrialError`` when it reported to the finish
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import run_sweep
 
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.launch.trial_link import refuse_trial_link_in_a_plain_run
@@ -20,9 +18,8 @@ COPIED = ["++hydra.job.env_set.DDP_EXP_OPTUNA_STORAGE='/x/optuna_journal.log'",
 
 @pytest.mark.slow
 def test_a_trials_copied_line_is_refused_before_any_rank(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ddp_exp", "trainer.epochs=2", "optim.lr=0.08",
-                          *COPIED, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = run_sweep(tmp_path, "trainer.epochs=2", "optim.lr=0.08", *COPIED,
+                    f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
         "error: ++hydra.job.env_set.DDP_EXP_OPTUNA_TRIAL='0' links this run to trial 0 of an "

@@ -9,19 +9,17 @@ files (width 128, 15 epochs). Composition is read with ``--cfg job`` (the config
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_sweep
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _cfg_job(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_exp", "--cfg", "job", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return run_sweep(cwd, "--cfg", "job", *args, timeout=120)
 
 
 def _write(path: Path, text: str) -> None:
@@ -58,10 +56,8 @@ def test_a_users_file_of_one_key_is_refused_naming_the_file_it_replaced(tmp_path
     """A file of one key replaces the packaged one whole (Hydra's rule for a config of the same
     name): its ``_target_`` is gone, and the line says which file and how to keep it."""
     _write(tmp_path / "conf" / "model" / "mlp.yaml", "hidden_sizes: [7]\n")
-    out = subprocess.run([sys.executable, "-m", "ddp_exp", "--config-dir", "conf",
-                          "print_config=false", f"hydra.run.dir={tmp_path / 'run'}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+    out = run_sweep(tmp_path, "--config-dir", "conf", "print_config=false",
+                    f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
