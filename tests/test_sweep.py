@@ -31,6 +31,7 @@ from helpers import (
     rel_close,
     run_sweep,
     scalars,
+    start_cli,
 )
 
 BATCH_SIZES = (16, 32, 64)
@@ -438,11 +439,9 @@ def test_debug_preset_runs_end_to_end(run_cli):
 def test_two_sweeps_at_once_do_not_collide(tmp_path):
     tags = [uuid.uuid4().hex, uuid.uuid4().hex]
     dirs = [tmp_path / "a", tmp_path / "b"]
-    procs = [subprocess.Popen([sys.executable, "-m", "ddp_exp", "-m", "world_size=2",
-                               "trainer.epochs=1", "data.batch_size=32,64", QUIET,
-                               f"hydra.sweep.dir={d}"],
-                              cwd=tmp_path, env=cli_env(tag), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    procs = [start_cli([sys.executable, "-m", "ddp_exp", "-m", "world_size=2",
+                        "trainer.epochs=1", "data.batch_size=32,64", QUIET,
+                        f"hydra.sweep.dir={d}"], tmp_path, cli_env(tag))
              for tag, d in zip(tags, dirs, strict=True)]
     deadline = time.monotonic() + 240
     outputs = []
