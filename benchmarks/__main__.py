@@ -93,8 +93,10 @@ def chosen(args: argparse.Namespace) -> dict[str, list[Variant]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.list:
+        width = max(map(len, GROUPS))
         for n, g in GROUPS.items():
-            print(f"{n:<16} {'opt-in ' if g.opt_in else ''}{g.title}\n{'':<16} {g.command()}")
+            print(f"{n:<{width}} {'opt-in ' if g.opt_in else ''}{g.title}\n{'':<{width}} "
+                  f"{g.command()}")
         return 0
     if args.table:
         return table(args)

@@ -15,12 +15,14 @@ each rank then takes ``--repeats`` checkpoints of model + optimizer both ways, a
 
 Printed per way, medians over the repeats (rank 0): ``blocked_s``, the seconds the caller's
 thread is held (what the loop would wait), and ``durable_s``, until every rank's file and the
-metadata are on disk.
+metadata are on disk; then ``BENCH_RESULT {json}`` with the same (make bench's group
+``sharded_checkpoint``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -80,10 +82,13 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: s
         n = sum(p.numel() for p in model.parameters())
         print(f"GPT {n / 1e6:.1f}M parameters, AdamW, 2 gloo ranks, {args.repeats} checkpoints "
               "each way (medians):")
+        result = {"parameters": n, "repeats": args.repeats}
         for way, rows in times.items():
             blocked = statistics.median(r[0] for r in rows)
             durable = statistics.median(r[1] for r in rows)
             print(f"  {way:10s} blocked_s {blocked:.3f}  durable_s {durable:.3f}")
+            result[way] = {"blocked_s": blocked, "durable_s": durable}
+        print("BENCH_RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
