@@ -10,9 +10,9 @@ ARGS   ?=
 # Test worker processes (pytest-xdist). Two workers keep both cores busy: the suite takes about
 # half the time of one worker on 2 cores. More cores: make test TEST_WORKERS=4. --dist loadgroup
 # keeps the guide's blocks (tests/test_docs.py, xdist_group "guide") on one worker, in order: they
-# build on each other, and a worker given a later block alone replays all before it. A CLI test
-# forks its run from a pre-imported python -m ddp_exp (tests/zygote.py; DDP_EXP_TEST_NO_ZYGOTE=1
-# starts real processes).
+# build on each other, and a worker given a later block alone replays all before it. A CLI test,
+# and a python -m ddp_exp of the guide (tests/zygote_shim.py), forks its run from a pre-imported
+# python -m ddp_exp (tests/zygote.py; DDP_EXP_TEST_NO_ZYGOTE=1 starts real processes).
 TEST_WORKERS ?= 2
 
 # setuptools warns on every editable install of a package whose folders it maps (conf/ ships

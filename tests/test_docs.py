@@ -25,6 +25,11 @@ outputs were taken on a 2-core machine: the blocks run pinned to 2 cores. Every 
 digits of trained models, and the blocks build on each other's outputs: the whole guide is
 ``float_sensitive`` (``make test-float`` runs it with another CPU's kernels).
 
+The work folder's ``.venv/bin/python`` (tests/zygote_shim.py) runs each ``python -m ddp_exp``
+command forked from this process's pre-imported server (tests/zygote.py), without ~2.5 s of
+imports, and execs the real interpreter for every other command, or where a real process is
+needed (a start-up variable such as ``OMP_NUM_THREADS=1``, a background job).
+
 The Chinese guide, docs/guide.zh-CN.md, must hold the same blocks (commands, quoted output,
 markers), so running the English guide's checks both. The README and every page of docs/ link
 only to files and headings that exist, the README links every page and stays short, and no file
@@ -42,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import zygote
+import zygote_shim
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide.md"
@@ -233,7 +240,11 @@ class Workdir:
 def workdir(tmp_path_factory) -> Workdir:
     """A folder laid out like the repository root, for this process's blocks of the guide."""
     root = tmp_path_factory.mktemp("guide")
-    (root / ".venv").symlink_to(Path(sys.prefix))  # the environment running the tests
+    address = zygote.address()
+    if address:  # this environment, its python -m ddp_exp forked from the pre-imported server
+        zygote_shim.install(root / ".venv", address)
+    else:
+        (root / ".venv").symlink_to(Path(sys.prefix))  # the environment running the tests
     (root / "docs").symlink_to(ROOT / "docs")
     for name in ("tests", "examples"):  # PYTHONPATH=tests ... (the guide's test models)
         (root / name).symlink_to(ROOT / name)

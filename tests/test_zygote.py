@@ -10,10 +10,11 @@ import re
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import zygote
-from helpers import QUIET, cli_env, run_tagged, start_cli, tagged_processes
+from helpers import HANG_S, QUIET, TESTS, cli_env, run_tagged, start_cli, tagged_processes
 
 DDP_EXP = [sys.executable, "-m", "ddp_exp"]
 
@@ -70,3 +71,100 @@ def test_what_a_fork_cannot_reproduce_starts_a_real_process(tmp_path, monkeypatc
     real = start_cli([sys.executable, "-c", "pass"], tmp_path, env)
     assert isinstance(real, subprocess.Popen)
     assert real.communicate(timeout=300) == ("", "")
+
+
+# ------------------------------------------------------- the guide's .venv/bin/python (shim)
+def test_the_shim_forks_only_what_the_server_can_run(tmp_path, monkeypatch):
+    """``zygote_shim.forkable`` holds :func:`zygote.usable`'s rules for ``python *args``."""
+    import signal
+
+    import zygote_shim
+
+    monkeypatch.delenv(zygote.DISABLE, raising=False)
+    config = zygote_shim.install(tmp_path / ".venv", "/nowhere")
+    env = cli_env("t")
+    args = ["-m", "ddp_exp", "world_size=1"]
+    assert zygote_shim.forkable(args, env, config)
+    for other in (["-m", "ddp_exp.data.images"], ["-c", "pass"], ["-u", "-m", "ddp_exp"],
+                  ["script.py"], []):
+        assert not zygote_shim.forkable(other, env, config), other
+    for changed in ({"OMP_NUM_THREADS": "1"}, {"PYTHONWARNINGS": "error"},
+                    {zygote.CASE_TAG: "t" * 64}, {zygote.DISABLE: "1"}):
+        assert not zygote_shim.forkable(args, {**env, **changed}, config), changed
+    assert zygote_shim.forkable(args, {**env, "PYTHONPATH": str(tmp_path)}, config)
+    (tmp_path / "sitecustomize.py").write_text("")
+    assert not zygote_shim.forkable(args, {**env, "PYTHONPATH": str(tmp_path)}, config)
+    monkeypatch.setattr(signal, "getsignal", lambda sig: (
+        signal.SIG_IGN if sig == signal.SIGINT else signal.SIG_DFL))  # `python ... &`
+    assert not zygote_shim.forkable(args, env, config)
+
+
+def _held_run(venv_python: Path, tmp_path: Path, name: str, tag: str, env: dict[str, str]):
+    """``venv_python -m ddp_exp`` (its run folder ``name``) held while it loads the data
+    (``phases.slow_digits``), and the pids of the processes that carry ``tag``."""
+    import time
+
+    marker = tmp_path / f"{name}.loading"
+    env = {**env, "PYTHONPATH": str(TESTS), "DDP_EXP_TEST_MARKER": str(marker)}
+    proc = subprocess.Popen([str(venv_python), "-m", "ddp_exp", "data._target_=phases.slow_digits",
+                             QUIET, f"hydra.run.dir={tmp_path / name}"], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + HANG_S
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("no marker: " + "".join(proc.communicate()))
+        time.sleep(0.02)
+    return proc, tagged_processes(tag)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("forked", [pytest.param(True, id="forked"),
+                                    pytest.param(False, id="real", marks=pytest.mark.slow)])
+def test_the_shim_runs_ddp_exp_from_the_server_and_ends_as_the_real_interpreter(tmp_path,
+                                                                                forked):
+    """The guide's ``.venv/bin/python -m ddp_exp`` (tests/zygote_shim.py): forked, the run is
+    a child of the server's waiter (the shim is only its client); with a start-up variable it
+    is the real interpreter, in the shim's own process (exec). Either way a refused config
+    exits 2 with its one line, SIGINT to the python the user started ends the run as
+    interrupted with 130 (as tests/test_interrupts.py holds of a real run), and a run killed
+    by a signal ends the shim by that signal."""
+    import signal
+
+    import zygote_shim
+
+    address = zygote.address() if forked else None
+    if forked and address is None:
+        pytest.skip("no zygote server (DDP_EXP_TEST_NO_ZYGOTE=1)")
+    zygote_shim.install(tmp_path / ".venv", address or os.devnull)
+    python = tmp_path / ".venv" / "bin" / "python"
+    tag = uuid.uuid4().hex
+    env = cli_env(tag, **({} if forked else {"OMP_NUM_THREADS": "2"}))
+
+    refused = subprocess.run([str(python), "-m", "ddp_exp", "distributed.timeout_s=0"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        2, "", "error: distributed.timeout_s=0.0 is invalid: a positive number of seconds\n")
+
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)):
+        proc, tagged = _held_run(python, tmp_path, sig.name, tag, env)
+        try:
+            if forked:
+                (run,) = set(tagged) - {proc.pid}
+                assert _parent(_parent(run)) == zygote._Server.proc.pid
+            else:
+                run = proc.pid
+                assert tagged == [run]
+            # SIGINT as `kill -INT` sends it to the python started; SIGKILL reaches only the run
+            os.kill(proc.pid if sig == signal.SIGINT else run, sig)
+            _, err = proc.communicate(timeout=HANG_S)
+        finally:
+            proc.kill()
+        assert proc.returncode == code, err
+        if sig == signal.SIGINT:
+            assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (SIGINT)"], err

@@ -21,7 +21,9 @@ start-up (``PYTHON*`` other than ``PYTHONPATH``/``PYTHONFAULTHANDLER``, ``OMP_*`
 ``ATEN_CPU_CAPABILITY``, ...: read once, by the server's imports), a ``sitecustomize`` on
 ``PYTHONPATH``, or a server that did not start. Tests about start-up itself, signals sent to a
 process group, Ctrl-C, ``kill -9``, ``make`` or packaging start real processes (they do not go
-through :func:`helpers.run_tagged`).
+through :func:`helpers.run_tagged`). tests/zygote_shim.py is a ``.venv/bin/python`` that hands
+this server the ``python -m ddp_exp`` commands of docs/guide.md's blocks, which
+tests/test_docs.py runs in bash (:func:`address`).
 """
 
 from __future__ import annotations
@@ -387,6 +389,12 @@ class ZygoteProcess:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
+
+
+def address() -> str | None:
+    """The socket of this process's server (started at the first call), or ``None`` where
+    runs start real processes (``DDP_EXP_TEST_NO_ZYGOTE=1``, a server that did not start)."""
+    return None if os.environ.get(DISABLE) else _Server.address()
 
 
 def popen(cmd: list[str], cwd, env: dict[str, str]) -> ZygoteProcess | None:
