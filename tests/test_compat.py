@@ -760,3 +760,17 @@ def test_on_another_torch_the_backward_end_is_the_hooks_moment(other_version, ca
     other_version("torch")
     assert _backward_with_end_callbacks() == ["hook", "end", "hook", "end"]
     assert any("queue_callback" in line for line in compat_lines(caplog))
+
+
+def test_contract_hydras_group_options_take_what_the_help_memo_passes():
+    """compat.hydra_help calls ``ConfigLoaderImpl.get_group_options(self, group_name,
+    results_filter, config_name, overrides)`` by position, with ``ObjectType.CONFIG`` as the
+    default filter."""
+    import inspect
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.object_type import ObjectType
+
+    params = inspect.signature(ConfigLoaderImpl.get_group_options).parameters
+    assert list(params) == ["self", "group_name", "results_filter", "config_name", "overrides"]
+    assert params["results_filter"].default is ObjectType.CONFIG

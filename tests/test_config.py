@@ -644,7 +644,6 @@ def test_help_lists_the_groups(run_cli):
 def test_composing_a_run_does_not_list_the_help_groups(monkeypatch):
     """The help template is dereferenced at every composition (twice per job); listing the
     groups scans the config repository (seconds), so it happens only under --help."""
-    from hydra.core.global_hydra import GlobalHydra
 
     from ddp_exp.cli import usage
 
@@ -655,13 +654,43 @@ def test_composing_a_run_does_not_list_the_help_groups(monkeypatch):
     usage.register_resolvers()
     with hydra.initialize_config_module("ddp_exp.conf", version_base="1.3"):
         listed = []
-        monkeypatch.setattr(type(GlobalHydra.instance().hydra), "format_config_groups",
-                            lambda self, *a, **k: listed.append(1) or "")
+        monkeypatch.setattr(usage, "_user_groups", lambda *a: listed.append(1) or [])
+        monkeypatch.setattr(usage, "_LISTED", {})
         cfg = hydra.compose("config", overrides=["world_size=2"], return_hydra_config=True)
         assert cfg.world_size == 2 and listed == []
         assert "--help lists them" in cfg.hydra.help.template
         monkeypatch.setattr(sys, "argv", ["ddp_exp", "--help"])
         assert usage.help_groups() == "" and listed == [1]  # the real listing, asked for
+        assert usage.help_groups() == "" and listed == [1]  # once per config loader
+
+
+def test_help_groups_are_hydras_listing_without_the_hidden_groups(monkeypatch):
+    """ddp_exp walks only the groups a user sees; the lines are those of Hydra's own
+    formatter filtered afterwards (what ``--help`` printed before), and Hydra's options are
+    asked once per question (compat.hydra_help) with the same answers."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ddp_exp.cli import usage
+    from ddp_exp.compat.hydra_help import answer_group_options_once
+
+    monkeypatch.setattr(sys, "argv", ["ddp_exp", "--help"])
+    monkeypatch.setattr(usage, "_LISTED", {})
+    register_configs()
+    with hydra.initialize_config_module("ddp_exp.conf", version_base="1.3"):
+        hydra_ = GlobalHydra.instance().hydra
+        stock = hydra_.format_config_groups(
+            lambda group: group.split("/")[0] not in usage.HIDDEN_GROUPS).rstrip("\n")
+        assert usage.help_groups() == stock and stock.count("\n") > 10
+        asked = []
+        real = ConfigLoaderImpl.get_group_options
+        monkeypatch.setattr(ConfigLoaderImpl, "get_group_options",
+                            lambda self, *a, **k: asked.append(a) or real(self, *a, **k))
+        answer_group_options_once()
+        loader = hydra_.config_loader
+        first = loader.get_group_options("model")
+        assert loader.get_group_options("model") == first and "mlp" in first
+        assert len(asked) == 1
 
 
 # ------------------------------------------------------------------ (d) torchrun world size

@@ -70,7 +70,7 @@ from ddp_exp.cli.signals import (
     stop_on_sigterm,
     summarize_if_sweep,
 )
-from ddp_exp.cli.usage import runs_no_job
+from ddp_exp.cli.usage import help_requested, runs_no_job
 from ddp_exp.config.compose import primary_config_overrides, task_overrides
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.job import sweep
@@ -108,6 +108,10 @@ TORCHRUN_REPORT_GRACE_S = 15.0
 MULTIRUN_REFUSAL_GRACE_S = 2.0
 
 register()  # the schema, the resolvers, the ddp_optuna sweeper
+if help_requested():  # Hydra lists the config groups twice: each answer once (seconds)
+    from ddp_exp.compat.hydra_help import answer_group_options_once
+
+    answer_group_options_once()
 if not runs_no_job():  # a job: torch and the world's code now, while a Ctrl-C ends at once
     import ddp_exp.launch.elastic  # noqa: F401  (--help and --cfg job import no torch)
     import ddp_exp.rank.failures  # noqa: F401
