@@ -7,6 +7,10 @@ written. A failing run (rank 1 raises) and a good run, each piped into ``true``,
 output on a full disk (``/dev/full``): ``status.json`` says failed / completed, ``errors/``
 holds rank 1's file, ``metrics.json`` is written, and the exit status is the run's own (1 and
 0, as without the pipe: Python ignores SIGPIPE, so the shell's 141 never appears).
+
+The runs' ``python`` is the suite's shim (tests/zygote_shim.py): a run whose descriptors are
+open is forked from the pre-imported server with those descriptors; with them closed, the shim
+execs the real interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+import zygote
+import zygote_shim
 from helpers import QUIET, assert_no_orphans, cli_env, faulty_args, tests_on_path
 
 # How each run's output is wired, as a user's shell writes it; ``$?`` of the python command.
@@ -50,7 +56,13 @@ def _run_in_shell(cmd: list[str], console: str, cwd: Path) -> int:
 def runs(tmp_path_factory) -> dict[tuple[str, str], tuple[int, Path]]:
     """Every (outcome, console) run once: exit status and job folder."""
     root = tmp_path_factory.mktemp("closed_output")
-    python = [sys.executable, "-m", "ddp_exp"]
+    address = zygote.address()
+    if address:  # python -m ddp_exp forked from the pre-imported server where it can be (its
+        # descriptors handed over as they are; a closed one makes the shim exec the real one)
+        zygote_shim.install(root / ".venv", address)
+        python = [str(root / ".venv" / "bin" / "python"), "-m", "ddp_exp"]
+    else:
+        python = [sys.executable, "-m", "ddp_exp"]
     common = ["backend=gloo", "world_size=2", "trainer.epochs=1", QUIET]
     failing = faulty_args(root / "conf", fault="raise", fault_step=2, fault_rank=1)
     done = {}
