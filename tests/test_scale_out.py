@@ -12,7 +12,15 @@ import uuid
 
 import pytest
 import torch
-from helpers import HANG_S, QUIET, assert_no_orphans, cli_env, free_port, refused_before_ranks
+from helpers import (
+    HANG_S,
+    QUIET,
+    assert_no_orphans,
+    cli_env,
+    free_port,
+    refused_before_ranks,
+    start_cli,
+)
 
 from ddp_exp.config.errors import ConfigError
 
@@ -33,11 +41,9 @@ def _start_two_nodes(tmp_path, rendezvous: str, *node_overrides: list[str]
                "trainer.epochs=2", "print_config=false", f"hydra.run.dir={tmp_path}/node{node}",
                *extra]
         # Each "node" believes it owns both cores: one thread each, as on separate machines.
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(tag, OMP_NUM_THREADS="1"),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, stdin=subprocess.DEVNULL))
+        procs.append(start_cli(cmd, tmp_path, cli_env(tag, OMP_NUM_THREADS="1")))
     try:
-        outputs = [p.communicate(timeout=HANG_S)[0] for p in procs]
+        outputs = ["".join(p.communicate(timeout=HANG_S)) for p in procs]
     finally:
         for p in procs:  # a hang fails the test, and leaves no process behind
             p.kill()

@@ -61,7 +61,8 @@ def test_what_a_fork_cannot_reproduce_starts_a_real_process(tmp_path, monkeypatc
     monkeypatch.delenv(zygote.DISABLE, raising=False)
     assert zygote.usable(DDP_EXP, env)
     assert not zygote.usable([sys.executable, "-m", "torch.distributed.run"], env)
-    assert not zygote.usable(DDP_EXP, {**env, "OMP_NUM_THREADS": "7"})
+    assert not zygote.usable(DDP_EXP, {**env, "OMP_PROC_BIND": "true"})
+    assert zygote.usable(DDP_EXP, {**env, "OMP_NUM_THREADS": "7"})  # ddp_exp applies it
     assert not zygote.usable(DDP_EXP, {**env, "PYTHONWARNINGS": "error"})
     (tmp_path / "sitecustomize.py").write_text("")
     assert not zygote.usable(DDP_EXP, {**env, "PYTHONPATH": str(tmp_path)})
@@ -88,7 +89,7 @@ def test_the_shim_forks_only_what_the_server_can_run(tmp_path, monkeypatch):
     for other in (["-m", "ddp_exp.data.images"], ["-c", "pass"], ["-u", "-m", "ddp_exp"],
                   ["script.py"], []):
         assert not zygote_shim.forkable(other, env, config), other
-    for changed in ({"OMP_NUM_THREADS": "1"}, {"PYTHONWARNINGS": "error"},
+    for changed in ({"OMP_PROC_BIND": "true"}, {"PYTHONWARNINGS": "error"},
                     {zygote.CASE_TAG: "t" * 64}, {zygote.DISABLE: "1"}):
         assert not zygote_shim.forkable(args, {**env, **changed}, config), changed
     assert zygote_shim.forkable(args, {**env, "PYTHONPATH": str(tmp_path)}, config)
@@ -144,7 +145,7 @@ def test_the_shim_runs_ddp_exp_from_the_server_and_ends_as_the_real_interpreter(
     zygote_shim.install(tmp_path / ".venv", address or os.devnull)
     python = tmp_path / ".venv" / "bin" / "python"
     tag = uuid.uuid4().hex
-    env = cli_env(tag, **({} if forked else {"OMP_NUM_THREADS": "2"}))
+    env = cli_env(tag, **({} if forked else {"OMP_PROC_BIND": "false"}))
 
     refused = subprocess.run([str(python), "-m", "ddp_exp", "distributed.timeout_s=0"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

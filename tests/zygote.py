@@ -17,7 +17,8 @@ placeholder), so :func:`helpers.tagged_processes` finds them as it finds a real 
 use: ``pid``, ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``), or
 ``None`` where a real process is needed: ``DDP_EXP_TEST_NO_ZYGOTE=1`` (for debugging), a command
 other than ``python -m ddp_exp``, an environment that changes what the interpreter does at
-start-up (``PYTHON*`` other than ``PYTHONPATH``/``PYTHONFAULTHANDLER``, ``OMP_*``, ``MKL_*``,
+start-up (``PYTHON*`` other than ``PYTHONPATH``/``PYTHONFAULTHANDLER``, ``OMP_*`` other than
+``OMP_NUM_THREADS`` (ddp_exp applies that one itself), ``MKL_*``,
 ``ATEN_CPU_CAPABILITY``, ...: read once, by the server's imports), a ``sitecustomize`` on
 ``PYTHONPATH``, or a server that did not start. Tests about start-up itself, signals sent to a
 process group, Ctrl-C, ``kill -9``, ``make`` or packaging start real processes (they do not go
@@ -48,7 +49,10 @@ DISABLE = "DDP_EXP_TEST_NO_ZYGOTE"
 # environment sets one of them differently from the server's starts a real process.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "LD_", "MALLOC_")
 STARTUP_NAMES = {"ATEN_CPU_CAPABILITY", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES"}
-HANDLED = {"PYTHONPATH", "PYTHONFAULTHANDLER"}
+# Taken over by the run itself: PYTHONPATH and PYTHONFAULTHANDLER (below), and OMP_NUM_THREADS,
+# which ddp_exp reads at run time and applies with torch.set_num_threads in the launcher and in
+# every rank (rank/worker.py), overriding what the OpenMP runtime read at the server's start.
+HANDLED = {"PYTHONPATH", "PYTHONFAULTHANDLER", "OMP_NUM_THREADS"}
 # What a digits run imports beyond ddp_exp's own modules (its launcher and ranks), found with
 # ``python -X importtime -m ddp_exp``.
 THIRD_PARTY = ("torch", "torch._dynamo", "torch.utils.tensorboard", "torch.distributed.run",
