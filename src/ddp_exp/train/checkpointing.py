@@ -78,20 +78,28 @@ class Shards:
         sharded.write_shards(self.tensors, self.temp, self.group)
 
 
+def side(loop: Any) -> Any:
+    """The loop's :class:`ddp_exp.distributed.process_group.SideGroup` for its writer thread's
+    collectives (the RNG gather, a sharded checkpoint's shards), made at its first checkpoint
+    (every rank, at the same point of its collectives: one ``new_group`` and one broadcast,
+    once per run) and kept on the loop as ``checkpoint_group``."""
+    group = getattr(loop, "checkpoint_group", None)
+    if group is None:
+        group = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
+        loop.sharded_taken = 0
+    return group
+
+
 def _take_shards(loop: Any) -> Shards | None:
-    """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None. The side
-    group is made at the first one (every rank, same point)."""
+    """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None."""
     if loop.cfg.strategy.checkpoint != "sharded":
         return None
-    side = getattr(loop, "checkpoint_group", None)
-    if side is None:
-        side = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
-        loop.sharded_taken = 0
+    group = side(loop)
     loop.sharded_taken += 1
     temp = sharded.temp_folder(checkpoint.checkpoint_dir(loop.writer.job_dir),
-                               f"{side.tag}-{loop.sharded_taken}")
+                               f"{group.tag}-{loop.sharded_taken}")
     tensors = sharded.state_tensors(held(loop).module, loop.optimizer)
-    return Shards(checkpoint.snapshot(tensors), temp, side.group)
+    return Shards(checkpoint.snapshot(tensors), temp, group.group)
 
 
 def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
@@ -111,7 +119,9 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
     weights = {} if shards is not None or not (loop.world.is_main or strategy.name == "fsdp") \
         else {"model": strategy.model_state(),
               "optimizer": strategy.optimizer_state(loop.optimizer)}
-    rng = start_rng_gather(loop.device)  # a collective, not waited for
+    # This rank's RNG states, read now; every rank's writer gathers them over the side group
+    # (in the order the checkpoints land, the same on every rank), not the loop's thread.
+    rng = start_rng_gather(loop.device, side(loop).group)
     state = None
     if loop.world.is_main:
         state = checkpoint.snapshot({**weights, **train_state.state_dict(
