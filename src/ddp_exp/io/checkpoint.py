@@ -16,7 +16,8 @@ Layout, in ``<job_dir>/checkpoints/``:
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
 (0-based), ``global_step``, the run's ``steps_per_epoch`` and ``run_steps``, every rank's RNG
-states and the resolved config; a step checkpoint also the ``position`` in the next epoch
+states and the resolved config (as JSON text, :data:`CONFIG_JSON`, which :func:`load` decodes
+into ``config``); a step checkpoint also the ``position`` in the next epoch
 (global samples consumed), that epoch's ``epoch_sums`` so far and the ``global_batch_size``:
 all that is needed to continue exactly (the sampler's order is a function of seed and epoch,
 and starts at the position; a resumed run rebuilds its schedule from its own config and length,

@@ -1,16 +1,19 @@
 """Taking a checkpoint: the one path every checkpoint of the loop goes through (end of epoch,
 every N steps or minutes, a preemption, ``trainer.max_steps``' stop, the final one).
 
-1. :func:`take`, on every rank at the same point of its collectives: the ranks' RNG states are
-   sent (one ``all_gather``, started, not waited for) and rank 0 snapshots the loop's state
-   (:func:`ddp_exp.train.state.state_dict`, tensors cloned: the loop trains on). Nothing waits
-   for a collective here.
-2. :func:`land`: rank 0 hands the snapshot to its background writer
-   (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread receives the RNG states, serializes
-   the checkpoint and lands it atomically under every name it is due
-   (:func:`ddp_exp.io.checkpoint.save`, the one place that decides what ``last.pt``, ``best.pt``
-   and ``epoch_NNNN.pt`` become); the other ranks' writers receive the RNG states only. Which
+1. :func:`take`, on every rank at the same point of its collectives: each rank reads its RNG
+   states and rank 0 snapshots the loop's state (:func:`ddp_exp.train.state.state_dict`,
+   tensors cloned: the loop trains on). No collective runs here (but FSDP's gather of a full
+   checkpoint's tensors, and once per run the making of the side group, :func:`side`).
+2. :func:`land`: every rank hands its part to its background writer
+   (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread gathers the ranks' RNG states
+   (one ``all_gather`` over the side group: every rank's writer runs the checkpoints' gathers
+   in the order they land, the same on every rank); rank 0's then serializes the checkpoint
+   and lands it atomically under every name it is due (:func:`ddp_exp.io.checkpoint.save`, the
+   one place that decides what ``last.pt``, ``best.pt`` and ``epoch_NNNN.pt`` become). Which
    names are due is :func:`due_at_epoch_end`'s, or :data:`INSIDE_EPOCH` for a step checkpoint.
+   The gather ran on the loop's thread before (issue 42: ~0.15 ms of the ~0.6 ms the epoch
+   checkpoint cost that thread on digits, after an epoch's steps).
 
 Between the two, a step checkpoint of the step cadence settles the logging check it started
 (:func:`ddp_exp.train.step_checkpoint.complete`), so that its epoch sums are whole; the other
@@ -106,8 +109,9 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
          ) -> Taken:
     """Take a checkpoint of ``loop`` as it is now (every rank, at the same point of its
     collectives), waiting for no collective but FSDP's gather of a full checkpoint's tensors
-    (``strategy.checkpoint=full``) and, once per run, the sharded checkpoints' side group:
-    start gathering the ranks' RNG states, under ``strategy.checkpoint=sharded`` snapshot
+    (``strategy.checkpoint=full``) and, once per run, the side group (:func:`side`): read
+    this rank's RNG states (its writer gathers them: :func:`land`), under
+    ``strategy.checkpoint=sharded`` snapshot
     this rank's shards, and on rank 0 snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
     :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
@@ -131,11 +135,12 @@ def take(loop: Any, position: int = 0, epoch_sums: tuple[float, int, float] | No
 
 def land(loop: Any, taken: Taken, due: Due,
          before_write: Callable[[], object] | None = None) -> None:
-    """Hand ``taken`` to this rank's background writer (every rank): rank 0's writes it
-    under the names ``due`` (:func:`ddp_exp.io.checkpoint.save`) once the RNG states have
-    arrived, after ``before_write()`` (run on that thread: a step checkpoint's TensorBoard
-    events, which must be in their file before the checkpoint is); the others' receive the RNG
-    states (their part of the gather) and write nothing."""
+    """Hand ``taken`` to this rank's background writer (every rank, in the same order): its
+    thread first gathers the ranks' RNG states over the side group (a collective of the
+    writers), then rank 0's writes the checkpoint under the names ``due``
+    (:func:`ddp_exp.io.checkpoint.save`), after ``before_write()`` (run on that thread: a step
+    checkpoint's TensorBoard events, which must be in their file before the checkpoint is);
+    the others' write nothing (but their shards, sharded)."""
     files = loop.checkpoint_files
     if not loop.world.is_main:
         shards = taken.shards
