@@ -163,12 +163,16 @@ def test_a_best_epoch_is_written_under_every_name_it_is_due(tmp_path):
 
 def _gather_rng_rank(rank: int, world_size: int, port: int, out) -> None:
     """One rank of a gloo world: its own RNG stream (seed 100 + rank, advanced by rank + 1
-    draws), then every rank's states gathered; puts (rank, own state, the gathered list)."""
+    draws), then every rank's states gathered, on the default group and (as the checkpoint
+    writer does) over a side group on another thread after this thread drew on; puts (rank,
+    own state, the gathered lists)."""
     from ddp_exp.distributed.process_group import (
         World,
         destroy_process_group,
         gather_rng_states,
         init_process_group,
+        side_group,
+        start_rng_gather,
     )
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -181,11 +185,17 @@ def _gather_rng_rank(rank: int, world_size: int, port: int, out) -> None:
     own = torch.get_rng_state()
     gathered = gather_rng_states(torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), own)  # gathering draws nothing
+    deferred = start_rng_gather(torch.device("cpu"), side_group(60).group)
+    torch.rand(7)  # the loop trains on before the writer gathers: the states read above count
+    on_writer: list = []
+    thread = threading.Thread(target=lambda: on_writer.extend(deferred.wait()))
+    thread.start()
+    thread.join(timeout=60)
     # bytes, pickled by value (a tensor would pass a file descriptor that dies with this
     # process); the storage size says whether each state is its own tensor
     out.put((rank, own.numpy().tobytes(),
-             [(s["torch"].numpy().tobytes(), s["torch"].untyped_storage().nbytes(), s["cuda"])
-              for s in gathered]))
+             [[(s["torch"].numpy().tobytes(), s["torch"].untyped_storage().nbytes(), s["cuda"])
+               for s in states] for states in (gathered, on_writer)]))
     destroy_process_group()
 
 
@@ -194,7 +204,9 @@ def test_every_ranks_rng_state_is_gathered_in_rank_order():
     """A step checkpoint holds every rank's RNG states (one all_gather of one byte tensor per
     rank, not all_gather_object's pickles): in a world of 3, each rank's list holds rank r's
     own CPU state at index r, as separate tensors (not views of one buffer, which torch.save
-    would store whole), and no CUDA state on the CPU."""
+    would store whole), and no CUDA state on the CPU. The same from a side group's gather,
+    run on another thread after the rank drew on (the checkpoint writer's, issue 42): each
+    rank's states as they were when it was started."""
     import torch.multiprocessing as mp
     from helpers import free_port
 
@@ -209,11 +221,12 @@ def test_every_ranks_rng_state_is_gathered_in_rank_order():
         assert p.exitcode == 0
     owns = [own for _, own, _ in results]
     assert owns[0] != owns[1]  # the streams differ: the check can fail
-    for _, _, gathered in results:
-        assert len(gathered) == 3
-        for r, (state, nbytes, cuda) in enumerate(gathered):
-            assert state == owns[r] and cuda is None
-            assert nbytes == len(owns[r])
+    for _, _, both in results:
+        for gathered in both:  # the default group's, the side group's on a thread
+            assert len(gathered) == 3
+            for r, (state, nbytes, cuda) in enumerate(gathered):
+                assert state == owns[r] and cuda is None
+                assert nbytes == len(owns[r])
 
 
 def test_before_write_runs_on_the_writer_thread_before_the_file_lands(tmp_path):
@@ -259,3 +272,45 @@ def test_a_background_checkpoint_holds_the_state_of_when_it_was_saved(tmp_path):
     for key, value in before.items():
         assert torch.equal(saved["model"][key], value), key
     assert saved["optimizer"]["param_groups"][0]["lr"] == 0.1
+
+
+# ------------------------------------------------- the config: JSON text, encoded once per run
+def test_the_config_is_stored_as_json_text_and_loaded_as_the_dict(tmp_path, compose):
+    """A checkpoint stores the resolved config as one JSON string (``config_json``), encoded
+    once per run: torch.save pickled the dict's ~170 objects at every checkpoint (issue 42).
+    ``checkpoint.load`` gives it back as the dict ``config``, equal to the run's, with
+    ``weights_only=True``; a checkpoint of the previous layout (the dict) loads as it was; a
+    damaged text is one line naming the key; a dict JSON cannot give back (int keys) is
+    stored as it is."""
+    import dataclasses
+    import json
+
+    from omegaconf import OmegaConf
+
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.config.view import rank_config
+
+    plain = OmegaConf.to_container(compose("trainer.epochs=3", "optim.lr=0.05"), resolve=True,
+                                   enum_to_str=True)
+    cfg = rank_config(plain)
+    assert cfg.stored_json is cfg.stored_json  # encoded once
+    assert json.loads(cfg.stored_json) == plain
+    state = {**_state(1.0), checkpoint.CONFIG_JSON: cfg.stored_json}
+    path = checkpoint.save(str(tmp_path), state, keep_epoch_file=False, keep=1)
+    raw = torch.load(path, weights_only=True)
+    assert isinstance(raw[checkpoint.CONFIG_JSON], str) and "config" not in raw
+    loaded = checkpoint.load(path)
+    assert loaded["config"] == plain and checkpoint.CONFIG_JSON not in loaded
+    assert loaded["config"]["optim"]["lr"] == 0.05 and loaded["config"]["trainer"]["epochs"] == 3
+    # the previous layout: the dict itself
+    old = checkpoint.save(str(tmp_path / "old"), {**_state(1.0), "config": plain},
+                          keep_epoch_file=False, keep=1)
+    assert checkpoint.load(old)["config"] == plain
+    damaged = checkpoint.save(str(tmp_path / "damaged"),
+                              {**_state(1.0), checkpoint.CONFIG_JSON: '{"seed": '},
+                              keep_epoch_file=False, keep=1)
+    with pytest.raises(ConfigError) as refused:
+        checkpoint.load(damaged)
+    assert str(refused.value) == (f"trainer.resume={damaged!r}: its config_json is not a JSON "
+                                  "object: the checkpoint is damaged")
+    assert dataclasses.replace(cfg, stored={**plain, "extra": {1: "a"}}).stored_json is None

@@ -195,11 +195,12 @@ def test_sample_reads_a_sharded_checkpoint(gpt_runs, tmp_path):
     shutil.copytree(job, bare, ignore=shutil.ignore_patterns("checkpoints"))
     args = ["--prompt", "The ", "--max-new-tokens", "40", "--temperature", "1", "--seed", "3"]
     want = sample_text([str(bare), *args])
+    from ddp_exp.io import checkpoint
     from ddp_exp.io.sharded import full_model_state
     from ddp_exp.train.models import build_model
 
     gathered = load_ckpt(job / "model.pt")  # the folder's shards, read whole in one process
-    model = build_model(load_ckpt(folder / "state.pt")["config"]["model"], (32,), 256)
+    model = build_model(checkpoint.load(str(folder))["config"]["model"], (32,), 256)
     read = full_model_state(str(folder), model)
     assert read.keys() == gathered.keys()
     assert all(torch.equal(read[k], gathered[k]) for k in gathered)

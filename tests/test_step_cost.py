@@ -84,3 +84,9 @@ def test_epoch_checkpoint_cost_writes_its_result_line():
     assert r["steps"] == {"save_last": 96, "none": 96}
     assert r["epoch_checkpoints"] == 4
     assert 0 < r["cpu_cost"] < 1 and 0 < r["direct_cost"] < 1 and r["writer_cpu_s"] > 0
+    # the loop thread's share (what the bound judges) is its own CPU in at_epoch_end over its
+    # CPU; the whole process's adds the writer thread's CPU to both sides, so it is larger
+    assert r["loop_thread_cost"] == pytest.approx(r["take_cpu_s"] / r["loop_cpu_s"]["save_last"])
+    assert 0 < r["loop_thread_cost"] < r["cpu_cost"]
+    labels = ("loop thread share", "whole process share", "direct share", "per checkpoint (4)")
+    assert all(any(ln.startswith(label) for ln in done.stdout.splitlines()) for label in labels)

@@ -19,6 +19,7 @@ Uses :mod:`ddp_exp.config.schema`, :mod:`ddp_exp.config.choices` and OmegaConf.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
@@ -107,6 +108,20 @@ class RankConfig:
     print_config: bool
     targets: Targets
     stored: dict[str, Any]  # the dict it was built from: checkpoints, hparams, instantiate
+
+    @functools.cached_property
+    def stored_json(self) -> str | None:
+        """:attr:`stored` as JSON text, encoded once (a checkpoint stores this one string in
+        place of the dict: ``torch.save`` pickled the dict's ~170 objects at every
+        checkpoint, issue 42); None where JSON would not give the dict back equal (keys that
+        are not strings, bytes values), and the dict is stored as it is."""
+        import json
+
+        try:
+            text = json.dumps(self.stored, allow_nan=True)
+        except (TypeError, ValueError):
+            return None
+        return text if json.loads(text) == self.stored else None
 
     @property
     def global_batch_size(self) -> int:

@@ -249,14 +249,24 @@ def gather_rng_states(device: torch.device) -> list[dict[str, torch.Tensor | Non
 
 class RngGather:
     """Every rank's RNG states as they were when :func:`start_rng_gather` ran, on every rank,
-    once :meth:`wait` returns; the collective runs meanwhile."""
+    once :meth:`wait` returns. Started on the default group, the collective runs meanwhile;
+    given a side group, :meth:`wait` runs it (on the thread that calls it)."""
 
-    def __init__(self, parts: list[torch.Tensor] | None, work: Any, own: dict, cpu_bytes: int):
+    def __init__(self, parts: list[torch.Tensor] | None, work: Any, own: dict, cpu_bytes: int,
+                 group: Any = None):
         self._parts, self._work, self._own, self._n = parts, work, own, cpu_bytes
+        self._group = group
 
     def wait(self) -> list[dict[str, torch.Tensor | None]]:
         """``[{"torch": CPU generator state, "cuda": CUDA generator state or None}, ...]`` in
         rank order (CPU uint8 tensors, each its own storage)."""
+        if self._group is not None:  # a side group's gather, run here (CPU tensors, gloo)
+            group, self._group = self._group, None
+            if dist.get_world_size(group) > 1:
+                cpu, cuda = self._own["torch"], self._own["cuda"]
+                mine = cpu if cuda is None else torch.cat([cpu, cuda.cpu()])
+                self._parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+                dist.all_gather(self._parts, mine, group=group)
         if self._parts is None:
             return [self._own]
         if self._work is not None:
@@ -273,22 +283,32 @@ class RngGather:
                 for p in self._parts]
 
 
-def start_rng_gather(device: torch.device) -> RngGather:
+def start_rng_gather(device: torch.device, group: Any = None) -> RngGather:
     """Start gathering every rank's random-number-generator states (this rank's as they are
     now: ``torch.get_rng_state()``, 5,056 bytes, and on CUDA ``torch.cuda.get_rng_state``, 16)
-    without waiting (``async_op``); :meth:`RngGather.wait` returns them. Every rank must call
-    it, at the same point of its collectives.
+    without waiting; :meth:`RngGather.wait` returns them. Every rank must call it, and wait
+    for it where ``group`` is given.
 
-    One ``all_gather`` of the states laid end to end in one uint8 tensor (on ``device``: NCCL
-    gathers device tensors), not ``all_gather_object``, which pickles and runs two
-    collectives (sizes, then bytes): a step checkpoint gathers them every few hundred
-    milliseconds of digits' steps (issue 30's cost). Every rank's states have the same sizes
-    (the same torch build and device type), so rank ``r``'s part is its own slice. Outside a
-    process group: this rank's states alone.
+    One ``all_gather`` of the states laid end to end in one uint8 tensor, not
+    ``all_gather_object``, which pickles and runs two collectives (sizes, then bytes). Every
+    rank's states have the same sizes (the same torch build and device type), so rank ``r``'s
+    part is its own slice. Outside a process group: this rank's states alone.
+
+    Args:
+        device: this rank's device (NCCL gathers device tensors).
+        group: None: the gather starts now on the default group (``async_op``: issued here,
+            in the order of this thread's collectives, on ``device``). A side group
+            (:class:`SideGroup`'s gloo ``group``): the states are only read here (copies),
+            and :meth:`RngGather.wait` gathers them over that group as CPU tensors, on the
+            thread that calls it (the checkpoint writer's); every rank must wait for its
+            gathers on that group in the same order. Issuing the gather (~25 us warm, ~50 us
+            after an epoch's steps) was on the loop's thread at every checkpoint (issue 42).
     """
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     own = {"torch": cpu, "cuda": cuda}
+    if group is not None:
+        return RngGather(None, None, own, cpu.numel(), group)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return RngGather(None, None, own, cpu.numel())
     mine = (cpu if cuda is None else torch.cat([cpu, cuda])).to(device)

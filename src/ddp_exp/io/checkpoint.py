@@ -16,7 +16,8 @@ Layout, in ``<job_dir>/checkpoints/``:
 A checkpoint holds the unwrapped model, optimizer, scheduler, grad-scaler and monitor state
 (best value, best epoch, epochs without improvement), the completed ``epoch``
 (0-based), ``global_step``, the run's ``steps_per_epoch`` and ``run_steps``, every rank's RNG
-states and the resolved config; a step checkpoint also the ``position`` in the next epoch
+states and the resolved config (as JSON text, :data:`CONFIG_JSON`, which :func:`load` decodes
+into ``config``); a step checkpoint also the ``position`` in the next epoch
 (global samples consumed), that epoch's ``epoch_sums`` so far and the ``global_batch_size``:
 all that is needed to continue exactly (the sampler's order is a function of seed and epoch,
 and starts at the position; a resumed run rebuilds its schedule from its own config and length,
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import filecmp
 import io
+import json
 import logging
 import os
 import re
@@ -63,6 +65,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ddp_exp.checkpoint")
 
 FORMAT = "ddp_exp/checkpoint/v1"
+# The resolved config as JSON text (issue 42: one string to pickle at every checkpoint, encoded
+# once per run), which load() decodes into "config"; older checkpoints hold the dict there.
+CONFIG_JSON = "config_json"
 LAST = "last.pt"
 BEST = "best.pt"
 
@@ -91,20 +96,40 @@ def snapshot(value: Any) -> Any:
     cloned, every dict, list and tuple rebuilt (a state dict's tensors are the live parameters
     and optimizer buffers; its containers may be the scheduler's own). Other values are
     immutable here (numbers, strings, None). Cloning ~80 KB of digits' state takes ~0.07 ms
-    where ``torch.save`` takes ~0.7 ms, which the loop thread no longer waits for."""
-    import torch
+    where ``torch.save`` takes ~0.7 ms, which the loop thread no longer waits for.
 
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):  # an OrderedDict stays one (a module's state dict)
-        kind = OrderedDict if isinstance(value, OrderedDict) else dict
-        return kind((k, snapshot(v)) for k, v in value.items())
+    Runs on the loop's thread at every checkpoint (issue 42: < 1% of an epoch), so the values
+    a state dict is made of are told apart by their exact type first (one lookup), the
+    ``isinstance`` chain only for the rest (subclasses, named tuples)."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is dict or kind is OrderedDict:  # an OrderedDict stays one (a module's state dict)
+        return kind([(k, snapshot(v)) for k, v in value.items()])
+    if kind is list:
+        return [snapshot(v) for v in value]
+    tensor = _tensor_type()
+    if isinstance(value, tensor):  # a state dict's are detached; a Parameter needs it
+        return (value.detach() if value.requires_grad else value).clone()
+    if isinstance(value, dict):
+        return (OrderedDict if isinstance(value, OrderedDict) else dict)(
+            (k, snapshot(v)) for k, v in value.items())
     if isinstance(value, list):
         return [snapshot(v) for v in value]
     if isinstance(value, tuple):
         items = [snapshot(v) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     return value
+
+
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
+def _tensor_type() -> type:
+    """``torch.Tensor`` (torch imported where a checkpoint is made, not with this module)."""
+    import torch
+
+    return torch.Tensor
 
 
 def _write_bytes(path: str, data: memoryview) -> None:
@@ -201,15 +226,15 @@ def save(job_dir: str, state: dict[str, Any], keep_epoch_file: bool, keep: int,
                                                      (BEST, best)) if due]
     if not names:
         raise ValueError("checkpoint.save: neither an epoch file, last.pt nor best.pt is due")
-    os.makedirs(folder, exist_ok=True)
     payload = {"format": FORMAT, **(state if writer is None or owned else snapshot(state))}
 
     def write() -> None:
+        if late is not None:  # first: a collective the other ranks' writers are in
+            payload.update(late())
+        os.makedirs(folder, exist_ok=True)
         # Left by a writer killed mid-save (e.g. an earlier attempt); this writer's own earlier
         # writes have finished (one thread, in order).
         remove_partial(folder)
-        if late is not None:
-            payload.update(late())
         if shards is not None:
             from ddp_exp.io import sharded
 
@@ -279,7 +304,7 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     if os.path.isdir(path):
         from ddp_exp.io import sharded
 
-        return sharded.load_state(path, key, FORMAT)
+        return with_config(sharded.load_state(path, key, FORMAT), path, key)
     if not os.path.isfile(path):
         valid = ("; trainer.resume takes auto (the job folder's last.pt, if any), null, or a "
                  "checkpoint file's path") if key == "trainer.resume" else ""
@@ -299,7 +324,30 @@ def load(path: str, key: str = "trainer.resume", map_location: str | torch.devic
     if isinstance(state.get("shards"), str):
         from ddp_exp.io import sharded
 
-        return sharded.resolve(path, state["shards"], key, FORMAT)
+        return with_config(sharded.resolve(path, state["shards"], key, FORMAT), path, key)
+    return with_config(state, path, key)
+
+
+def with_config(state: dict[str, Any], path: str, key: str = "trainer.resume"
+                ) -> dict[str, Any]:
+    """``state`` with its resolved config as the dict ``state["config"]``: decoded from the
+    JSON text :data:`CONFIG_JSON` that checkpoints since issue 42 hold (which is removed), or
+    the dict an older checkpoint holds, as it is.
+
+    Raises:
+        ConfigError: the JSON text does not parse as an object (``key``, ``path`` named).
+    """
+    text = state.pop(CONFIG_JSON, None)
+    if text is None:
+        return state
+    try:
+        config = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{key}={path!r}: its {CONFIG_JSON} is not a JSON object: the "
+                          "checkpoint is damaged")
+    state["config"] = config
     return state
 
 

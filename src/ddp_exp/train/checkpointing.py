@@ -1,16 +1,19 @@
 """Taking a checkpoint: the one path every checkpoint of the loop goes through (end of epoch,
 every N steps or minutes, a preemption, ``trainer.max_steps``' stop, the final one).
 
-1. :func:`take`, on every rank at the same point of its collectives: the ranks' RNG states are
-   sent (one ``all_gather``, started, not waited for) and rank 0 snapshots the loop's state
-   (:func:`ddp_exp.train.state.state_dict`, tensors cloned: the loop trains on). Nothing waits
-   for a collective here.
-2. :func:`land`: rank 0 hands the snapshot to its background writer
-   (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread receives the RNG states, serializes
-   the checkpoint and lands it atomically under every name it is due
-   (:func:`ddp_exp.io.checkpoint.save`, the one place that decides what ``last.pt``, ``best.pt``
-   and ``epoch_NNNN.pt`` become); the other ranks' writers receive the RNG states only. Which
+1. :func:`take`, on every rank at the same point of its collectives: each rank reads its RNG
+   states and rank 0 snapshots the loop's state (:func:`ddp_exp.train.state.state_dict`,
+   tensors cloned: the loop trains on). No collective runs here (but FSDP's gather of a full
+   checkpoint's tensors, and once per run the making of the side group, :func:`side`).
+2. :func:`land`: every rank hands its part to its background writer
+   (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread gathers the ranks' RNG states
+   (one ``all_gather`` over the side group: every rank's writer runs the checkpoints' gathers
+   in the order they land, the same on every rank); rank 0's then serializes the checkpoint
+   and lands it atomically under every name it is due (:func:`ddp_exp.io.checkpoint.save`, the
+   one place that decides what ``last.pt``, ``best.pt`` and ``epoch_NNNN.pt`` become). Which
    names are due is :func:`due_at_epoch_end`'s, or :data:`INSIDE_EPOCH` for a step checkpoint.
+   The gather ran on the loop's thread before (issue 42: ~0.15 ms of the ~0.6 ms the epoch
+   checkpoint cost that thread on digits, after an epoch's steps).
 
 Between the two, a step checkpoint of the step cadence settles the logging check it started
 (:func:`ddp_exp.train.step_checkpoint.complete`), so that its epoch sums are whole; the other
@@ -37,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ddp_exp.distributed.process_group import RngGather, side_group, start_rng_gather
+from ddp_exp.distributed.process_group import RngGather, SideGroup, side_group, start_rng_gather
 from ddp_exp.io import checkpoint, sharded
 from ddp_exp.train import state as train_state
 from ddp_exp.train.strategy import held
@@ -81,27 +84,36 @@ class Shards:
         sharded.write_shards(self.tensors, self.temp, self.group)
 
 
+def side(loop: TrainingLoop) -> SideGroup:
+    """The loop's :class:`ddp_exp.distributed.process_group.SideGroup` for its writer thread's
+    collectives (the RNG gather, a sharded checkpoint's shards), made at its first checkpoint
+    (every rank, at the same point of its collectives: one ``new_group`` and one broadcast,
+    once per run) and kept on the loop as ``checkpoint_group``."""
+    group = loop.checkpoint_group
+    if group is None:
+        group = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
+    return group
+
+
 def _take_shards(loop: TrainingLoop) -> Shards | None:
-    """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None. The side
-    group is made at the first one (every rank, same point)."""
+    """This rank's :class:`Shards` under ``strategy.checkpoint=sharded``, else None."""
     if loop.cfg.strategy.checkpoint != "sharded":
         return None
-    side = loop.checkpoint_group
-    if side is None:
-        side = loop.checkpoint_group = side_group(loop.cfg.distributed.timeout_s)
+    group = side(loop)
     loop.sharded_taken += 1
     temp = sharded.temp_folder(checkpoint.checkpoint_dir(loop.writer.job_dir),
-                               f"{side.tag}-{loop.sharded_taken}")
+                               f"{group.tag}-{loop.sharded_taken}")
     tensors = sharded.state_tensors(held(loop).module, loop.optimizer)
-    return Shards(checkpoint.snapshot(tensors), temp, side.group)
+    return Shards(checkpoint.snapshot(tensors), temp, group.group)
 
 
 def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
          ) -> Taken:
     """Take a checkpoint of ``loop`` as it is now (every rank, at the same point of its
     collectives), waiting for no collective but FSDP's gather of a full checkpoint's tensors
-    (``strategy.checkpoint=full``) and, once per run, the sharded checkpoints' side group:
-    start gathering the ranks' RNG states, under ``strategy.checkpoint=sharded`` snapshot
+    (``strategy.checkpoint=full``) and, once per run, the side group (:func:`side`): read
+    this rank's RNG states (its writer gathers them: :func:`land`), under
+    ``strategy.checkpoint=sharded`` snapshot
     this rank's shards, and on rank 0 snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
     :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
@@ -113,7 +125,9 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
     weights = {} if shards is not None or not (loop.world.is_main or strategy.name == "fsdp") \
         else {"model": strategy.model_state(),
               "optimizer": strategy.optimizer_state(loop.optimizer)}
-    rng = start_rng_gather(loop.device)  # a collective, not waited for
+    # This rank's RNG states, read now; every rank's writer gathers them over the side group
+    # (in the order the checkpoints land, the same on every rank), not the loop's thread.
+    rng = start_rng_gather(loop.device, side(loop).group)
     state = None
     if loop.world.is_main:
         state = checkpoint.snapshot({**weights, **train_state.state_dict(
@@ -123,11 +137,12 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
 
 def land(loop: TrainingLoop, taken: Taken, due: Due,
          before_write: Callable[[], object] | None = None) -> None:
-    """Hand ``taken`` to this rank's background writer (every rank): rank 0's writes it
-    under the names ``due`` (:func:`ddp_exp.io.checkpoint.save`) once the RNG states have
-    arrived, after ``before_write()`` (run on that thread: a step checkpoint's TensorBoard
-    events, which must be in their file before the checkpoint is); the others' receive the RNG
-    states (their part of the gather) and write nothing."""
+    """Hand ``taken`` to this rank's background writer (every rank, in the same order): its
+    thread first gathers the ranks' RNG states over the side group (a collective of the
+    writers), then rank 0's writes the checkpoint under the names ``due``
+    (:func:`ddp_exp.io.checkpoint.save`), after ``before_write()`` (run on that thread: a step
+    checkpoint's TensorBoard events, which must be in their file before the checkpoint is);
+    the others' write nothing (but their shards, sharded)."""
     files = loop.checkpoint_files
     if not loop.world.is_main:
         shards = taken.shards

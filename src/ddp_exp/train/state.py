@@ -55,6 +55,11 @@ def state_dict(loop: TrainingLoop, rng: list[dict[str, Any]] | None = None, posi
     sharded checkpoint's ranks write them: :mod:`ddp_exp.io.sharded`).
     """
     ranks_rng = gather_rng_states(loop.device) if rng is None else rng  # a collective
+    # The resolved config as JSON text encoded once per run (one object to pickle, not ~170
+    # every checkpoint); the dict itself where JSON would change it. checkpoint.load gives
+    # "config" back either way (weights_only=True loads both).
+    text = loop.cfg.stored_json
+    config = {checkpoint.CONFIG_JSON: text} if text is not None else {"config": loop.cfg.stored}
     # Full tensors in the plain layouts, whichever the strategy (ddp_exp.train.strategy):
     # FSDP gathers them (a collective; rank 0 holds them).
     tensors = {"model": held(loop).model_state(),
@@ -80,7 +85,7 @@ def state_dict(loop: TrainingLoop, rng: list[dict[str, Any]] | None = None, posi
         "train_interval": [loop.window.interval_sum, loop.window.interval_count,
                            loop.window.interval_s],
         "rng": ranks_rng,
-        "config": loop.cfg.stored,  # the dict: loaded with weights_only=True
+        **config,
         # The last epoch's train loss and samples: metrics.json of a run resumed after its final
         # epoch (only the end left to do) reports them as the uninterrupted run does.
         "last_train": list(loop.last_train),
