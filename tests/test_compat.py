@@ -469,6 +469,10 @@ def test_on_another_submitit_its_internals_are_left_alone(other_version, monkeyp
     from ddp_exp.config.errors import ConfigError
     from ddp_exp.launch.cluster import slurm_hostnames
 
+    # imported before submitit.local.local is faked below: submitit's own import of it would
+    # fail then, and parse_node_list would return None without its line (as in a worker where
+    # no earlier test had imported submitit)
+    pytest.importorskip("submitit.slurm.slurm")
     job = types.SimpleNamespace(wait=lambda timeout: None)
     monkeypatch.setitem(sys.modules, "submitit.local.local",
                         types.SimpleNamespace(_PROCESSES={"1": job}))

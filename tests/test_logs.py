@@ -23,7 +23,9 @@ def test_output_to_a_file_is_plain_log_lines_each_tagged(default_run_2_epochs):
     lines = [ln for ln in log_text.splitlines() if ln.strip()]
     assert lines and all(TAGGED.match(ln) for ln in lines), lines
     assert not [ln for ln in lines if "[rank1]" in ln and "[INFO]" in ln]
-    assert sum(ln.split(" - ", 1)[1].startswith("epoch ") for ln in lines) == 2
+    # the two epochs' result lines (a busy machine may add "epoch N: rank R is a straggler")
+    assert sum(bool(re.match(r"epoch \d+/2 \| step ", ln.split(" - ", 1)[1]))
+               for ln in lines) == 2
 
 
 def test_progress_bar_mode_draws_a_bar_on_stderr(run_cli):
