@@ -169,8 +169,8 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
             return preemption.stopped(trainer.global_step, os.path.join(
                 checkpoint.checkpoint_dir(inputs.job_dir), checkpoint.LAST))
         now = rss_mb()  # after the last validation, before model.pt's gather
-        peak = all_reduce_max(torch.tensor(
-            [peak_rss_mb(), trainer.strategy.state_mb(trainer.optimizer),
+        peak = all_reduce_max(torch.tensor(  # getrusage's peak can lag VmRSS by a few pages
+            [max(peak_rss_mb(), now or 0.0), trainer.strategy.state_mb(trainer.optimizer),
              -1.0 if now is None else now], dtype=torch.float64, device=device))
         final.update({
             "perf/max_rss_mb": float(peak[0]),  # the largest peak over the ranks
