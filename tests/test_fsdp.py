@@ -121,6 +121,35 @@ def test_activation_checkpointing_and_no_reshard_keep_gradients(one_rank_group):
     assert got.item() != want.item()  # it did compute in bfloat16
 
 
+def test_last_block_stays_gathered_after_forward(one_rank_group):
+    """``reshard_after_forward=true`` frees every block's gathered parameters after its forward
+    but the last one's (its backward runs first, at once); an evaluation pass gathers all and
+    gives each module its own setting back; ``false`` keeps every block gathered."""
+    from torch.distributed.tensor import DTensor
+
+    def gathered(strategy) -> list[bool]:  # per block: plain (unsharded) parameters?
+        return [not any(isinstance(p, DTensor) for p in b.parameters())
+                for b in strategy.module.blocks]
+
+    x = torch.randint(0, 40, (4, 8))
+    strategy = fsdp_build(seeded_gpt())
+    loss = strategy.module(x).pow(2).mean()
+    assert gathered(strategy) == [False, True]
+    loss.backward()
+    assert gathered(strategy) == [False, False]  # every block resharded after backward
+    with strategy.evaluation(), torch.no_grad():
+        strategy.module(x)
+        assert gathered(strategy) == [True, True]
+    assert gathered(strategy) == [False, False]
+    strategy.module(x).pow(2).mean().backward()  # the settings restored: the same again
+    loss = strategy.module(x).pow(2).mean()
+    assert gathered(strategy) == [False, True]
+    loss.backward()
+    kept = fsdp_build(seeded_gpt(), reshard_after_forward=False)
+    kept.module(x).pow(2).mean()
+    assert gathered(kept) == [True, True]
+
+
 def test_blocks_by_class_name_or_module_path():
     from ddp_exp.train.strategy import find_blocks
 
@@ -178,6 +207,8 @@ def test_state_per_rank_is_sharded(gpt_runs):
             if k != "head.weight")  # tied to wte.weight: one parameter
     assert ddp["perf/state_mb_per_rank"] == pytest.approx(16 * n / 2 ** 20, rel=0.01)
     assert fsdp["perf/state_mb_per_rank"] <= 0.55 * ddp["perf/state_mb_per_rank"]
+    for m in (ddp, fsdp):  # the steady state at the end of training, under the high-water mark
+        assert 0 < m["perf/rss_mb"] <= m["perf/max_rss_mb"]
     assert "strategy fsdp" in gpt_runs["adamw_fsdp2"].stderr + gpt_runs["adamw_fsdp2"].stdout
 
 
@@ -295,6 +326,58 @@ def test_unknown_dtype_refused(compose):
 
     with pytest.raises(ConfigError, match="strategy.param_dtype='fp8'"):
         StrategyConfig(name="fsdp", param_dtype="fp8")
+
+
+@pytest.mark.parametrize("value", [-1, 64 * 2 ** 20, True, "big"])
+def test_mmap_threshold_out_of_range_refused(value):
+    from ddp_exp.config.errors import ConfigError
+    from ddp_exp.config.strategy import StrategyConfig
+
+    with pytest.raises(ConfigError, match=r"strategy.malloc_mmap_threshold=.* bytes from 0 to "
+                                          r"33554432"):
+        StrategyConfig(name="fsdp", malloc_mmap_threshold=value)
+
+
+# Run in a fresh interpreter: the allocator's state is the process's. A 16 MiB block freed raises
+# glibc's dynamic threshold to 16 MiB (its trim threshold to 32 MiB), so an 8 MiB tensor then
+# comes from the heap and its pages stay resident after it is freed; with the threshold fixed
+# at 128 KiB it is mapped on its own and unmapped on free.
+MMAP_PROBE = """
+import sys, torch
+from ddp_exp.compat.glibc_malloc import set_mmap_threshold
+threshold = None if sys.argv[1] == "null" else int(sys.argv[1])
+print(int(set_mmap_threshold(threshold)))
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+big = torch.ones(4 * 2 ** 20)  # 16 MiB, mapped on its own at the start
+del big
+before = rss()
+t = torch.ones(2 * 2 ** 20)  # 8 MiB, every page touched
+del t
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_fixed_mmap_threshold_gives_freed_tensors_back():
+    """``strategy.malloc_mmap_threshold=131072``: a large tensor freed after a larger one was
+    freed leaves the rank's RSS where it was; glibc's dynamic default (null) keeps its 8 MiB
+    resident (the RSS creep FSDP's per-block buffers cause, issue 40)."""
+    import subprocess
+    import sys
+
+    from ddp_exp.compat.glibc_malloc import _libc
+
+    if _libc() is None:
+        pytest.skip("not glibc")
+    kib = {}
+    for threshold in ("131072", "null"):
+        out = subprocess.run([sys.executable, "-c", MMAP_PROBE, threshold], check=True,
+                             capture_output=True, text=True).stdout.split()
+        assert out[0] == ("1" if threshold != "null" else "0")
+        kib[threshold] = int(out[1])
+    assert kib["131072"] < 1024  # given back (RSS moves by a few pages at most)
+    assert kib["null"] >= 7 * 1024  # kept: the 8 MiB tensor's pages
 
 
 def test_the_state_estimate_runs_no_users_optimizer_hook():

@@ -79,7 +79,8 @@ def _read_result(v: Variant, workdir: str, row: dict) -> None:
                    val_accuracy=m.get("val/accuracy"),
                    model_flops_per_sec=m.get("perf/model_flops_per_sec"),
                    state_mib_per_rank=m.get("perf/state_mb_per_rank"),
-                   peak_rss_mib_self_reported=m.get("perf/max_rss_mb"))
+                   peak_rss_mib_self_reported=m.get("perf/max_rss_mb"),
+                   steady_rss_mib_self_reported=m.get("perf/rss_mb"))
     else:
         with open(os.path.join(workdir, "result.json")) as fh:
             r = json.load(fh)

@@ -22,6 +22,7 @@ DOCS = os.path.join(common.ROOT, "docs", "benchmarks.md")
 CSV_FIELDS = ["measured", "commit", "group", "variant", "impl", "workload", "world_size",
               "batch_size", "epochs", "repeat", "rc", "status", "samples_per_sec", "train_s",
               "wall_s", "wall_s_inside", "peak_rss_mib_per_rank", "peak_rss_mib_self_reported",
+              "steady_rss_mib_self_reported",
               "world_pss_mib", "ranks_seen", "threads_per_rank", "train_loss", "val_loss",
               "val_accuracy", "model_flops_per_sec", "loadavg_1m", "other_cpu_cores",
               "state_mib_per_rank", "first_line_s", "ratio", "note"]

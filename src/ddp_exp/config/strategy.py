@@ -24,6 +24,7 @@ from ddp_exp.config.errors import ConfigError
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("float32", "bfloat16", "float16")  # FSDP2 MixedPrecisionPolicy dtypes, by name
 CHECKPOINTS = ("sharded", "full")  # strategy.checkpoint
+MMAP_THRESHOLD_MAX = 32 * 2 ** 20  # glibc's ceiling for it on 64-bit (mallopt(3))
 
 
 @dataclass
@@ -47,6 +48,13 @@ class StrategyConfig:
             default: a folder in which every rank writes its own shard with
             ``torch.distributed.checkpoint``; :mod:`ddp_exp.io.sharded`). Both resume at any
             world size under either strategy.
+        malloc_mmap_threshold: fsdp: glibc's ``M_MMAP_THRESHOLD`` fixed for each rank, bytes
+            (tensors at least this large are mapped on their own and given back on ``free``):
+            left to glibc (null, the default) it rises to the size of the buffers FSDP frees
+            every step and the heap keeps the smaller freed tensors' pages, so RSS grows above
+            the live memory. 131072 (128 KiB) gives them back, at the price of a page fault per
+            4 KiB of every large tensor each step (:mod:`ddp_exp.compat.glibc_malloc`).
+            0 to 32 MiB, or null.
     """
 
     name: str = "ddp"
@@ -56,6 +64,7 @@ class StrategyConfig:
     activation_checkpointing: bool = False
     blocks: list[str] | None = field(default=None)
     checkpoint: str = "full"
+    malloc_mmap_threshold: int | None = None
 
     def __post_init__(self) -> None:
         check_ranges(vars(self))
@@ -78,6 +87,12 @@ def check_ranges(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"strategy.checkpoint=sharded needs strategy=fsdp (under "
                           f"strategy={name} every rank holds the same full state): set "
                           "strategy.checkpoint=full")
+    threshold = values.get("malloc_mmap_threshold")
+    if threshold is not None and not (isinstance(threshold, int) and not isinstance(threshold, bool)
+                                      and 0 <= threshold <= MMAP_THRESHOLD_MAX):
+        raise ConfigError(f"strategy.malloc_mmap_threshold={threshold!r} is invalid: bytes from 0 "
+                          f"to {MMAP_THRESHOLD_MAX} (32 MiB, glibc's ceiling), or null (glibc's "
+                          "dynamic threshold)")
     for key in ("param_dtype", "reduce_dtype"):
         dtype = values.get(key)
         if dtype is not None and dtype not in DTYPES:

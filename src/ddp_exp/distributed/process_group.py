@@ -204,6 +204,20 @@ def peak_rss_mb() -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+def rss_mb() -> float | None:
+    """This process's resident memory now, MiB (``VmRSS`` of ``/proc/self/status``): the
+    steady state once a step's temporaries are freed, where ``peak_rss_mb`` is the high-water
+    mark. None where there is no ``/proc`` (macOS, Windows)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**10
+    except OSError:
+        return None
+    return None
+
+
 def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
     """Overwrite ``tensors`` on every rank with rank 0's values, in place (one broadcast each).
     A no-op outside a process group."""

@@ -38,6 +38,7 @@ from ddp_exp.distributed.process_group import (
     device_for,
     init_process_group,
     peak_rss_mb,
+    rss_mb,
     threads_per_rank,
 )
 from ddp_exp.io import checkpoint
@@ -167,11 +168,14 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
         except Preempted:  # every rank, after the same step; rank 0 wrote the checkpoint
             return preemption.stopped(trainer.global_step, os.path.join(
                 checkpoint.checkpoint_dir(inputs.job_dir), checkpoint.LAST))
-        peak = all_reduce_max(torch.tensor(
-            [peak_rss_mb(), trainer.strategy.state_mb(trainer.optimizer)],
-            dtype=torch.float64, device=device))
+        now = rss_mb()  # after the last validation, before model.pt's gather
+        peak = all_reduce_max(torch.tensor(  # getrusage's peak can lag VmRSS by a few pages
+            [max(peak_rss_mb(), now or 0.0), trainer.strategy.state_mb(trainer.optimizer),
+             -1.0 if now is None else now], dtype=torch.float64, device=device))
         final.update({
             "perf/max_rss_mb": float(peak[0]),  # the largest peak over the ranks
+            # the largest resident memory at the end of training (steady state), MiB
+            "perf/rss_mb": float(peak[2]) if peak[2] >= 0 else None,
             # parameters + gradients + optimizer state, MiB, the largest over the ranks
             "perf/state_mb_per_rank": float(peak[1]),
             "strategy": trainer.strategy.name,

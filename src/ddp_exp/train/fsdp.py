@@ -45,6 +45,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
+from ddp_exp.compat.glibc_malloc import set_mmap_threshold
 from ddp_exp.config.strategy import StrategyConfig
 from ddp_exp.config.view import RankConfig
 from ddp_exp.train.models import build_model
@@ -71,20 +72,28 @@ def checkpointed(block: nn.Module) -> None:
 
 
 def shard_model(model: nn.Module, section: StrategyConfig, device: torch.device,
-                world_size: int) -> nn.Module:
+                world_size: int) -> dict[nn.Module, bool]:
     """``fully_shard`` each block of ``model`` (:func:`ddp_exp.train.strategy.find_blocks`), then
-    the root, over a 1-D mesh of ``world_size`` ranks on ``device``'s type; in place."""
+    the root, over a 1-D mesh of ``world_size`` ranks on ``device``'s type; in place. Returns
+    each sharded module's ``reshard_after_forward`` (``strategy.reshard_after_forward``, but
+    for the last block, which keeps its parameters gathered)."""
     mesh = init_device_mesh(device.type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=_dtype(section.param_dtype),
                                   reduce_dtype=_dtype(section.reduce_dtype))
-    for block in find_blocks(model, section.blocks):
+    blocks = find_blocks(model, section.blocks)
+    flags: dict[nn.Module, bool] = {}
+    for i, block in enumerate(blocks):
         if section.activation_checkpointing:
             checkpointed(block)
-        fully_shard(block, mesh=mesh, reshard_after_forward=section.reshard_after_forward,
-                    mp_policy=policy)
+        # The last block's backward runs first, right after the forward: resharding it would
+        # free parameters only to all-gather them again at once (torchtitan keeps it too).
+        reshard = section.reshard_after_forward and i < len(blocks) - 1
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        flags[block] = reshard
     fully_shard(model, mesh=mesh, reshard_after_forward=section.reshard_after_forward,
                 mp_policy=policy)
-    return model
+    flags[model] = section.reshard_after_forward
+    return flags
 
 
 @torch.no_grad()
@@ -142,9 +151,10 @@ class FSDPStrategy(Strategy):
     def __init__(self, cfg: RankConfig, section: StrategyConfig, source: nn.Module,
                  device: torch.device, input_shape: Any, num_outputs: int):
         self.section = section
+        set_mmap_threshold(section.malloc_mmap_threshold)  # before the shards are allocated
         with torch.device("meta"):
             model = build_model(cfg.targets.model, input_shape, num_outputs)
-        shard_model(model, section, device, cfg.world_size)
+        self.reshard_after_forward = shard_model(model, section, device, cfg.world_size)
         model.to_empty(device=device)
         fill_from(model, source)
         self.module = self.wrapped = model
@@ -169,7 +179,7 @@ class FSDPStrategy(Strategy):
         finally:
             for m in self.fsdp_modules:
                 m.reshard()
-                m.set_reshard_after_forward(self.section.reshard_after_forward, recurse=False)
+                m.set_reshard_after_forward(self.reshard_after_forward[m], recurse=False)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any,
                        clip: float | None) -> OptimizerStep:
