@@ -43,7 +43,7 @@ run: $(VENV)/.installed-run  ## the main job: digits, MLP, 2 gloo ranks (extra o
 test: install  ## the whole suite, as CI runs it (TEST_WORKERS=2 processes)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
-test-fast: install  ## in-process tests and a smoke set of CLI runs (about 2 minutes)
+test-fast: install  ## in-process tests and a smoke set of CLI runs (about 70 s)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 # Another CPU's digits on this one: ATen's kernels without AVX2/AVX512 and MKL's AVX2 ones (the
