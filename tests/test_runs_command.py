@@ -128,7 +128,7 @@ def fake_job(folder: Path, cwd: Path, world_size: int, attempts: list, status: s
     and, unless None, model.pt holding ``{"w": weights}``."""
     import torch
 
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     record = {"cwd": str(cwd), "config_dir": None, "config_name": "config",
               "overrides": ["trainer.epochs=2", f"world_size={world_size}"],
               "world_size": world_size, "threads_per_rank": 1, "seed": 0,
@@ -219,3 +219,21 @@ def test_rerun_of_a_failed_run_names_its_state_and_reruns_nothing(tmp_path, caps
         f"error: {tmp_path}/killed: the run has not ended (running, or killed) (run.json says "
         "'running'); ")
     assert fake_rerun == []
+
+
+def test_rerun_into_a_folder_that_holds_something_is_one_line(tmp_path, capsys, fake_rerun):
+    """``--out`` naming a folder that is not empty (another run's) is refused before the job
+    starts: one line naming it, exit 2 (it launched, failed on the folder's lock, and said
+    "the rerun failed; see <that run>", exit 1); an empty folder is taken."""
+    from ddp_exp.cli.rerun import main
+
+    fake_job(tmp_path / "done", tmp_path, 2, [], "completed", [1.0, 2.0])
+    fake_job(tmp_path / "other", tmp_path, 2, [], "completed", [1.0, 2.0])
+    assert main([str(tmp_path / "done"), "--out", str(tmp_path / "other")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out={tmp_path}/other is not empty: a rerun needs a new folder (or leave "
+        "--out out: outputs/reruns/<time>)\n")
+    assert fake_rerun == []
+    (tmp_path / "empty").mkdir()
+    main([str(tmp_path / "done"), "--out", str(tmp_path / "empty")])
+    assert len(fake_rerun) == 1

@@ -165,6 +165,12 @@ def test_subcommands_refuse_bad_input_in_one_line(tmp_path):
         ("prepare", "blob.txt", "--out", "o", "--vocab-size", "300"):
             "--vocab-size=300 is invalid",
         ("sample", "run"): "run: no checkpoint to sample from",
+        # checked before the run is read (they failed inside torch: a traceback, exit 1)
+        ("sample", "run", "--top-k", "-1"): "--top-k=-1 is invalid: 0 or more",
+        ("sample", "run", "--temperature", "nan"): "--temperature=nan is invalid: a finite",
+        # a mistyped command (Hydra's three lines about a missing '=')
+        ("prepar", "empty"): "'prepar' is no command and no override: ddp-exp takes one of "
+                             "prepare, rerun, runs, sample, or Hydra overrides key=value",
         ("prepare", "empty"): "ddp-exp prepare: the following arguments are required: --out",
         (*TINY, "data.path=empty", f"hydra.run.dir={tmp_path / 'job'}"):
             "/empty is a folder without meta.json",

@@ -72,7 +72,17 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
 
 def dispatch(argv: Sequence[str]) -> int | None:
     """Run the subcommand ``argv[0]`` names with the rest of ``argv``; None when ``argv`` is
-    no subcommand (a Hydra command line)."""
-    if not argv or argv[0] not in COMMANDS:
+    no subcommand (a Hydra command line). A first word that is neither a command nor
+    something Hydra takes (an override has ``=``, ``~key`` deletes, a flag starts with ``-``):
+    one line naming the commands, exit 2 (``ddp-exp prepar DIR`` printed Hydra's three lines
+    about a missing ``=``)."""
+    if not argv:
         return None
-    return COMMANDS[argv[0]][0](argv[1:])
+    if argv[0] in COMMANDS:
+        return COMMANDS[argv[0]][0](argv[1:])
+    if "=" not in argv[0] and not argv[0].startswith(("-", "~", "+")):
+        print(f"error: {argv[0]!r} is no command and no override: ddp-exp takes one of "
+              f"{', '.join(sorted(COMMANDS))}, or Hydra overrides key=value (python -m ddp_exp "
+              "--help)", file=sys.stderr, flush=True)
+        return 2
+    return None

@@ -152,6 +152,10 @@ def main(argv: Sequence[str]) -> int:
     cwd = record.get("cwd") or os.getcwd()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
     out = os.path.abspath(args.out or os.path.join("outputs", "reruns", stamp))
+    if os.path.isdir(out) and os.listdir(out):  # a rerun starts a job afresh, never into a run
+        print(f"error: --out={out} is not empty: a rerun needs a new folder (or leave --out "
+              "out: outputs/reruns/<time>)", file=sys.stderr)
+        return 2
     cmd = rerun_command(record, args.overrides, out)
     print(f"rerun: {' '.join(cmd[3:])}", flush=True)
     print(f"rerun: into {out}", flush=True)

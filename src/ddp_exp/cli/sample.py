@@ -12,6 +12,7 @@ May use: :mod:`ddp_exp.train.models`, :mod:`ddp_exp.metrics`, :mod:`ddp_exp.data
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -29,8 +30,10 @@ def parser() -> OneLineParser:
     p.add_argument("--prompt", default=None,
                    help="the text to continue (default: the run's trainer.sample_prompt)")
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="divides the logits; 0 or less: greedy (finite)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="keep the k most likely tokens (0 or none: every token)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=None,
                    help="best | last | PATH (default: best.pt, else last.pt, else model.pt)")
@@ -107,6 +110,11 @@ def sample_text(argv: Sequence[str]) -> str:
     args = parser().parse_args(list(argv))
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={args.max_new_tokens} is invalid: at least 1")
+    if not math.isfinite(args.temperature):  # nan failed inside torch.multinomial
+        raise ConfigError(f"--temperature={args.temperature} is invalid: a finite number "
+                          "(0 or less: the most likely token each time)")
+    if args.top_k is not None and args.top_k < 0:  # torch.topk's "index k out of range"
+        raise ConfigError(f"--top-k={args.top_k} is invalid: 0 or more (0: every token)")
     cfg, weights = load_run(args.run, args.checkpoint)
     datasets = data_module.load(cfg["data"], cfg.get("seed", 0), 1)
     train = datasets.train
