@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 import ddp_exp
 from ddp_exp.compat import messages
-from ddp_exp.config.compose import null_group_line
+from ddp_exp.config.compose import group_options, null_group_line
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.io.files import DiskFull, is_disk_full
 from ddp_exp.job.folder import job_log_file
@@ -165,20 +165,15 @@ def _unknown_option_line(exc: BaseException, argv: Sequence[str]) -> str | None:
 
 
 def _group_options(group: str) -> list[str]:
-    """The options of config ``group`` where ``python -m ddp_exp`` looks for them (ddp_exp's
-    configs, the command's ``--config-dir``): Hydra's public config loader over the same
-    search path, Hydra's own having been cleared after the failed composition; empty where
-    that fails."""
-    from hydra import initialize_config_module
+    """The options of config ``group``: Hydra's config loader where it still holds the
+    composition's search path (in-process, ``hydra.compose``; a ``--config-dir``'s options
+    too), else the options ddp_exp ships (:func:`ddp_exp.config.compose.group_options`: the
+    command line's Hydra has been cleared after the failed composition)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():  # composing in-process (hydra.compose)
+    if GlobalHydra.instance().is_initialized():
         return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
-    try:
-        with initialize_config_module("ddp_exp.conf", version_base="1.3"):
-            return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
-    except Exception:  # noqa: BLE001  (no options found: Hydra's own report is shown)
-        return []
+    return group_options(group)
 
 
 def _plus_on_a_default(exc: BaseException, argv: Sequence[str]) -> str | None:

@@ -27,7 +27,6 @@ import functools
 import logging
 
 M_MMAP_THRESHOLD = -3  # <malloc.h>
-HEAP_MAX_HALF = 32 * 2 ** 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: mallopt's ceiling
 
 log = logging.getLogger("ddp_exp.train")
 
