@@ -390,3 +390,32 @@ def test_parquet_rows_and_a_datasets_dataset_are_documents(tmp_path, monkeypatch
                                   val_fraction=0.25))
     docs = documents_of(tmp_path / "q", "train", tok) + documents_of(tmp_path / "q", "val", tok)
     assert sorted(docs) == sorted(texts) and meta["sources"][0]["kind"] == "dataset"
+
+
+def test_a_ctrl_c_that_python_dropped_still_stops_prepare(tmp_path, monkeypatch):
+    """A SIGINT whose KeyboardInterrupt is swallowed (raised inside a ``__del__``: tqdm's bar,
+    collected while the tokenizer trained) still ends ``prepare`` before anything lands: no
+    output folder, no temporary one (a Ctrl-C 2-3 s into a 52 MB corpus wrote the folder and
+    exited 0)."""
+    import os
+    import signal
+
+    from ddp_exp.data import prepare_text
+
+    write_corpus(tmp_path / "corpus", documents=12)
+    real = prepare_text._tokenizer
+
+    def tokenizer_then_a_lost_ctrl_c(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs at the next bytecode check
+                pass
+        except KeyboardInterrupt:
+            pass  # dropped, as in a __del__
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prepare_text, "_tokenizer", tokenizer_then_a_lost_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run_prepare([tmp_path / "corpus"], tmp_path / "out", tokenizer="bytes")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -25,11 +25,14 @@ May use: NumPy, tqdm, :mod:`ddp_exp.config` (``ConfigError``), this package's te
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -100,6 +103,47 @@ def prepare(opts: PrepareOptions) -> dict:
             source, a corpus with no text, too few documents to split, a tokenizer file that
             does not load or has no ``<|endoftext|>``.
     """
+    with _sigint_noted() as interrupted:
+        return _prepare(opts, interrupted)
+
+
+@contextlib.contextmanager
+def _sigint_noted():
+    """While preparing, a SIGINT is noted as well as raised: Python drops an exception raised
+    in a ``__del__`` (tqdm's bar, collected while the tokenizer trained: "Exception ignored
+    ... KeyboardInterrupt"), and a Ctrl-C 2-3 s into a 52 MB corpus was lost that way: the
+    folder was written and the command exited 0. :func:`_raise_if` raises it again at the
+    next step, before anything lands. Yields the list the signals are noted in."""
+    interrupted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def note(signum, frame):
+        interrupted.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    if previous is signal.SIG_IGN:  # ignored at start (nohup, a background job): still so
+        yield interrupted
+        return
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raise_if(interrupted: list[int]) -> None:
+    """A SIGINT noted and lost (see :func:`_sigint_noted`): raise it now."""
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _prepare(opts: PrepareOptions, interrupted: list[int]) -> dict:
     check_options(opts)
     corpus = Corpus(list(opts.sources), opts.text_key, opts.documents, opts.dataset, opts.split)
     if opts.tokenizer == "bpe":
@@ -112,8 +156,10 @@ def prepare(opts: PrepareOptions) -> dict:
     if count == 0 or chars == 0:
         raise ConfigError(f"{', '.join(s.path for s in corpus.files)}: no text (empty "
                           "sources); give files with text")
+    _raise_if(interrupted)
     val_docs = _val_documents(count, opts.val_fraction, opts.seed)
     tokenizer = _tokenizer(opts, corpus, val_docs)
+    _raise_if(interrupted)
     eot = tokenizer.end_of_text
     if eot is None:
         raise ConfigError(f"--tokenizer={opts.tokenizer}: no {END_OF_TEXT} token in its "
@@ -148,6 +194,7 @@ def prepare(opts: PrepareOptions) -> dict:
         with open(os.path.join(work, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, ensure_ascii=False)
             f.write("\n")
+        _raise_if(interrupted)  # the last moment nothing has landed
         _replace(work, opts.out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
