@@ -601,3 +601,11 @@ def test_cli_synthetic_classification(run_cli):
     majority = np.bincount(held_out, minlength=4).max() / val
     assert m["val/accuracy"] > max(0.5, majority + 0.1)
     assert math.isfinite(m["val/loss"])
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_data_path_says_so(path):
+    """``data.path=''`` said "is a directory" (an empty path resolves to the current folder)."""
+    with pytest.raises(ConfigError, match=r"^data.path='\s*' is empty; give a .pt, .npz or "
+                                          r"\.csv file$"):
+        load_file(path)

@@ -40,6 +40,8 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
     Raises:
         ConfigError: the file is missing, of an unknown kind, or its content is unusable.
     """
+    if not str(path).strip():  # '' reads as the current folder: "is a directory" misled
+        raise ConfigError(f"data.path={path!r} is empty; give a .pt, .npz or .csv file")
     full = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(full):
         raise ConfigError(f"data.path={path!r} is a directory; give a .pt, .npz or .csv file")
