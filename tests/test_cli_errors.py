@@ -68,9 +68,27 @@ def test_each_kind_of_error_gets_its_row():
     assert lost is not None and lost.code == EXIT_RANK_FAILED
     assert lost.text.startswith("error: a sweep job ended without returning a result")
 
-    hydra_words = error_exit(ConfigCompositionException("Ambiguous value for argument"), [])
+    hydra_words = error_exit(ConfigCompositionException("A report no row knows\nline 2"), [])
     assert hydra_words is not None
     assert (hydra_words.text, hydra_words.code, hydra_words.every_rank) == (
-        "Ambiguous value for argument", EXIT_CONFIG_ERROR, False)
+        "A report no row knows\nline 2", EXIT_CONFIG_ERROR, False)
+
+    # Hydra's several-line reports of a comma list without -m and of an unknown primary config
+    comma = error_exit(ConfigCompositionException(
+        "Ambiguous value for argument 'data=digits,synthetic'\n1. To use it as a list, use "
+        "key=[value1,value2]\n2. ...\n3. To sweep over it, add --multirun"), [])
+    assert comma is not None and comma.code == EXIT_CONFIG_ERROR
+    assert comma.text == (
+        "error: data=digits,synthetic: a comma list is a sweep or a list: python -m ddp_exp -m "
+        "data=digits,synthetic runs one job each, data=[digits,synthetic] is one list value, "
+        "data='digits,synthetic' one string")
+    from hydra.errors import MissingConfigException
+
+    primary = error_exit(MissingConfigException(
+        "Cannot find primary config 'nope'. Check that it's in your config search path.\n\n"
+        "Config search path:\n\tprovider=hydra", missing_cfg_file="nope"), [])
+    assert primary is not None and primary.text == (
+        "error: --config-name=nope: no such config (ddp_exp's own is config; a NAME.yaml in a "
+        "--config-dir folder is found too)")
 
     assert error_exit(ValueError("a bug"), []) is None

@@ -276,6 +276,25 @@ def _caused_by(exc: BaseException | None, kind: type[E]) -> E | None:
     return None
 
 
+def _hydra_words_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for Hydra's own several-line reports of the command line: a comma list
+    without ``-m`` ("Ambiguous value ...", 4 lines) and a ``--config-name`` that is no config
+    ("Cannot find primary config ...", the search path after it: 6 lines)."""
+    del argv
+    text = str(exc)
+    ambiguous = re.match(r"Ambiguous value for argument '([^']*)'", text)
+    if ambiguous:
+        arg = ambiguous.group(1)
+        key, _, value = arg.partition("=")
+        return (f"{arg}: a comma list is a sweep or a list: python -m ddp_exp -m {arg} runs "
+                f"one job each, {key}=[{value}] is one list value, {key}='{value}' one string")
+    primary = re.match(r"Cannot find primary config '([^']*)'", text)
+    if primary:
+        return (f"--config-name={primary.group(1)}: no such config (ddp_exp's own is config; "
+                "a NAME.yaml in a --config-dir folder is found too)")
+    return None
+
+
 def _config_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     """The message of a :class:`ddp_exp.config.errors.ConfigError` that raised ``exc`` or caused
     it where Hydra resolves (a preset's resolver); None for other errors."""
@@ -309,6 +328,7 @@ ROWS: tuple[Row, ...] = (
     Row(_one_line, composition=True),  # a value of the wrong type, an unknown key
     Row(_plus_on_a_default, composition=True),  # +data=... where data is chosen already
     Row(_unknown_option_line, composition=True),  # data=digitz
+    Row(_hydra_words_line, composition=True),  # data=a,b without -m; --config-name nope
     # Raised where Hydra resolves, makes folders or launches: the input's too.
     Row(_config_error_line),  # a ConfigError from a preset's resolver
     Row(_no_slurm_here),  # launcher=slurm off SLURM
