@@ -60,6 +60,15 @@ def test_an_interpolation_that_resolves_nowhere_is_one_line_naming_its_key(run_c
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unresolvable_override_replaced_by_a_later_one_is_never_resolved(run_cli):
+    """Fresh-user finding (round 5): ``'trainer.epochs=${oops}' trainer.epochs=1`` failed in
+    the launcher ("InterpolationKeyError", a half-made job folder): the config checks read
+    Hydra's override list resolved. The later override wins, as Hydra composes it: it trains."""
+    run = run_cli("trainer.epochs=${oops}", "trainer.epochs=1", "world_size=1",
+                  "trainer.max_steps=2", "print_config=false").ok()
+    assert run.metrics["epoch"] == 1 and run.metrics["global_step"] == 2
+
+
 def test_the_multirun_flag_may_follow_the_overrides():
     """Fresh-user finding: ``python -m ddp_exp data.batch_size=16,32 -m`` was an 8-line
     argparse usage ending in "unrecognized arguments"; Hydra's parser takes the flag only

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp.config import ranges, schema
-from ddp_exp.config.compose import group_options
+from ddp_exp.config.compose import group_options, task_overrides
 from ddp_exp.config.errors import ConfigError, _check
 from ddp_exp.config.user_dir import replaced_hint
 
@@ -234,10 +234,12 @@ def _choice(group: str) -> str | None:
 
 
 def _typed_overrides() -> list[str]:
-    """The command line's overrides of the running Hydra job (none outside one)."""
+    """The command line's overrides of the running Hydra job, unresolved (none outside one):
+    ``'trainer.epochs=${oops}' trainer.epochs=1`` resolved the replaced first one here and
+    failed in the launcher with a half-made job folder."""
     from hydra.core.hydra_config import HydraConfig
 
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return task_overrides(HydraConfig.get()) if HydraConfig.initialized() else []
 
 
 def _check_global_batch(cfg: DictConfig, overrides: list[str] = ()) -> None:
