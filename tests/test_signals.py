@@ -47,6 +47,36 @@ def test_ctrl_c_while_the_entry_point_imports_is_one_line(tmp_path):
     assert_no_orphans(tag)
 
 
+IMPORT_PROBE = """
+import importlib, os, pkgutil, signal, sys, threading
+watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGPIPE)
+before = ([signal.getsignal(s) for s in watched], sys.stdin, sys.stdout, sys.stderr,
+          dict(os.environ), threading.active_count())
+import ddp_exp, ddp_exp.cli.main
+for m in pkgutil.walk_packages(ddp_exp.__path__, "ddp_exp."):
+    if m.name != "ddp_exp.__main__":
+        importlib.import_module(m.name)
+after = ([signal.getsignal(s) for s in watched], sys.stdin, sys.stdout, sys.stderr,
+         dict(os.environ), threading.active_count())
+print([name for name, b, a in zip(("signals", "stdin", "stdout", "stderr", "environ",
+                                    "threads"), before, after) if a != b])
+"""
+
+
+@pytest.mark.smoke
+def test_importing_ddp_exp_changes_nothing_process_wide(tmp_path):
+    """Only the entry (:mod:`ddp_exp.cli.entry`) may change its process: importing any module
+    of ddp_exp (a test, a notebook, a user's script) leaves signal handlers, the standard
+    streams, the environment and the threads as they were. Importing ``ddp_exp.cli.main``
+    installed an import-time SIGINT handler that ends the process with ``os._exit(130)``: a
+    later Ctrl-C killed the importer (an xdist worker died of it), and its console was
+    wrapped."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True,
+                         cwd=tmp_path, env=cli_env(uuid.uuid4().hex), timeout=HANG_S, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
 # ------------------------------------------------------------------------ 4. signals (C12)
 SIGNAL_CASES = [
     pytest.param("group", signal.SIGINT, 130, id="sigint-group"),

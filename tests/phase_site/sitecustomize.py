@@ -4,7 +4,7 @@ unless ``DDP_EXP_TEST_PHASE`` names a phase. At that phase the process touches
 ``$DDP_EXP_TEST_MARKER`` and waits there (up to 60 s), so that a test's signal lands inside the
 phase, not at a moment a sleep guessed:
 
-- ``import``: the entry point imports torch (after ``ddp_exp.cli.main`` set its import-time
+- ``import``: the entry point imports torch (after ``ddp_exp.cli.entry`` set its import-time
   SIGINT handler, before Hydra runs): the first look-up of ``torch`` by the import system waits;
 - ``fork``: the launcher has forked the second of its ranks (``launcher.start_method=fork``:
   an ``os.register_at_fork`` hook in the launching process, while

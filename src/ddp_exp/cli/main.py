@@ -1,4 +1,5 @@
-"""``python -m ddp_exp [overrides]`` / ``ddp-exp``: the Hydra entry point (and the
+"""The command line of ``python -m ddp_exp [overrides]`` / ``ddp-exp`` (started by
+:mod:`ddp_exp.cli.entry`), the Hydra task (and the
 subcommands ``ddp-exp prepare`` and ``ddp-exp sample``: :mod:`ddp_exp.cli.commands`).
 
 One Hydra job is one training world (:func:`ddp_exp.launch.elastic.run_job`); ``-m`` sweeps run one
@@ -32,23 +33,6 @@ import os
 import signal
 import sys
 import time
-
-from ddp_exp.io.console import protect_console
-
-# First of all: a console that is gone (a closed pipe, closed descriptors, a hung-up terminal)
-# must never raise into the code that writes the job's record (ddp_exp.io.console).
-protect_console()
-
-
-def _interrupted_while_importing(signum: int, frame: object) -> None:
-    """Ctrl-C while the imports below run (torch's takes seconds): nothing has been made yet,
-    so end at once with the line a later Ctrl-C gets, not a traceback from inside an import."""
-    print("interrupted (SIGINT)", file=sys.stderr, flush=True)
-    os._exit(128 + signal.SIGINT)
-
-
-if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
-    signal.signal(signal.SIGINT, _interrupted_while_importing)
 
 import hydra
 from omegaconf import DictConfig
@@ -240,8 +224,6 @@ def main() -> None:
     """Console entry: parse overrides with Hydra, run, and turn errors into exit statuses;
     the process then ends through :func:`exit_now`. A subcommand (``ddp-exp runs``, ...:
     :data:`ddp_exp.cli.commands.COMMANDS`) runs instead of Hydra."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_importing:  # imports done
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     code = dispatch(sys.argv[1:])
     if code is not None:
         raise SystemExit(code)

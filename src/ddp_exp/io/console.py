@@ -6,7 +6,8 @@ therefore never raise into the code that writes the record: a reader that closed
 (``| head -c 1``, ``| true``: ``BrokenPipeError``, EPIPE), descriptors closed at start
 (``>&- 2>&-``), a terminal that hung up (EIO), a full disk under a redirected log (ENOSPC).
 
-:func:`protect_console` is called first thing by the entry point and by every rank:
+:func:`protect_console` is called first thing by the entry point (:mod:`ddp_exp.cli.entry`)
+and by every rank:
 
 - a standard descriptor closed at start is opened on ``os.devnull``, so that no file the run
   opens later (the job log, a temp file of ``status.json``) takes descriptor 1 or 2 and gets
