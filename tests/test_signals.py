@@ -72,7 +72,8 @@ def test_importing_ddp_exp_changes_nothing_process_wide(tmp_path):
     later Ctrl-C killed the importer (an xdist worker died of it), and its console was
     wrapped."""
     out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True,
-                         cwd=tmp_path, env=cli_env(uuid.uuid4().hex), timeout=HANG_S, stdin=subprocess.DEVNULL)
+                         cwd=tmp_path, env=cli_env(uuid.uuid4().hex), timeout=HANG_S,
+                         stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
