@@ -25,10 +25,11 @@ outputs were taken on a 2-core machine: the blocks run pinned to 2 cores. Every 
 digits of trained models, and the blocks build on each other's outputs: the whole guide is
 ``float_sensitive`` (``make test-float`` runs it with another CPU's kernels).
 
-The work folder's ``.venv/bin/python`` (tests/zygote_shim.py) runs each ``python -m ddp_exp``
-command forked from this process's pre-imported server (tests/zygote.py), without ~2.5 s of
-imports, and execs the real interpreter for every other command, or where a real process is
-needed (a start-up variable such as ``OMP_NUM_THREADS=1``, a background job).
+The work folder's ``.venv/bin/python`` (tests/zygote_shim.py) runs each ``python -m ...``,
+``python script.py`` and ``python -`` command, torchrun and the ranks torchrun starts, forked
+from this process's pre-imported server (tests/zygote.py), without ~2.5 s of imports each, and
+execs the real interpreter for ``python -c`` (mp.spawn's children) or where a real process is
+needed (a start-up variable such as ``PYTHONWARNINGS``, a background job).
 
 The Chinese guide, docs/guide.zh-CN.md, must hold the same blocks (commands, quoted output,
 markers), so running the English guide's checks both. The README and every page of docs/ link

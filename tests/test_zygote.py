@@ -60,7 +60,9 @@ def test_what_a_fork_cannot_reproduce_starts_a_real_process(tmp_path, monkeypatc
     env = cli_env("t")
     monkeypatch.delenv(zygote.DISABLE, raising=False)
     assert zygote.usable(DDP_EXP, env)
-    assert not zygote.usable([sys.executable, "-m", "torch.distributed.run"], env)
+    assert zygote.usable([sys.executable, "-m", "torch.distributed.run"], env)
+    assert not zygote.usable([sys.executable, "-m", "pytest"], env)
+    assert not zygote.usable([sys.executable, "script.py"], env)
     assert not zygote.usable(DDP_EXP, {**env, "OMP_PROC_BIND": "true"})
     assert zygote.usable(DDP_EXP, {**env, "OMP_NUM_THREADS": "7"})  # ddp_exp applies it
     assert not zygote.usable(DDP_EXP, {**env, "PYTHONWARNINGS": "error"})
@@ -86,8 +88,11 @@ def test_the_shim_forks_only_what_the_server_can_run(tmp_path, monkeypatch):
     env = cli_env("t")
     args = ["-m", "ddp_exp", "world_size=1"]
     assert zygote_shim.forkable(args, env, config)
-    for other in (["-m", "ddp_exp.data.images"], ["-c", "pass"], ["-u", "-m", "ddp_exp"],
-                  ["script.py"], []):
+    for form in (["-m", "ddp_exp.data.images"], ["-u", "-m", "ddp_exp"], ["script.py", "x"],
+                 ["-u", "-"]):
+        assert zygote_shim.forkable(form, env, config), form
+    # -c: multiprocessing's spawn, with descriptors the shim would not hand over
+    for other in (["-c", "pass"], ["-u"], ["-m"], ["-I", "script.py"], []):
         assert not zygote_shim.forkable(other, env, config), other
     for changed in ({"OMP_PROC_BIND": "true"}, {"PYTHONWARNINGS": "error"},
                     {zygote.CASE_TAG: "t" * 64}, {zygote.DISABLE: "1"}):
@@ -169,3 +174,29 @@ def test_the_shim_runs_ddp_exp_from_the_server_and_ends_as_the_real_interpreter(
         assert proc.returncode == code, err
         if sig == signal.SIGINT:
             assert [ln for ln in err.splitlines() if ln.strip()] == ["interrupted (SIGINT)"], err
+
+
+TORCHRUN_PROBE = """
+import os, sys
+here = os.path.dirname(os.path.realpath(__file__))
+print(os.environ["RANK"], "torch" in sys.modules, sys.argv == [__file__, "x"],
+      sys.path[0] == here, __name__, flush=True)
+"""
+
+
+def test_torchrun_and_its_ranks_run_forked_from_the_server(tmp_path, monkeypatch):
+    """``python -m torch.distributed.run`` runs forked, with the server's shim as its
+    ``sys.executable``: its ranks (``shim -u script``) are forked too, torch already imported
+    when their script starts (a real interpreter's would not have it), with the ``sys.argv``,
+    ``sys.path[0]`` and ``__name__`` a real interpreter gives a script."""
+    monkeypatch.delenv(zygote.DISABLE, raising=False)
+    script = tmp_path / "probe.py"
+    script.write_text(TORCHRUN_PROBE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), "x"]
+    proc = start_cli(cmd, tmp_path, cli_env("t"))
+    assert isinstance(proc, zygote.ZygoteProcess)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    expected = [f"{rank} True True True __main__" for rank in (0, 1)]
+    assert sorted(out.split("\n")[:2]) == expected, out

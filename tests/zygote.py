@@ -2,21 +2,25 @@
 seconds of start-up each (``import torch``, hydra, scikit-learn, ``torch._dynamo``: ~2.5 s of a
 2.7-s digits run, 0.1 s of it training).
 
-One server per test process (each xdist worker), started at its first CLI run, imports what a
-CLI run imports and then waits on a Unix socket; it runs no torch compute and starts no thread,
-so forking it is as safe as the launcher's own fork of its ranks (docs/DESIGN's fork caveat). A
-run is forked twice: a waiter, which reports the run's pid and then its exit status, and the run
-itself, which takes the caller's argv, cwd, environment and stdin/stdout/stderr (passed as file
-descriptors), its own process group, a fresh ``random`` seed and Python's start-up state (the
-fault handler where ``PYTHONFAULTHANDLER`` asks for it, ``sys.path`` from its cwd and
-``PYTHONPATH``), and runs ``ddp_exp`` as ``python -m`` does. ``/proc/<pid>/environ`` of the run
-and the ranks it forks names the caller's ``DDP_EXP_CASE_TAG`` (written over the server's
-placeholder), so :func:`helpers.tagged_processes` finds them as it finds a real run's.
+One server per test process (each xdist worker), started at its first CLI run, imports what a CLI
+run imports and then waits on a Unix socket; it runs no torch compute and starts no thread, so
+forking it is as safe as the launcher's own fork of its ranks (docs/DESIGN's fork caveat). A run is
+forked twice: a waiter, which reports the run's pid and then its exit status, and the run itself,
+which takes the caller's argv, cwd, environment and stdin/stdout/stderr (passed as file descriptors,
+made into new ``sys`` streams as the interpreter makes them), its own process group, a fresh
+``random`` seed and Python's start-up state (the fault handler where ``PYTHONFAULTHANDLER`` asks for
+it, ``sys.path`` from its cwd or script and ``PYTHONPATH``), and runs the command as the interpreter
+would: ``-m module``, a script, or ``-`` (the program on stdin), after any ``-u``.
+``/proc/<pid>/environ`` of the run and the ranks it forks names the caller's ``DDP_EXP_CASE_TAG``
+(written over the server's placeholder), so :func:`helpers.tagged_processes` finds them as it finds
+a real run's.
 
 :func:`popen` returns a :class:`ZygoteProcess` (the part of :class:`subprocess.Popen` the helpers
 use: ``pid``, ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``), or
 ``None`` where a real process is needed: ``DDP_EXP_TEST_NO_ZYGOTE=1`` (for debugging), a command
-other than ``python -m ddp_exp``, an environment that changes what the interpreter does at
+other than ``python -m ddp_exp`` or ``python -m torch.distributed.run`` (torchrun: its
+``sys.executable`` is then a shim of this server, tests/zygote_shim.py, so that the ranks it
+starts are forked too), an environment that changes what the interpreter does at
 start-up (``PYTHON*`` other than ``PYTHONPATH``/``PYTHONFAULTHANDLER``, ``OMP_*`` other than
 ``OMP_NUM_THREADS`` (ddp_exp applies that one itself), ``MKL_*``,
 ``ATEN_CPU_CAPABILITY``, ...: read once, by the server's imports), a ``sitecustomize`` on
@@ -33,6 +37,7 @@ import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -41,6 +46,9 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
+
+from zygote_shim import python_command
 
 CASE_TAG = "DDP_EXP_CASE_TAG"
 PLACEHOLDER = "z" * 64  # the server's tag, overwritten in each run with the caller's
@@ -53,6 +61,8 @@ STARTUP_NAMES = {"ATEN_CPU_CAPABILITY", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_S
 # which ddp_exp reads at run time and applies with torch.set_num_threads in the launcher and in
 # every rank (rank/worker.py), overriding what the OpenMP runtime read at the server's start.
 HANDLED = {"PYTHONPATH", "PYTHONFAULTHANDLER", "OMP_NUM_THREADS"}
+# ``python -m`` commands run forked: ddp_exp, and torchrun (its ranks too, through the shim).
+FORKED_MODULES = ("ddp_exp", "torch.distributed.run")
 # What a digits run imports beyond ddp_exp's own modules (its launcher and ranks), found with
 # ``python -X importtime -m ddp_exp``.
 THIRD_PARTY = ("torch", "torch._dynamo", "torch.utils.tensorboard", "torch.distributed.run",
@@ -137,8 +147,14 @@ def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[in
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        unbuffered, kind, target, rest = python_command(request["argv"])
+        if request.get("executable"):
+            sys.executable = request["executable"]
+        _fresh_stdio(unbuffered)
         python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [request["cwd"], *python_path, *base_path]
+        first = {"module": request["cwd"], "stdin": "",
+                 "script": os.path.dirname(os.path.realpath(target))}[kind]
+        sys.path[:] = [first, *python_path, *base_path]
         sys.path_importer_cache.clear()
         random.seed()
         if "numpy" in sys.modules:
@@ -147,10 +163,17 @@ def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[in
             import faulthandler
 
             faulthandler.enable(all_threads=True)
-        if replay:
-            os.write(2, replay)
-        sys.argv = ["-m", *request["args"]]
-        runpy.run_module("ddp_exp", run_name="__main__", alter_sys=True)
+        if replay and (kind, target) == ("module", "ddp_exp"):
+            os.write(2, replay)  # what its imports printed (others import other things)
+        if kind == "module":
+            sys.argv = ["-m", *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "script":
+            sys.argv = [target, *rest]
+            runpy.run_path(target, run_name="__main__")
+        else:
+            sys.argv = ["-", *rest]
+            _run_stdin()
         code = 0
     except SystemExit as exc:
         if exc.code is None:
@@ -169,6 +192,42 @@ def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[in
         code = 1
     _finish()
     os._exit(code)
+
+
+def _fresh_stdio(unbuffered: bool) -> None:
+    """``sys.stdin``/``stdout``/``stderr`` made anew on descriptors 0-2, as the interpreter
+    makes them at start (stdout line-buffered on a terminal, else block-buffered; stderr
+    line-buffered, ``backslashreplace``; ``-u``: written through), not the server's."""
+    import io
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    encoding = "utf-8" if sys.flags.utf8_mode else None
+
+    def writer(fd: int, errors: str, line: bool):
+        if unbuffered:
+            raw = open(fd, "wb", buffering=0, closefd=False)  # noqa: SIM115
+            return io.TextIOWrapper(raw, encoding=encoding, errors=errors, line_buffering=line,
+                                    write_through=True)
+        return open(fd, "w", buffering=1 if line else -1, encoding=encoding,  # noqa: SIM115
+                    errors=errors, closefd=False)
+
+    sys.stdin = sys.__stdin__ = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = writer(1, "strict", os.isatty(1))
+    sys.stderr = sys.__stderr__ = writer(2, "backslashreplace", True)
+
+
+def _run_stdin() -> None:
+    """``python -``: the program read from stdin, run as ``__main__``."""
+    import builtins
+    import types
+
+    source = sys.stdin.read()
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    exec(compile(source, "<stdin>", "exec"), main.__dict__)  # noqa: S102
 
 
 def _finish() -> None:
@@ -249,6 +308,7 @@ class _Server:
 
     proc: subprocess.Popen | None = None
     path: str | None = None
+    shim: str | None = None  # a .venv/bin/python of tests/zygote_shim.py for this server
     failed = False
     lock = threading.Lock()
 
@@ -284,7 +344,10 @@ class _Server:
             print("zygote: no server after 600 s: CLI tests start real processes",
                   file=sys.stderr)
             return
+        import zygote_shim
+
         cls.proc, cls.path = proc, path
+        cls.shim = zygote_shim.install(Path(folder) / "venv", path)["shim"]
         atexit.register(cls._stop, folder)
 
     @classmethod
@@ -292,9 +355,7 @@ class _Server:
         if cls.proc is not None and cls.proc.poll() is None:
             cls.proc.kill()
             cls.proc.wait()
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(folder, "s"))
-            os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _startup_environment(env: dict[str, str]) -> dict[str, str]:
@@ -304,7 +365,8 @@ def _startup_environment(env: dict[str, str]) -> dict[str, str]:
 
 def usable(cmd: list[str], env: dict[str, str]) -> bool:
     """Whether ``cmd`` with ``env`` can run forked from the server (see the module's doc)."""
-    if os.environ.get(DISABLE) or list(map(str, cmd[:3])) != [sys.executable, "-m", "ddp_exp"]:
+    if os.environ.get(DISABLE) or list(map(str, cmd[:2])) != [sys.executable, "-m"] \
+            or len(cmd) < 3 or str(cmd[2]) not in FORKED_MODULES:
         return False
     if len(env.get(CASE_TAG, "")) >= len(PLACEHOLDER):
         return False
@@ -329,8 +391,10 @@ class ZygoteProcess:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
-        payload = json.dumps({"args": [str(a) for a in cmd[3:]], "cwd": os.fspath(cwd),
-                              "env": env}).encode()
+        # torchrun's ranks start with its sys.executable: the server's shim forks them too
+        executable = _Server.shim if str(cmd[2]) == "torch.distributed.run" else None
+        payload = json.dumps({"argv": [str(a) for a in cmd[1:]], "cwd": os.fspath(cwd),
+                              "env": env, "executable": executable}).encode()
         try:
             socket.send_fds(self._conn, [struct.pack("!I", len(payload))], [null, out_w, err_w])
             self._conn.sendall(payload)
