@@ -3,6 +3,7 @@ them from there: ``from helpers import QUIET, run_tagged``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import uuid
@@ -102,6 +103,21 @@ def _no_hydra_config_left():
     from hydra.core.hydra_config import HydraConfig
 
     HydraConfig.instance().cfg = None
+
+
+@pytest.fixture(autouse=True)
+def _start_up_variables_kept():
+    """A test leaves the variables an interpreter reads at start-up (``PYTHON*``, ``OMP_*``,
+    ...: :func:`zygote._startup_environment`) as it found them: a change left behind makes
+    every later CLI run of its worker differ from the pre-imported server's and start a real
+    process (the suite ran 60% longer in CI), or run where a real one would not."""
+    import zygote
+
+    before = zygote._startup_environment(dict(os.environ))
+    yield
+    after = zygote._startup_environment(dict(os.environ))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the test left start-up variables changed: {changed}"
 
 
 @pytest.fixture

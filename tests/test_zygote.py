@@ -69,6 +69,14 @@ def test_what_a_fork_cannot_reproduce_starts_a_real_process(tmp_path, monkeypatc
     (tmp_path / "sitecustomize.py").write_text("")
     assert not zygote.usable(DDP_EXP, {**env, "PYTHONPATH": str(tmp_path)})
     assert not zygote.usable(DDP_EXP, cli_env("t" * 64))
+    # changed in this process by a test: the server imported under the suite's start
+    monkeypatch.setenv("OMP_PROC_BIND", "true")
+    assert not zygote.usable(DDP_EXP, cli_env("t"))
+    assert zygote.usable(DDP_EXP, env)
+    monkeypatch.delenv("OMP_PROC_BIND")
+    for name, value in zygote.SET_BY_IMPORTS.items():  # import sklearn set them here too
+        monkeypatch.setenv(name, value)
+    assert zygote.usable(DDP_EXP, cli_env("t"))
     monkeypatch.setenv(zygote.DISABLE, "1")
     assert not zygote.usable(DDP_EXP, env)
     real = start_cli([sys.executable, "-c", "pass"], tmp_path, env)
@@ -200,3 +208,41 @@ def test_torchrun_and_its_ranks_run_forked_from_the_server(tmp_path, monkeypatch
     assert proc.returncode == 0, err
     expected = [f"{rank} True True True __main__" for rank in (0, 1)]
     assert sorted(out.split("\n")[:2]) == expected, out
+
+
+SIGNALS_PROBE = """
+import signal, sys
+print("torch" in sys.modules, sys.argv, sys.path[0] == "", __name__,
+      signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+      signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN,
+      signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL)
+"""
+
+
+def test_a_forked_program_on_stdin_has_its_callers_signals_not_the_servers(tmp_path):
+    """``python - x`` through the shim runs forked (torch already imported) with ``sys.argv``
+    and ``sys.path[0]`` as a real interpreter sets them, and the dispositions a real child of
+    the caller would have: SIGQUIT ignored by the caller (a shell's background job) stays
+    ignored, the others are the defaults (SIGINT: KeyboardInterrupt), whatever the server
+    inherited when it started (a worker that started it while a test ignored a signal: then
+    torchrun's ranks ran as real interpreters)."""
+    import signal
+
+    import zygote_shim
+
+    address = str(tmp_path / "s")  # a server of its own, started with SIGUSR2 ignored
+    server = subprocess.Popen([sys.executable, zygote.__file__, address], stdout=subprocess.PIPE,
+                              env={**os.environ, zygote.CASE_TAG: zygote.PLACEHOLDER},
+                              preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
+    try:
+        assert server.stdout.readline() == b"ready\n"
+        zygote_shim.install(tmp_path / ".venv", address)
+        out = subprocess.run([str(tmp_path / ".venv" / "bin" / "python"), "-", "x"],
+                             input=SIGNALS_PROBE, cwd=tmp_path, env=cli_env(uuid.uuid4().hex),
+                             capture_output=True, text=True, timeout=HANG_S,
+                             preexec_fn=lambda: signal.signal(signal.SIGQUIT, signal.SIG_IGN))
+    finally:
+        server.kill()
+        server.wait()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "True ['-', 'x'] True __main__ True True True\n", out.stdout

@@ -61,6 +61,15 @@ STARTUP_NAMES = {"ATEN_CPU_CAPABILITY", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_S
 # which ddp_exp reads at run time and applies with torch.set_num_threads in the launcher and in
 # every rank (rank/worker.py), overriding what the OpenMP runtime read at the server's start.
 HANDLED = {"PYTHONPATH", "PYTHONFAULTHANDLER", "OMP_NUM_THREADS"}
+# Set by an import in every process that makes it, the server's and a real run's alike:
+# scikit-learn's (os.environ.setdefault, for Intel's OpenMP, which torch's CPU wheel does not
+# load). A test process that imported scikit-learn has them; the server has them too.
+SET_BY_IMPORTS = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+# This process's environment when the suite imported this module: the server's.
+BASE_ENVIRON = dict(os.environ)
+# Signals whose disposition a child inherits (ignored or not) and a run takes from its caller.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2, signal.SIGALRM)
 # ``python -m`` commands run forked: ddp_exp, and torchrun (its ranks too, through the shim).
 FORKED_MODULES = ("ddp_exp", "torch.distributed.run")
 # What a digits run imports beyond ddp_exp's own modules (its launcher and ranks), found with
@@ -147,6 +156,7 @@ def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[in
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _caller_signals(request.get("ignored", []))
         unbuffered, kind, target, rest = python_command(request["argv"])
         if request.get("executable"):
             sys.executable = request["executable"]
@@ -192,6 +202,20 @@ def _become_the_run(request: dict, fds: list[int], replay: bytes, slot: tuple[in
         code = 1
     _finish()
     os._exit(code)
+
+
+def _caller_signals(ignored: list[int]) -> None:
+    """The dispositions a real interpreter started by the caller would have: the signals the
+    caller ignores ignored (they stay so across an exec), the others at their defaults
+    (SIGINT: ``KeyboardInterrupt``), whatever the server inherited when it started."""
+    for sig in SIGNALS:
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
+
+
+def ignored_signals() -> list[int]:
+    """The signals of :data:`SIGNALS` this process ignores (a child it starts ignores them)."""
+    return [int(sig) for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]
 
 
 def _fresh_stdio(unbuffered: bool) -> None:
@@ -323,8 +347,10 @@ class _Server:
     def _start(cls) -> None:
         folder = tempfile.mkdtemp(prefix="ddp-zygote-", dir="/tmp")
         path = os.path.join(folder, "s")
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK",
-                                                               "WORLD_SIZE")}
+        # The environment the test process started with, not a test's changes of the moment
+        # (the first run of a worker starts the server; its imports read them once for all).
+        env = {k: v for k, v in BASE_ENVIRON.items() if k not in ("RANK", "LOCAL_RANK",
+                                                                 "WORLD_SIZE")}
         env.pop("PYTHONFAULTHANDLER", None)
         env[CASE_TAG] = PLACEHOLDER
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path], env=env,
@@ -359,8 +385,17 @@ class _Server:
 
 
 def _startup_environment(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` read at start-up that a run must share with the server, less
+    those the server's own imports set to the same value (:data:`SET_BY_IMPORTS`)."""
     return {k: v for k, v in env.items()
-            if (k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES) and k not in HANDLED}
+            if (k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES) and k not in HANDLED
+            and SET_BY_IMPORTS.get(k) != v}
+
+
+def server_startup() -> dict[str, str]:
+    """The start-up variables (``PYTHON*``, ``OMP_*``, ...) the server imports under: those
+    this process started with (:data:`BASE_ENVIRON`), whatever a test has changed since."""
+    return _startup_environment(BASE_ENVIRON)
 
 
 def usable(cmd: list[str], env: dict[str, str]) -> bool:
@@ -370,7 +405,7 @@ def usable(cmd: list[str], env: dict[str, str]) -> bool:
         return False
     if len(env.get(CASE_TAG, "")) >= len(PLACEHOLDER):
         return False
-    if _startup_environment(env) != _startup_environment(dict(os.environ)):
+    if _startup_environment(env) != server_startup():
         return False
     for folder in env.get("PYTHONPATH", "").split(os.pathsep):
         if folder and any(os.path.exists(os.path.join(folder, name))
@@ -394,7 +429,8 @@ class ZygoteProcess:
         # torchrun's ranks start with its sys.executable: the server's shim forks them too
         executable = _Server.shim if str(cmd[2]) == "torch.distributed.run" else None
         payload = json.dumps({"argv": [str(a) for a in cmd[1:]], "cwd": os.fspath(cwd),
-                              "env": env, "executable": executable}).encode()
+                              "env": env, "executable": executable,
+                              "ignored": ignored_signals()}).encode()
         try:
             socket.send_fds(self._conn, [struct.pack("!I", len(payload))], [null, out_w, err_w])
             self._conn.sendall(payload)

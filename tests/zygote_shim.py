@@ -70,7 +70,8 @@ def forkable(args: list[str], env: dict[str, str], config: dict) -> bool:
 
     def startup(variables) -> dict[str, str]:
         return {k: v for k, v in variables.items() if k not in config["handled"] and (
-            k.startswith(tuple(config["prefixes"])) or k in config["names"])}
+            k.startswith(tuple(config["prefixes"])) or k in config["names"])
+            and config["set_by_imports"].get(k) != v}
 
     if startup(env) != config["startup"]:
         return False
@@ -89,14 +90,17 @@ def _send_request(address: str, args: list[str], executable: str):
     environment and args, as :class:`zygote.ZygoteProcess` does; the run's ``sys.executable``
     is ``executable`` (this shim: what the run starts with it comes here again)."""
     import json
+    import signal
     import socket
     import struct
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(address)
+        ignored = [n for n in range(1, signal.NSIG) if n not in (signal.SIGKILL, signal.SIGSTOP)
+                   and signal.getsignal(n) is signal.SIG_IGN]
         payload = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ),
-                              "executable": executable}).encode()
+                              "executable": executable, "ignored": ignored}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(payload))], [0, 1, 2])
         conn.sendall(payload)
     except BaseException:
@@ -215,7 +219,8 @@ def install(venv, address: str) -> dict:
               "tag": zygote.CASE_TAG, "room": len(zygote.PLACEHOLDER),
               "prefixes": list(zygote.STARTUP_PREFIXES), "names": sorted(zygote.STARTUP_NAMES),
               "handled": sorted(zygote.HANDLED),
-              "startup": zygote._startup_environment(dict(os.environ)), "shim": str(shim)}
+              "startup": zygote.server_startup(), "shim": str(shim),
+              "set_by_imports": zygote.SET_BY_IMPORTS}
     shim.write_text(f"#!{sys.executable} -IS\nimport sys\n"
                     f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
                     f"import zygote_shim\nzygote_shim.main({config!r})\n")
