@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from zygote_shim import python_command
+from zygote_shim import ignored_signals, python_command, startup_environment
 
 CASE_TAG = "DDP_EXP_CASE_TAG"
 PLACEHOLDER = "z" * 64  # the server's tag, overwritten in each run with the caller's
@@ -65,6 +65,9 @@ HANDLED = {"PYTHONPATH", "PYTHONFAULTHANDLER", "OMP_NUM_THREADS"}
 # scikit-learn's (os.environ.setdefault, for Intel's OpenMP, which torch's CPU wheel does not
 # load). A test process that imported scikit-learn has them; the server has them too.
 SET_BY_IMPORTS = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+# What zygote_shim.startup_environment compares, here and in the shim's config.
+STARTUP = {"prefixes": STARTUP_PREFIXES, "names": STARTUP_NAMES, "handled": HANDLED,
+           "set_by_imports": SET_BY_IMPORTS}
 # This process's environment when the suite imported this module: the server's.
 BASE_ENVIRON = dict(os.environ)
 # Signals whose disposition a child inherits (ignored or not) and a run takes from its caller.
@@ -211,11 +214,6 @@ def _caller_signals(ignored: list[int]) -> None:
     for sig in SIGNALS:
         default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
-
-
-def ignored_signals() -> list[int]:
-    """The signals of :data:`SIGNALS` this process ignores (a child it starts ignores them)."""
-    return [int(sig) for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]
 
 
 def _fresh_stdio(unbuffered: bool) -> None:
@@ -385,11 +383,9 @@ class _Server:
 
 
 def _startup_environment(env: dict[str, str]) -> dict[str, str]:
-    """The variables of ``env`` read at start-up that a run must share with the server, less
-    those the server's own imports set to the same value (:data:`SET_BY_IMPORTS`)."""
-    return {k: v for k, v in env.items()
-            if (k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES) and k not in HANDLED
-            and SET_BY_IMPORTS.get(k) != v}
+    """The variables of ``env`` read at start-up that a run must share with the server
+    (:func:`zygote_shim.startup_environment` with :data:`STARTUP`)."""
+    return startup_environment(env, STARTUP)
 
 
 def server_startup() -> dict[str, str]:

@@ -59,6 +59,25 @@ def python_command(args: list[str]) -> tuple[bool, str, str, list[str]] | None:
     return unbuffered, "script", first, args[i + 1:]
 
 
+def startup_environment(env: dict[str, str], rules: dict) -> dict[str, str]:
+    """The variables of ``env`` read at start-up that a run must share with the server: names
+    with one of ``rules["prefixes"]`` or among ``rules["names"]``, less ``rules["handled"]``
+    (the run takes them over) and those the server's own imports set to the same value
+    (``rules["set_by_imports"]``). The rules are :mod:`zygote`'s (:data:`zygote.STARTUP`)."""
+    prefixes = tuple(rules["prefixes"])
+    return {k: v for k, v in env.items()
+            if (k.startswith(prefixes) or k in rules["names"]) and k not in rules["handled"]
+            and rules["set_by_imports"].get(k) != v}
+
+
+def ignored_signals() -> list[int]:
+    """The signals this process ignores (a child it starts ignores them too)."""
+    import signal
+
+    return [n for n in range(1, signal.NSIG) if n not in (signal.SIGKILL, signal.SIGSTOP)
+            and signal.getsignal(n) is signal.SIG_IGN]
+
+
 def forkable(args: list[str], env: dict[str, str], config: dict) -> bool:
     """Whether ``python *args`` with ``env`` can run forked from the server: a form
     :func:`python_command` reads, and the rules of :func:`zygote.usable`, with its constants
@@ -68,12 +87,7 @@ def forkable(args: list[str], env: dict[str, str], config: dict) -> bool:
     if len(env.get(config["tag"], "")) >= config["room"]:
         return False
 
-    def startup(variables) -> dict[str, str]:
-        return {k: v for k, v in variables.items() if k not in config["handled"] and (
-            k.startswith(tuple(config["prefixes"])) or k in config["names"])
-            and config["set_by_imports"].get(k) != v}
-
-    if startup(env) != config["startup"]:
+    if startup_environment(env, config) != config["startup"]:
         return False
     for folder in env.get("PYTHONPATH", "").split(os.pathsep):
         if folder and any(os.path.exists(os.path.join(folder, name))
@@ -90,17 +104,15 @@ def _send_request(address: str, args: list[str], executable: str):
     environment and args, as :class:`zygote.ZygoteProcess` does; the run's ``sys.executable``
     is ``executable`` (this shim: what the run starts with it comes here again)."""
     import json
-    import signal
     import socket
     import struct
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(address)
-        ignored = [n for n in range(1, signal.NSIG) if n not in (signal.SIGKILL, signal.SIGSTOP)
-                   and signal.getsignal(n) is signal.SIG_IGN]
         payload = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ),
-                              "executable": executable, "ignored": ignored}).encode()
+                              "executable": executable,
+                              "ignored": ignored_signals()}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(payload))], [0, 1, 2])
         conn.sendall(payload)
     except BaseException:
@@ -186,8 +198,8 @@ def _console_script(path: str) -> str | None:
             first, _, rest = (head + fh.read()).partition(b"\n")
     except OSError:
         return None
-    interpreter = first[2:].split()[0].decode() if first[2:].split() else ""
-    if os.path.realpath(interpreter) != os.path.realpath(sys.executable):
+    words = first[2:].split()
+    if not words or os.path.realpath(words[0].decode()) != os.path.realpath(sys.executable):
         return None
     return rest.decode()
 
@@ -217,10 +229,11 @@ def install(venv, address: str) -> dict:
             (venv / "bin" / entry.name).chmod(0o755)
     config = {"real": sys.executable, "address": address, "disable": zygote.DISABLE,
               "tag": zygote.CASE_TAG, "room": len(zygote.PLACEHOLDER),
-              "prefixes": list(zygote.STARTUP_PREFIXES), "names": sorted(zygote.STARTUP_NAMES),
-              "handled": sorted(zygote.HANDLED),
-              "startup": zygote.server_startup(), "shim": str(shim),
-              "set_by_imports": zygote.SET_BY_IMPORTS}
+              "prefixes": list(zygote.STARTUP["prefixes"]),
+              "names": sorted(zygote.STARTUP["names"]),
+              "handled": sorted(zygote.STARTUP["handled"]),
+              "set_by_imports": zygote.STARTUP["set_by_imports"],
+              "startup": zygote.server_startup(), "shim": str(shim)}
     shim.write_text(f"#!{sys.executable} -IS\nimport sys\n"
                     f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
                     f"import zygote_shim\nzygote_shim.main({config!r})\n")
