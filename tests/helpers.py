@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,23 +255,35 @@ def session_dir(tmp_path_factory) -> Path:
 
 def shared_run(tmp_path_factory, *overrides: str) -> Run:
     """:func:`run_once` with ``overrides``, made once per test session, not once per xdist
-    worker: the first process to ask runs it (in ``<session>/shared-runs/<key>/``, its cwd
-    holding only its job folder ``run/``) while the others wait on a ``filelock`` and then read
-    its record. Keyed by the overrides. Tests only read the run's folder (copy it with
-    :func:`copy_job` to write into one)."""
+    worker (:func:`made_once`), in ``<session>/shared-runs/<key>/`` (its cwd holding only its
+    job folder ``run/``). Tests only read the run's folder (copy it with :func:`copy_job` to
+    write into one)."""
+    def make(root: Path) -> dict:
+        run = run_once(root, *overrides)
+        return {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr,
+                "seconds": run.seconds}
+
+    root, record = made_once(tmp_path_factory, overrides, make)
+    return Run(job_dir=root / "run", **record)
+
+
+def made_once(tmp_path_factory, key: tuple[str, ...], make: Callable[[Path], dict]
+              ) -> tuple[Path, dict]:
+    """``make(root)`` once per test session for all xdist workers: the first process to ask
+    runs it in ``root`` (``<session>/shared-runs/<hash of key>/``) and keeps the JSON record
+    it returns, while the others wait on a ``filelock`` and then read that record. Returns
+    (``root``, the record)."""
     from filelock import FileLock
 
-    key = hashlib.sha256("\0".join(overrides).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
     cache = session_dir(tmp_path_factory) / "shared-runs"
     cache.mkdir(parents=True, exist_ok=True)
-    root, record = cache / key, cache / f"{key}.json"
-    with FileLock(cache / f"{key}.lock"):
+    root, record = cache / digest, cache / f"{digest}.json"
+    with FileLock(cache / f"{digest}.lock"):
         if not record.exists():
             root.mkdir(exist_ok=True)
-            run = run_once(root, *overrides)
-            record.write_text(json.dumps({"returncode": run.returncode, "stdout": run.stdout,
-                                          "stderr": run.stderr, "seconds": run.seconds}))
-    return Run(job_dir=root / "run", **json.loads(record.read_text()))
+            record.write_text(json.dumps(make(root)))
+    return root, json.loads(record.read_text())
 
 
 def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subprocess.Popen:
@@ -278,17 +291,29 @@ def kill_when_held(job: Path, cwd: Path, args: list[str], marker: Path) -> subpr
     process group (launcher and ranks) once ``marker`` exists (``resume_support.HoldingMLP``
     touched it after a mid-epoch checkpoint was on disk)."""
     tag = uuid.uuid4().hex
+    return kill_group_when(job, cwd, args, cli_env(tag, **tests_on_path()), tag, marker.exists,
+                           f"no {marker.name}")
+
+
+def kill_group_when(job: Path, cwd: Path, args: list[str], env: dict[str, str], tag: str,
+                    ready: Callable[[], bool], waiting_for: str, poll_s: float = 0.01
+                    ) -> subprocess.Popen:
+    """Run ``python -m ddp_exp <args>`` in ``job`` (cwd ``cwd``, environment ``env`` tagged
+    ``tag``, output in ``<cwd>/killed-<tag>.log``) in its own session, and SIGKILL its whole
+    process group (launcher and ranks) once ``ready()``; then no tagged process is left. Fails
+    the test, saying ``waiting_for`` and the run's log, if it ends first or takes
+    :data:`HANG_S`."""
     log = cwd / f"killed-{tag}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *args, f"hydra.run.dir={job}"],
-                                cwd=cwd, env=cli_env(tag, **tests_on_path()), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + HANG_S
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.01)
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"{waiting_for}:\n{log.read_text()[-3000:]}"
+            time.sleep(poll_s)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -450,20 +475,14 @@ def cosine_lr(k: int, lr: float, warmup: int, total: int, min_lr: float) -> floa
 
 def shared_sweep(tmp_path_factory, *overrides: str) -> Path:
     """A multirun ``python -m ddp_exp -m <overrides> hydra.sweep.dir=<folder>``, made once per
-    test session for all xdist workers (as :func:`shared_run`), keyed by the overrides; returns
+    test session for all xdist workers (:func:`made_once`), keyed by the overrides; returns
     the sweep folder after asserting exit 0. Tests only read it."""
-    from filelock import FileLock
+    def make(root: Path) -> dict:
+        proc = run_sweep(root, "-m", *overrides, f"hydra.sweep.dir={root / 'sweep'}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {"returncode": proc.returncode}
 
-    key = hashlib.sha256("\0".join(("-m", *overrides)).encode()).hexdigest()[:16]
-    cache = session_dir(tmp_path_factory) / "shared-runs"
-    cache.mkdir(parents=True, exist_ok=True)
-    root, record = cache / key, cache / f"{key}.json"
-    with FileLock(cache / f"{key}.lock"):
-        if not record.exists():
-            root.mkdir(exist_ok=True)
-            proc = run_sweep(root, "-m", *overrides, f"hydra.sweep.dir={root / 'sweep'}")
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            record.write_text(json.dumps({"returncode": proc.returncode}))
+    root, _ = made_once(tmp_path_factory, ("-m", *overrides), make)
     return root / "sweep"
 
 
@@ -497,3 +516,20 @@ def temp_files(folder: Path) -> list[str]:
     """Names in ``folder`` (hidden ones included) that look like temp or partial files."""
     return sorted(n for n in os.listdir(folder) if n.endswith((".tmp", ".partial")) or
                   n.startswith("."))
+
+
+def one_rank_digits_world(port: int):
+    """In a spawned test process: a gloo world of one on ``127.0.0.1:port`` (one intra-op
+    thread) and digits' datasets (297 validation samples, seed 0). Returns (world, datasets);
+    the caller destroys the process group."""
+    import torch
+
+    from ddp_exp.data import build_datasets, load_digits
+    from ddp_exp.distributed.process_group import World, init_process_group
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    world = World.from_env()
+    init_process_group("gloo", world, 60)
+    return world, build_datasets(load_digits(), 297, 0, 1)

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import torch
-from helpers import HANG_S, QUIET, TESTS, assert_no_orphans, cli_env, run_tagged, tagged_processes
+from helpers import QUIET, TESTS, cli_env, kill_group_when, run_tagged
 
 CHAOS_SITE = TESTS / "chaos_site"
 # The reference run's overrides: conftest's default_run_2_epochs.
@@ -35,28 +33,10 @@ def kill_at(job: Path, cwd: Path, point: str | None, *args: str, env: dict | Non
                   **(env or {}))
     if point:
         env.update(DDP_EXP_TEST_CHAOS=point, DDP_EXP_TEST_MARKER=str(marker))
-    log = cwd / f"killed-{tag}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ddp_exp", *(args or RUN),
-                                 f"hydra.run.dir={job}"], cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + HANG_S
-        while not (marker.exists() if point else
-                   list((job / "tensorboard").glob("events.out.tfevents*"))):
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                f"not killed at {point or 'the first event file'}:\n{log.read_text()[-3000:]}"
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in tagged_processes(tag):
-            os.kill(pid, signal.SIGKILL)
-    assert_no_orphans(tag)
+    done = (marker.exists if point else
+            lambda: bool(list((job / "tensorboard").glob("events.out.tfevents*"))))
+    kill_group_when(job, cwd, list(args or RUN), env, tag, done,
+                    f"not killed at {point or 'the first event file'}", poll_s=0.005)
 
 
 def resume_auto(job: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:

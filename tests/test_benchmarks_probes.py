@@ -6,6 +6,7 @@ that it ran to its result line is. And a probe that fails makes `python -m bench
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib
 import json
@@ -27,13 +28,23 @@ def probe(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
-def test_step_overhead_prints_both_loops_per_step():
-    done = probe("step_overhead", "--epochs", "1")
+def test_step_overhead_prints_both_loops_and_lists_what_the_step_adds(tmp_path):
+    out = tmp_path / "step_overhead.csv"
+    done = probe("step_overhead", "--epochs", "1", "--calls", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("47 steps/epoch, 1 epochs each")  # 1,500 samples / 32 per step
     assert [ln.split()[0] for ln in lines[1:3]] == ["tight", "ddp_exp"]
     assert all("us/step over tight" in ln for ln in lines[1:3])
+    assert "function calls per step: ddp_exp" in done.stdout
+    with open(out, newline="") as fh:
+        rows = {r["function"]: r for r in csv.DictReader(fh)}
+    assert {r["group"] for r in rows.values()} == {"step_overhead"}
+    # counts are exact: one train_step per step, which the tight loop never calls
+    assert float(rows["train_step"]["calls_per_step"]) == 1.0
+    assert float(rows["train_step"]["tight_calls_per_step"]) == 0.0
+    # the version check of compat runs at logging steps only (the norm), not per step
+    assert float(rows.get("written_for", {"calls_per_step": 0})["calls_per_step"]) < 0.5
 
 
 @pytest.mark.slow
@@ -45,6 +56,24 @@ def test_step_checkpoint_cost_writes_its_result_line():
     # steps 50, 100 (not 150, an epoch's end)
     assert r["steps"] == {"every-50": 144, "none": 144}
     assert r["step_checkpoints"] == 2 and 0 < r["direct_cost"] < 1
+
+
+@pytest.mark.slow
+def test_epoch_checkpoint_cost_writes_its_result_line():
+    done = probe("epoch_checkpoint_cost", "--rounds", "2", "--epochs-per-block", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+    # 2 rounds x 2 epochs x 24 steps (1,500 samples, 32 per rank, 2 ranks), a checkpoint after
+    # each save_last epoch
+    assert r["steps"] == {"save_last": 96, "none": 96}
+    assert r["epoch_checkpoints"] == 4
+    assert 0 < r["cpu_cost"] < 1 and 0 < r["direct_cost"] < 1 and r["writer_cpu_s"] > 0
+    # the loop thread's share (what the bound judges) is its own CPU in at_epoch_end over its
+    # CPU; the whole process's adds the writer thread's CPU to both sides, so it is larger
+    assert r["loop_thread_cost"] == pytest.approx(r["take_cpu_s"] / r["loop_cpu_s"]["save_last"])
+    assert 0 < r["loop_thread_cost"] < r["cpu_cost"]
+    labels = ("loop thread share", "whole process share", "direct share", "per checkpoint (4)")
+    assert all(any(ln.startswith(label) for ln in done.stdout.splitlines()) for label in labels)
 
 
 def test_a_failed_probe_fails_the_run(monkeypatch, tmp_path, capsys):

@@ -73,7 +73,7 @@ def test_the_multirun_flag_may_follow_the_overrides():
     """Fresh-user finding: ``python -m ddp_exp data.batch_size=16,32 -m`` was an 8-line
     argparse usage ending in "unrecognized arguments"; Hydra's parser takes the flag only
     before the overrides, so the entry point moves it there."""
-    from ddp_exp.launch.torchrun import multirun_flag_first
+    from ddp_exp.launch.torchrun_env import multirun_flag_first
 
     assert multirun_flag_first(["ddp_exp", "data.batch_size=16,32", "-m", "world_size=1"]) == [
         "ddp_exp", "-m", "data.batch_size=16,32", "world_size=1"]

@@ -21,8 +21,10 @@ from helpers import QUIET, tests_on_path
 from ddp_exp.config.checks import validate
 from ddp_exp.config.compose import register_configs
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.distributed.process_group import World
 from ddp_exp.metrics import confusion, dashboard, perf
 
+WORLD = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
 # Short runs: no config printout, no progress line, no last.pt.
 SHORT = (QUIET, "trainer.progress=off", "trainer.save_last=false")
 
@@ -122,8 +124,6 @@ def test_straggler_line_needs_more_than_20_percent():
 
 
 def test_step_timer_rows_sum_into_the_world_table_and_the_epoch():
-    from ddp_exp.distributed.process_group import World
-
     timers = [perf.StepTimer(World(r, r, 2, 2), torch.device("cpu")) for r in (0, 1)]
     for timer, compute in zip(timers, (0.8, 1.0), strict=True):
         timer.sums = [0.0, compute, 0.1, 0.0, 100.0]  # 8 and 10 ms of compute a step
@@ -141,6 +141,38 @@ def test_step_timer_rows_sum_into_the_world_table_and_the_epoch():
         line = timer.end_epoch(0)
         assert line is not None and line.startswith("epoch 1: rank 1 is a straggler")
         assert timer.epoch_rows == [[0.0] * len(perf.FIELDS)] * 2  # the next epoch starts
+
+
+# What a training step may not repeat (issue 42 item 2): the version check behind autograd's
+# end-of-backward queue was ~10 us a step.
+def test_the_timer_looks_up_the_backward_end_queue_once_and_stamps_every_step(monkeypatch):
+    looked_up = []
+    queued = []
+
+    def lookup():
+        looked_up.append(1)
+        from ddp_exp.compat.tensors import backward_end_queue
+
+        queue = backward_end_queue()
+
+        def counting(callback):
+            queued.append(1)
+            queue(callback)
+        return counting
+
+    monkeypatch.setattr(perf, "backward_end_queue", lookup)
+    model = torch.nn.Linear(3, 2)
+    timer = perf.StepTimer(WORLD, torch.device("cpu"))
+    timer.attach(model)
+    batches = [torch.ones(4, 3)] * 5
+    for x in timer.timed(batches):
+        model(x).sum().backward()
+        timer.backward_done()
+        timer.step_done()
+    assert looked_up == [1]  # at attach, not per step
+    assert len(queued) == 5  # one end-of-backward stamp per step
+    data, compute, sync, optim, steps = timer.sums
+    assert steps == 5 and compute > 0 and sync >= 0 and optim >= 0
 
 
 def test_layout_names_only_written_tags():
@@ -166,12 +198,10 @@ def test_confusion_matrix_of_the_validation_pass_equals_sklearn():
     model = torch.nn.Linear(5, 4)
     x, y = torch.randn(37, 5), torch.randint(0, 4, (37,))
     batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 37, 8)]
-    from ddp_exp.distributed.process_group import World
     from ddp_exp.train.evaluation import evaluate
     from ddp_exp.train.objective import Objective
 
-    world = World(rank=0, local_rank=0, world_size=1, local_world_size=1)
-    got = evaluate(model, batches, Objective(4), world, torch.device("cpu"),
+    got = evaluate(model, batches, Objective(4), WORLD, torch.device("cpu"),
                    num_classes=4)["confusion"]
     with torch.no_grad():
         want = confusion_matrix(y.numpy(), model(x).argmax(1).numpy(), labels=[0, 1, 2, 3])

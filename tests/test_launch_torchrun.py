@@ -28,7 +28,7 @@ def test_leftover_torchrun_variables_launch_its_own_world(run_cli):
 
 
 def test_under_torchrun_needs_the_agents_run_id(monkeypatch):
-    from ddp_exp.launch.torchrun import ignore_leftover_torchrun_variables, under_torchrun
+    from ddp_exp.launch.torchrun_env import ignore_leftover_torchrun_variables, under_torchrun
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"),
                        ("MASTER_PORT", "29500")):

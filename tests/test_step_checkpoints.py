@@ -152,13 +152,10 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
     a preemption at its 7th step, which must stop with a step checkpoint at the check that
     carries the flag; (3) a fresh loop resumed from it, fitted to the end; (4) a run whose
     minutes cadence is always due. Puts the results on ``out``."""
+    from helpers import one_rank_digits_world
+
     from ddp_exp.config.view import rank_config
-    from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.distributed.process_group import (
-        World,
-        destroy_process_group,
-        init_process_group,
-    )
+    from ddp_exp.distributed.process_group import destroy_process_group
     from ddp_exp.metrics.writer import MetricsWriter
     from ddp_exp.train import state as train_state
     from ddp_exp.train import step_checkpoint
@@ -167,12 +164,7 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
     from ddp_exp.train.objective import Objective
     from ddp_exp.train.step_checkpoint import Preempted
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    torch.set_num_threads(1)
-    world = World.from_env()
-    init_process_group("gloo", world, 60)
-    datasets = build_datasets(load_digits(), 297, 0, 1)
+    world, datasets = one_rank_digits_world(port)
 
     def trainer(run: str, conf: dict, preempt=None) -> Trainer:
         torch.manual_seed(0)

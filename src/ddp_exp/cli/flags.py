@@ -5,7 +5,7 @@ the first override; one placed among the overrides (``model=tiny --config-dir co
 data=dataset``) got argparse's 8-line usage and "unrecognized arguments" naming the overrides
 after it, not the flag. :func:`flag_among_overrides` finds such a flag before Hydra parses and
 gives one line naming it and the command with the flags first. ``-m``/``--multirun`` is moved
-first without a word (:func:`ddp_exp.launch.torchrun.multirun_flag_first`).
+first without a word (:func:`ddp_exp.launch.torchrun_env.multirun_flag_first`).
 
 May use: nothing of ddp_exp.
 """

@@ -26,6 +26,7 @@ from typing import Any
 from ddp_exp.io.files import read_json
 from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
+from ddp_exp.job.summary import cell
 
 METRICS = ("val/loss", "val/accuracy", "train/epoch_loss")  # always shown when a run has them
 SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "errors", ".hydra", "mlartifacts"}
@@ -120,15 +121,6 @@ def sort_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
             return (0, value, "")
         return (1, 0, str(value))
     return sorted(rows, key=order)
-
-
-def cell(value: Any) -> str:
-    """A value as the table shows it (floats to 6 significant digits)."""
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 def render(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], as_csv: bool) -> str:

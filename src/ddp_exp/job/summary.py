@@ -139,7 +139,9 @@ def _cell(value: Any) -> Any:
     return " ".join(value) if isinstance(value, list) else value
 
 
-def _fmt(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A value as a table shows it: floats to 6 significant digits, None as nothing (the
+    sweep summary's markdown, ``ddp-exp runs``)."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -162,7 +164,7 @@ def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
         buf.getvalue().encode())))
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for row in rows:
-        cells = [_fmt(_cell(row.get(k))).replace("|", "\\|").replace("\n", " ")
+        cells = [cell(_cell(row.get(k))).replace("|", "\\|").replace("\n", " ")
                  for k in names]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join([WALL_S_NOTE, *_optuna_notes(

@@ -49,7 +49,8 @@ from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
 from ddp_exp.launch import cluster, session
 from ddp_exp.launch.parallel_jobs import parallel_jobs
-from ddp_exp.launch.torchrun import run_under_torchrun, under_torchrun
+from ddp_exp.launch.torchrun import run_under_torchrun
+from ddp_exp.launch.torchrun_env import under_torchrun
 from ddp_exp.rank import parent, preemption
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
 from ddp_exp.rank.worker import RankInputs, run_rank

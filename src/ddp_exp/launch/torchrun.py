@@ -34,17 +34,7 @@ from ddp_exp.distributed.process_group import World, destroy_process_group, init
 from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
 from ddp_exp.launch import session
-from ddp_exp.launch.torchrun_env import (  # noqa: F401  (re-exported: their home before)
-    MULTIRUN_UNDER_TORCHRUN,
-    RANK_VARIABLES,
-    TORCHRUN_VARIABLES,
-    asks_for_multirun,
-    ignore_leftover_torchrun_variables,
-    is_rank0,
-    multirun_flag_first,
-    torchrun_overrides,
-    under_torchrun,
-)
+from ddp_exp.launch.torchrun_env import MULTIRUN_UNDER_TORCHRUN
 from ddp_exp.rank import preemption
 from ddp_exp.rank.failures import build_failure_recorded, record_rank_failure
 from ddp_exp.rank.logs import configure_logging
