@@ -27,6 +27,13 @@ def probe(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedPr
                           stdin=subprocess.DEVNULL)
 
 
+def result_of(name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The probe run to its end (exit 0) and its ``BENCH_RESULT {json}``."""
+    done = probe(name, *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+
+
 @pytest.mark.slow
 def test_step_overhead_prints_both_loops_and_lists_what_the_step_adds(tmp_path):
     out = tmp_path / "step_overhead.csv"
@@ -49,9 +56,7 @@ def test_step_overhead_prints_both_loops_and_lists_what_the_step_adds(tmp_path):
 
 @pytest.mark.slow
 def test_step_checkpoint_cost_writes_its_result_line():
-    done = probe("step_checkpoint_cost", "--rounds", "2", "--epochs-per-block", "3")
-    assert done.returncode == 0, done.stderr[-2000:]
-    r = json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+    _, r = result_of("step_checkpoint_cost", "--rounds", "2", "--epochs-per-block", "3")
     # 2 rounds x 3 epochs x 24 steps (1,500 samples, 32 per rank, 2 ranks): a checkpoint at
     # steps 50, 100 (not 150, an epoch's end)
     assert r["steps"] == {"every-50": 144, "none": 144}
@@ -60,9 +65,7 @@ def test_step_checkpoint_cost_writes_its_result_line():
 
 @pytest.mark.slow
 def test_epoch_checkpoint_cost_writes_its_result_line():
-    done = probe("epoch_checkpoint_cost", "--rounds", "2", "--epochs-per-block", "2")
-    assert done.returncode == 0, done.stderr[-2000:]
-    r = json.loads(done.stdout.rsplit("BENCH_RESULT ", 1)[1])
+    done, r = result_of("epoch_checkpoint_cost", "--rounds", "2", "--epochs-per-block", "2")
     # 2 rounds x 2 epochs x 24 steps (1,500 samples, 32 per rank, 2 ranks), a checkpoint after
     # each save_last epoch
     assert r["steps"] == {"save_last": 96, "none": 96}

@@ -42,6 +42,7 @@ import torch
 
 from benchmarks import common  # noqa: E402
 from benchmarks.probes.step_checkpoint_cost import (  # noqa: E402
+    digits_world,
     run_two_ranks,
     time_checkpoint_work,
     trainer_config,
@@ -51,20 +52,14 @@ VARIANTS = {"save_last": (), "none": ("trainer.save_last=false",)}
 
 
 def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
-    from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
+    from ddp_exp.distributed.process_group import destroy_process_group
     from ddp_exp.metrics.writer import MetricsWriter
     from ddp_exp.train import checkpointing
     from ddp_exp.train.loop import Trainer
     from ddp_exp.train.models import MLP
     from ddp_exp.train.objective import Objective
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    torch.set_num_threads(max(1, common.cores() // 2))  # ddp_exp's rule
-    world = World.from_env()
-    init_process_group("gloo", world, 120)
-    datasets = build_datasets(load_digits(), 297, 0, 2)
+    world, datasets = digits_world(rank, port)
     spent = time_checkpoint_work(checkpointing, ("at_epoch_end",))
     tmp = tempfile.mkdtemp(prefix="epoch-checkpoint-cost-")
     trainers = {}

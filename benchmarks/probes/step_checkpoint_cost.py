@@ -55,13 +55,11 @@ def trainer_config(every: int | None, job_dir: str, *overrides: str):
     return rank_config(plain)
 
 
-def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
+def digits_world(rank: int, port: int):
+    """Rank ``rank`` of a gloo world of 2 on ``127.0.0.1:port`` with ddp_exp's threads per
+    rank, and digits' datasets as the default run splits them. Returns (world, datasets)."""
     from ddp_exp.data import build_datasets, load_digits
-    from ddp_exp.distributed.process_group import World, destroy_process_group, init_process_group
-    from ddp_exp.metrics.writer import MetricsWriter
-    from ddp_exp.train.loop import Trainer
-    from ddp_exp.train.models import MLP
-    from ddp_exp.train.objective import Objective
+    from ddp_exp.distributed.process_group import World, init_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
@@ -69,6 +67,17 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
     world = World.from_env()
     init_process_group("gloo", world, 120)
     datasets = build_datasets(load_digits(), 297, 0, 2)
+    return world, datasets
+
+
+def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
+    from ddp_exp.distributed.process_group import destroy_process_group
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
+
+    world, datasets = digits_world(rank, port)
     spent = _time_checkpoint_work()
     tmp = tempfile.mkdtemp(prefix="step-checkpoint-cost-")
     trainers = {}
