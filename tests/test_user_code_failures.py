@@ -115,24 +115,21 @@ def test_a_user_loss_that_raises_on_the_output_is_one_line(compose, tmp_path, mo
 
 
 # ------------------------------------------------------------------------- from the CLI
-def test_wrong_output_shape_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_path):
-    run = run_cli(*_shaped_model_args(tmp_path / "conf", kind="width", width=3),
-                  "data=synthetic", "trainer.epochs=1", QUIET, env=tests_on_path())
+@pytest.mark.parametrize(("node", "overrides", "line"), [
+    ({"kind": "width", "width": 3}, ("data=synthetic",),
+     "error: model: the output has shape [batch, 3] but the targets have shape [batch, 1]: "
+     "the model must return [batch, 1] (regression: the target's shape)"),
+    # R05: was a 54-line traceback, exit 1, a folder without status.json
+    ({"kind": "dict"}, ("trainer.output_key=out",),
+     "error: trainer.output_key='out' is not a key of the model's output, a dict {'logits': "
+     "tensor [batch, 10]}; set trainer.output_key=<key>"),
+], ids=["wrong-shape", "dict-output"])
+def test_a_model_output_that_does_not_fit_from_the_cli_is_one_line_and_no_folder(
+        run_cli, tmp_path, node, overrides, line):
+    run = run_cli(*_shaped_model_args(tmp_path / "conf", **node), *overrides,
+                  "trainer.epochs=1", QUIET, env=tests_on_path())
     assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.splitlines() == [
-        "error: model: the output has shape [batch, 3] but the targets have shape [batch, 1]: "
-        "the model must return [batch, 1] (regression: the target's shape)"], run.stderr
-    assert not run.job_dir.exists()
-
-
-def test_a_dict_output_from_the_cli_is_one_line_and_no_folder(run_cli, tmp_path):
-    """R05: was a 54-line traceback, exit 1, a folder without status.json."""
-    run = run_cli(*_shaped_model_args(tmp_path / "conf", kind="dict"), "trainer.epochs=1",
-                  "trainer.output_key=out", QUIET, env=tests_on_path())
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.splitlines() == [
-        "error: trainer.output_key='out' is not a key of the model's output, a dict {'logits': "
-        "tensor [batch, 10]}; set trainer.output_key=<key>"], run.stderr
+    assert run.stderr.splitlines() == [line], run.stderr
     assert not run.job_dir.exists()
 
 
