@@ -533,3 +533,14 @@ def one_rank_digits_world(port: int):
     world = World.from_env()
     init_process_group("gloo", world, 60)
     return world, build_datasets(load_digits(), 297, 0, 1)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child that must start as from a terminal's shell whatever this
+    process inherited: SIGINT, SIGTERM and SIGHUP at their defaults (a suite started by
+    ``make test &`` from a script, or under ``nohup``, ignores SIGINT or SIGHUP, and every
+    child would inherit that)."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

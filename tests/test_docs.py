@@ -50,6 +50,7 @@ from pathlib import Path
 import pytest
 import zygote
 import zygote_shim
+from helpers import default_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide.md"
@@ -274,7 +275,7 @@ def run_block(block: Block, workdir: Workdir, statuses: Path) -> subprocess.Comp
                                "block", str(statuses if b is block else os.devnull)],
                               cwd=workdir.root, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, preexec_fn=default_signals)  # a terminal's
     return proc
 
 

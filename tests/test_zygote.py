@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 import zygote
-from helpers import HANG_S, QUIET, TESTS, cli_env, run_tagged, start_cli, tagged_processes
+from helpers import (
+    HANG_S,
+    QUIET,
+    TESTS,
+    cli_env,
+    default_signals,
+    run_tagged,
+    start_cli,
+    tagged_processes,
+)
 
 DDP_EXP = [sys.executable, "-m", "ddp_exp"]
 
@@ -92,6 +101,8 @@ def test_the_shim_forks_only_what_the_server_can_run(tmp_path, monkeypatch):
     import zygote_shim
 
     monkeypatch.delenv(zygote.DISABLE, raising=False)
+    # the caller a terminal's shell starts, whatever this worker inherited (`make test &`)
+    monkeypatch.setattr(signal, "getsignal", lambda sig: signal.SIG_DFL)
     config = zygote_shim.install(tmp_path / ".venv", "/nowhere")
     env = cli_env("t")
     args = ["-m", "ddp_exp", "world_size=1"]
@@ -123,7 +134,7 @@ def _held_run(venv_python: Path, tmp_path: Path, name: str, tag: str, env: dict[
     proc = subprocess.Popen([str(venv_python), "-m", "ddp_exp", "data._target_=phases.slow_digits",
                              QUIET, f"hydra.run.dir={tmp_path / name}"], cwd=tmp_path, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     deadline = time.monotonic() + HANG_S
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -161,7 +172,8 @@ def test_the_shim_runs_ddp_exp_from_the_server_and_ends_as_the_real_interpreter(
     env = cli_env(tag, **({} if forked else {"OMP_PROC_BIND": "false"}))
 
     refused = subprocess.run([str(python), "-m", "ddp_exp", "distributed.timeout_s=0"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                             preexec_fn=default_signals)
     assert (refused.returncode, refused.stdout, refused.stderr) == (
         2, "", "error: distributed.timeout_s=0.0 is invalid: a positive number of seconds\n")
 
@@ -240,7 +252,8 @@ def test_a_forked_program_on_stdin_has_its_callers_signals_not_the_servers(tmp_p
         out = subprocess.run([str(tmp_path / ".venv" / "bin" / "python"), "-", "x"],
                              input=SIGNALS_PROBE, cwd=tmp_path, env=cli_env(uuid.uuid4().hex),
                              capture_output=True, text=True, timeout=HANG_S,
-                             preexec_fn=lambda: signal.signal(signal.SIGQUIT, signal.SIG_IGN))
+                             preexec_fn=lambda: (default_signals(),
+                                                 signal.signal(signal.SIGQUIT, signal.SIG_IGN)))
     finally:
         server.kill()
         server.wait()
