@@ -341,10 +341,11 @@ def test_mmap_threshold_out_of_range_refused(value):
 # Run in a fresh interpreter: the allocator's state is the process's. A 16 MiB block freed raises
 # glibc's dynamic threshold to 16 MiB (its trim threshold to 32 MiB), so an 8 MiB tensor then
 # comes from the heap and its pages stay resident after it is freed; with the threshold fixed
-# at 128 KiB it is mapped on its own and unmapped on free.
+# at 128 KiB it is mapped on its own and unmapped on free; malloc_trim gives the heap's free
+# pages back.
 MMAP_PROBE = """
 import sys, torch
-from ddp_exp.compat.glibc_malloc import set_mmap_threshold
+from ddp_exp.compat.glibc_malloc import set_mmap_threshold, trim
 threshold = None if sys.argv[1] == "null" else int(sys.argv[1])
 print(int(set_mmap_threshold(threshold)))
 def rss():
@@ -354,15 +355,18 @@ del big
 before = rss()
 t = torch.ones(2 * 2 ** 20)  # 8 MiB, every page touched
 del t
+if sys.argv[2] == "trim":
+    trim()
 print(rss() - before)
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
-def test_fixed_mmap_threshold_gives_freed_tensors_back():
-    """``strategy.malloc_mmap_threshold=131072``: a large tensor freed after a larger one was
-    freed leaves the rank's RSS where it was; glibc's dynamic default (null) keeps its 8 MiB
-    resident (the RSS creep FSDP's per-block buffers cause, issue 40)."""
+def test_fixed_mmap_threshold_or_a_trim_gives_freed_tensors_back():
+    """``strategy.malloc_mmap_threshold=131072``, or ``strategy.malloc_trim`` after the step: a
+    large tensor freed after a larger one was freed leaves the rank's RSS where it was; glibc's
+    dynamic default alone (null, no trim) keeps its 8 MiB resident (the RSS creep FSDP's
+    per-block buffers cause, issue 40)."""
     import subprocess
     import sys
 
@@ -371,13 +375,33 @@ def test_fixed_mmap_threshold_gives_freed_tensors_back():
     if _libc() is None:
         pytest.skip("not glibc")
     kib = {}
-    for threshold in ("131072", "null"):
-        out = subprocess.run([sys.executable, "-c", MMAP_PROBE, threshold], check=True,
+    for threshold, then in (("131072", "-"), ("null", "-"), ("null", "trim")):
+        out = subprocess.run([sys.executable, "-c", MMAP_PROBE, threshold, then], check=True,
                              capture_output=True, text=True).stdout.split()
         assert out[0] == ("1" if threshold != "null" else "0")
-        kib[threshold] = int(out[1])
-    assert kib["131072"] < 1024  # given back (RSS moves by a few pages at most)
-    assert kib["null"] >= 7 * 1024  # kept: the 8 MiB tensor's pages
+        kib[threshold, then] = int(out[1])
+    assert kib["131072", "-"] < 1024  # given back (RSS moves by a few pages at most)
+    assert kib["null", "-"] >= 7 * 1024  # kept: the 8 MiB tensor's pages
+    assert kib["null", "trim"] < 1024  # given back by the trim
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_the_trim_follows_every_optimizer_step_where_asked(monkeypatch, release):
+    """``strategy.malloc_trim`` (on a CPU device): one ``malloc_trim`` after each optimizer
+    step, none without it."""
+    from ddp_exp.train import fsdp
+
+    trims: list[int] = []
+    monkeypatch.setattr(fsdp, "trim", lambda: trims.append(1) or True)
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.5)
+    step = fsdp.FSDPOptimizerStep(optimizer, None, None, [param])
+    step.release = release
+    for _ in range(3):
+        param.grad = torch.ones(3)
+        step.step(measure_norm=False)
+    assert param.detach().tolist() == [-0.5] * 3  # the optimizer stepped three times
+    assert len(trims) == (3 if release else 0)
 
 
 def test_the_state_estimate_runs_no_users_optimizer_hook():

@@ -45,7 +45,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
-from ddp_exp.compat.glibc_malloc import set_mmap_threshold
+from ddp_exp.compat.glibc_malloc import set_mmap_threshold, trim
 from ddp_exp.config.strategy import StrategyConfig
 from ddp_exp.config.view import RankConfig
 from ddp_exp.train.models import build_model
@@ -119,7 +119,11 @@ def fill_from(model: nn.Module, source: nn.Module) -> None:
 class FSDPOptimizerStep(OptimizerStep):
     """:class:`ddp_exp.train.optimizer.OptimizerStep` over sharded gradients: the global norm is
     the all-reduced sum of every rank's shard's squares (one all-reduce), then the same
-    clipping rule as ``clip_grad_norm_``."""
+    clipping rule as ``clip_grad_norm_``. With ``release`` (``strategy.malloc_trim`` on a CPU
+    device), the heap's free pages go back to the system after the step
+    (:func:`ddp_exp.compat.glibc_malloc.trim`)."""
+
+    release = False
 
     def step(self, measure_norm: bool) -> torch.Tensor | None:
         norm = None
@@ -132,6 +136,8 @@ class FSDPOptimizerStep(OptimizerStep):
                 if self.clip is not None:
                     torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, norm)
         self.optimizer.step()
+        if self.release:
+            trim()
         return norm
 
 
@@ -152,6 +158,8 @@ class FSDPStrategy(Strategy):
                  device: torch.device, input_shape: Any, num_outputs: int):
         self.section = section
         set_mmap_threshold(section.malloc_mmap_threshold)  # before the shards are allocated
+        # The CPU's heap (glibc's malloc); a GPU's memory is the CUDA caching allocator's.
+        self.release_freed_pages = section.malloc_trim and device.type == "cpu"
         with torch.device("meta"):
             model = build_model(cfg.targets.model, input_shape, num_outputs)
         self.reshard_after_forward = shard_model(model, section, device, cfg.world_size)
@@ -184,7 +192,9 @@ class FSDPStrategy(Strategy):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any,
                        clip: float | None) -> OptimizerStep:
         params = [p for p in self.module.parameters() if p.requires_grad]
-        return FSDPOptimizerStep(optimizer, scaler, clip, params)
+        step = FSDPOptimizerStep(optimizer, scaler, clip, params)
+        step.release = self.release_freed_pages
+        return step
 
     def model_state(self) -> dict[str, Any]:
         return get_model_state_dict(self.module, options=FULL)
