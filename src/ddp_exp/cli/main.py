@@ -207,6 +207,10 @@ def _task(cfg: DictConfig) -> float | None:
             summarize_interrupted(hc.sweep.dir)
         raise
 
+    if error is not None and is_rank0() and not main_process:
+        # A task standing for another node (submitit, srun): the owner reports the job, so
+        # this task's refusal or rendezvous error was silent, and the owner waited for it.
+        log.error("this node's task failed before its ranks started: %s", error)
     if main_process:
         write_status(job_dir, "failed" if error else "completed", overrides,
                      time.time() - t_start, error,
