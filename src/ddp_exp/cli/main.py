@@ -207,7 +207,7 @@ def _task(cfg: DictConfig) -> float | None:
             summarize_interrupted(hc.sweep.dir)
         raise
 
-    if error is not None and is_rank0() and not main_process:
+    if error is not None and is_rank0() and not owns_folder(cfg):
         # A task standing for another node (submitit, srun): the owner reports the job, so
         # this task's refusal or rendezvous error was silent, and the owner waited for it.
         log.error("this node's task failed before its ranks started: %s", error)
