@@ -353,6 +353,53 @@ def test_non_owner_task_leaves_the_shared_folder_alone(monkeypatch, tmp_path):
     assert not partial.exists()  # the owner cleans up after its ranks
 
 
+@pytest.mark.parametrize("task", [0, 1])
+def test_only_task_0_changes_the_shared_folder_before_the_ranks_start(
+        compose, monkeypatch, tmp_path, caplog, task):
+    """Regression (a slurm_local sweep hung 1 time in 4 under load): before any rank started,
+    each task of a cluster job built the world in the shared job folder as if it owned it.
+    Task 0 deleted the temp file of task 1's ``run.json`` write (the clean-up of a killed
+    writer's files), task 1's task ended with FileNotFoundError, which Hydra's submitit
+    launcher keeps to itself, and task 0 waited for it at the rendezvous. Every task still
+    judges the folder (so that all refuse together); task 0 alone changes it: its temp files,
+    ``run.json``, the trackers' run, the warnings. Here through ``run_job``, up to the launch."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from ddp_exp.launch import elastic
+
+    job = tmp_path / "job"
+    job.mkdir()
+    writing = job / ".run.json.abc123.tmp"  # the other task's write in progress
+    writing.write_text("{")
+    overrides = ["launcher.cluster=slurm", "world_size=2", "trainer.resume=auto",
+                 "print_config=true"]
+    hydra_cfg = hydra.compose("config", overrides=overrides, return_hydra_config=True)
+    with open_dict(hydra_cfg):
+        hydra_cfg.hydra.runtime.output_dir = str(job)
+    HydraConfig.instance().set_config(hydra_cfg)
+    _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_JOB_ID": 77}, SLURM_PROCID=task,
+                    SLURM_NODEID=task)
+    launched = []
+    monkeypatch.setattr(elastic, "_elastic_launch",
+                        lambda cfg, nproc, inputs, owner, held: launched.append(owner) or {})
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level("INFO", logger="ddp_exp"):
+            elastic.run_job(compose(*overrides))
+    finally:
+        torch.set_num_threads(threads)
+    assert launched == [task == 0]
+    said = caplog.text
+    if task == 0:
+        assert not writing.exists() and (job / "run.json").is_file()
+        assert "nothing to resume" in said and "world_size: 2" in said  # the config printed
+    else:
+        assert writing.read_text() == "{" and not (job / "run.json").exists()
+        assert "nothing to resume" not in said and "world_size: 2" not in said
+
+
 def test_slurm_preset_off_slurm_says_so_in_one_line(run_cli):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     if shutil.which("srun"):

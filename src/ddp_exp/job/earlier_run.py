@@ -138,14 +138,16 @@ def clear_killed_attempt(job_dir: str) -> None:
             os.unlink(os.path.join(job_dir, name))
 
 
-def refuse_earlier_run(job_dir: str, resume: str | None) -> bool:
+def refuse_earlier_run(job_dir: str, resume: str | None, warn: bool = True) -> bool:
     """Refuse to train afresh in a folder that holds an earlier run: its event streams and
     files would mix with this run's. Training on is fine: ``trainer.resume=auto`` with a
     ``checkpoints/last.pt`` to continue from, or ``trainer.resume=<path>``. With
     ``trainer.resume=auto`` and nothing to continue from, it logs one warning
     (:func:`nothing_to_resume_line`) and the run starts fresh, also when the folder holds only
     an attempt of this run killed before its first checkpoint (:func:`killed_first_epoch`).
-    Changes nothing: :func:`make_way` does, once every other check has passed.
+    Changes nothing: :func:`make_way` does, once every other check has passed. Every process
+    that builds the world judges alike (so that all refuse together); ``warn``: this one says
+    the warning (the one that owns the folder).
 
     Returns:
         True when the folder holds such a killed attempt, which :func:`make_way` clears.
@@ -165,17 +167,19 @@ def refuse_earlier_run(job_dir: str, resume: str | None) -> bool:
         raise FolderHoldsRun(f"the job folder {job_dir!r} already holds a run "
                              f"({', '.join(earlier)}): {how}; or give this run its own folder "
                              "(hydra.run.dir; hydra.sweep.dir with -m)")
-    if no_checkpoint and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+    if no_checkpoint and warn:  # once per world
         log.warning("%s", nothing_to_resume_line(job_dir))
     return False
 
 
 def make_way(job_dir: str, killed_attempt: bool) -> None:
-    """Once the run may start in ``job_dir`` (every check passed, no rank started yet), on
-    rank 0 alone: delete a killed attempt's files (``killed_attempt``, as
-    :func:`refuse_earlier_run` returned; :func:`clear_killed_attempt`), saying so, and the
-    temp files a killed writer left (``.<name>.<tag>.tmp``)."""
-    if os.environ.get("RANK", "0") != "0" or not os.path.isdir(job_dir):
+    """Once the run may start in ``job_dir`` (every check passed, no rank started yet), in
+    the process that owns the folder alone (another would delete the temp files the owner is
+    writing: seen, a cluster job's node 1 lost its ``run.json`` so): delete a killed
+    attempt's files (``killed_attempt``, as :func:`refuse_earlier_run` returned;
+    :func:`clear_killed_attempt`), saying so, and the temp files a killed writer left
+    (``.<name>.<tag>.tmp``)."""
+    if not os.path.isdir(job_dir):
         return
     if killed_attempt:
         earlier = earlier_outputs(job_dir)

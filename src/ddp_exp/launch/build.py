@@ -39,7 +39,7 @@ from ddp_exp.job import earlier_run
 from ddp_exp.job.folder import AlreadyComplete, job_log_file
 from ddp_exp.launch import model_size
 from ddp_exp.launch.run_record import record_start
-from ddp_exp.launch.tracker_plan import plan_trackers, start_trackers
+from ddp_exp.launch.tracker_plan import plan_trackers, preload_trackers, start_trackers
 from ddp_exp.metrics.writer import flatten_hparams
 from ddp_exp.rank.worker import RankInputs
 from ddp_exp.train import monitor, schedule
@@ -95,8 +95,8 @@ def _hparams(plain: dict[str, Any]) -> dict[str, Any]:
     return hparams
 
 
-def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend: str
-            ) -> RankInputs:
+def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend: str,
+            owner: bool = True) -> RankInputs:
     """Build, once and in this process, what every rank of the world needs; shared by both
     launch paths. In order: the folder may take a fresh run, the data, the seeded model, the
     checkpoint to resume from (it fits the model and has epochs left), the resolved config,
@@ -107,6 +107,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
         cfg: the validated config; ``world_size``, ``device`` (``cpu`` | ``cuda``) and
             ``backend``: as resolved for this world (recorded in the returned config).
         job_dir: absolute path of the job folder.
+        owner: this process owns the job folder (the launcher; rank 0 under torchrun; task 0
+            of a cluster job): it alone changes the folder (a killed attempt cleared, temp
+            files, ``run.json``, ``best.pt`` repaired), starts the trackers and says the
+            warnings. Every process judges the folder alike, so all refuse together.
 
     Raises:
         FolderHoldsRun: an earlier run's outputs in ``job_dir`` and no checkpoint to resume.
@@ -116,8 +120,10 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     """
     t_start = time.time()
     trackers = plan_trackers(cfg, job_dir)  # a tracker's missing library: refused first
+    if owner:
+        preload_trackers(trackers)
     apply_global_batch(cfg, world_size)  # data.global_batch_size: the per-rank batch
-    killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume)
+    killed_attempt = earlier_run.refuse_earlier_run(job_dir, cfg.trainer.resume, warn=owner)
     datasets = load_data(cfg)
     model_size.check_fits(OmegaConf.to_container(cfg.model, resolve=True),
                           datasets.train.input_shape, datasets.train.num_outputs,
@@ -140,7 +146,7 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
                           plain["data"].get("ignore_index", -100))
     _check_objective(objective, model, datasets, cfg.seed)
     note = monitor.resolve(plain, objective.metrics, len(datasets.val))
-    if note and os.environ.get("RANK", "0") == "0":  # once, under torchrun too
+    if note and owner:  # once per world
         log.warning(note)  # a run that trains blind: a user's Dataset holds out none by default
     view = rank_config(plain)  # what every rank will read (typed), checked here first
     check_strategy(view, model, device)  # strategy=fsdp's refusals (ddp_exp.train.strategy)
@@ -152,12 +158,13 @@ def prepare(cfg: DictConfig, job_dir: str, world_size: int, device: str, backend
     if state is not None:  # and a checkpoint of another optimizer (SGD state for AdamW) too
         _load_optimizer_states(cfg.trainer.resume, view, state, optimizer, scheduler,
                                len(datasets.train), model)
-        if os.environ.get("RANK", "0") == "0":  # every check passed; once, under torchrun too
+        if owner:  # every check passed
             checkpoint.repair_best(source, state)
         _log_world_change(cfg, state, world_size)
-    earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
-    record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
-    start_trackers(trackers)  # the MLflow run, before the ranks start
+    if owner:
+        earlier_run.make_way(job_dir, killed_attempt)  # a killed attempt's files, temp files
+        record_start(job_dir, plain, backend, datasets.fingerprint(), t_start)  # run.json
+        start_trackers(trackers)  # the MLflow run, before the ranks start
     return RankInputs(cfg=plain, job_dir=job_dir, log_file=job_log_file(), device=device,
                       backend=backend,
                       datasets=datasets, model=model, objective=objective,

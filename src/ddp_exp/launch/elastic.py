@@ -90,7 +90,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         jobs = parallel_jobs()
         sharing = (layout.tasks_on_host if layout is not None else 1) * jobs
         with build_failure_recorded(job_dir, owner):
-            nproc, inputs = prepare_world(cfg, job_dir, sharing, jobs)
+            nproc, inputs = prepare_world(cfg, job_dir, sharing, jobs, owner)
         env = {}
         if sharing > 1 and "OMP_NUM_THREADS" not in os.environ:
             # threads_per_rank's rule, over every rank on the machine.
@@ -116,21 +116,22 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
         return results.get(0)
 
 
-def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1
-                  ) -> tuple[int, RankInputs]:
+def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1,
+                  owner: bool = True) -> tuple[int, RankInputs]:
     """Everything this launcher checks and builds before its ranks start, in the launch
     session's order (:mod:`ddp_exp.launch.session`): the config checked, device and backend
     placed for this node's ranks, the oversubscription warning (over the ranks of
     ``tasks_on_host`` tasks on this machine, ``jobs`` of them a sweep's jobs running at once),
-    then the config printed and the data, model and the rest built in ``job_dir``. Returns
-    (ranks on this node, inputs).
+    then the config printed and the data, model and the rest built in ``job_dir`` (changed by
+    the ``owner`` alone: a task of a cluster job other than task 0 is not). Returns (ranks on
+    this node, inputs).
 
     Raises:
         ConfigError: invalid config or data (one line naming the key).
         FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.launch.build.prepare`.
     """
     placement = session.check(cfg, tasks_on_host=tasks_on_host, jobs=jobs)
-    return placement.nproc, session.build(cfg, job_dir, placement)
+    return placement.nproc, session.build(cfg, job_dir, placement, owner)
 
 
 def _log_as_task(scheduler: str, layout: cluster.ClusterLayout) -> None:

@@ -33,12 +33,10 @@ def user_config_source() -> tuple[str | None, str | None]:
 
 def record_start(job_dir: str, plain: Mapping[str, Any], backend: str,
                  data_fingerprint: Mapping[str, int], started: float) -> None:
-    """Write ``<job_dir>/run.json`` for this start (rank 0's process under torchrun; the
-    launcher otherwise)."""
+    """Write ``<job_dir>/run.json`` for this start, in the process that owns the job folder
+    (rank 0's under torchrun, task 0's in a cluster job, the launcher otherwise)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if os.environ.get("RANK", "0") != "0":
-        return
     overrides = task_overrides(HydraConfig.get()) if HydraConfig.initialized() else []
     config_dir, config_name = user_config_source()
     nproc = int(plain["world_size"]) // int((plain.get("launcher") or {}).get("nnodes", 1))

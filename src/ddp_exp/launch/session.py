@@ -103,21 +103,26 @@ def check(cfg: DictConfig, nproc: int | None = None, tasks_on_host: int = 1, job
     return Placement(nproc, device, backend)
 
 
-def build(cfg: DictConfig, job_dir: str, placement: Placement, show_config: bool = True
+def build(cfg: DictConfig, job_dir: str, placement: Placement, owner: bool = True
           ) -> RankInputs:
     """Phase 2, in order: every ``_target_`` imports, the config printed (``print_config``,
-    where ``show_config``: one process of the world), then what every rank needs, built once
-    in ``job_dir`` for a world of ``cfg.world_size`` ranks (:func:`ddp_exp.launch.build.prepare`).
+    by the ``owner``), then what every rank needs, built once in ``job_dir`` for a world of
+    ``cfg.world_size`` ranks (:func:`ddp_exp.launch.build.prepare`).
+
+    Args:
+        owner: this process owns the job folder and speaks for the world: rank 0's under
+            torchrun, task 0's in a cluster job (``launcher.cluster``), the launcher's
+            otherwise. Only it prints the config and changes the folder.
 
     Raises:
         ConfigError: a ``_target_`` that cannot be imported, bad data, model or optimizer.
         FolderHoldsRun, AlreadyComplete: see :func:`ddp_exp.launch.build.prepare`.
     """
     check_targets(cfg)  # a _target_ that cannot be imported: its line alone, no config first
-    if show_config and cfg.print_config:  # before the data and the model: the first line at once
+    if owner and cfg.print_config:  # before the data and the model: the first line at once
         # a sweep's later jobs: their overrides
         log_config(config_as_run(cfg, cfg.world_size, placement.device))
-    return prepare(cfg, job_dir, cfg.world_size, placement.device, placement.backend)
+    return prepare(cfg, job_dir, cfg.world_size, placement.device, placement.backend, owner)
 
 
 def raise_if_preempted(results: dict[int, Any]) -> None:

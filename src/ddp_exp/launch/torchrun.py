@@ -88,7 +88,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         cfg = OmegaConf.create(plain)
         configure_logging(world.rank, log_file)
         with build_failure_recorded(job_dir, world.is_main):  # the session's second phase
-            inputs = session.build(cfg, job_dir, placement, show_config=world.is_main)
+            inputs = session.build(cfg, job_dir, placement, owner=world.is_main)
         try:
             result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
         except Exception as exc:  # recorded as the built-in launcher records a failed rank

@@ -67,12 +67,11 @@ def _hydra_job() -> tuple[str | None, str | None, str]:
     return None, None, experiment
 
 
-def preload(plan: TrackerPlan) -> None:
-    """Import the trackers' libraries here, in the launching process (rank 0's under
-    torchrun): forked ranks inherit them, so rank 0's tracker thread does not import them
-    (1-2 s of Python holding the GIL) while the first epochs train."""
-    if os.environ.get("RANK", "0") != "0":
-        return
+def preload_trackers(plan: TrackerPlan) -> None:
+    """Import the trackers' libraries here, in the process that owns the job folder (rank 0's
+    under torchrun, task 0's in a cluster job): forked ranks inherit them, so rank 0's tracker
+    thread does not import them (1-2 s of Python holding the GIL) while the first epochs
+    train."""
     if plan.mlflow is not None:
         import mlflow.entities  # noqa: F401
         import mlflow.tracking  # noqa: F401
@@ -81,11 +80,12 @@ def preload(plan: TrackerPlan) -> None:
 
 
 def start_trackers(plan: TrackerPlan) -> None:
-    """Once every check has passed, before any rank starts (rank 0's process under torchrun):
-    create or find the job's MLflow run (:meth:`ddp_exp.metrics.mlflow_sink.MLflowSink.
-    create_run`: the store's creation, seconds of Python, is not rank 0's during training).
+    """Once every check has passed, before any rank starts, in the process that owns the job
+    folder (one per job: two would create two runs): create or find the job's MLflow run
+    (:meth:`ddp_exp.metrics.mlflow_sink.MLflowSink.create_run`: the store's creation, seconds
+    of Python, is not rank 0's during training).
     A failure is noted in the plan for rank 0's tracker to report in its one line."""
-    if plan.mlflow is None or os.environ.get("RANK", "0") != "0":
+    if plan.mlflow is None:
         return
     from ddp_exp.metrics.mlflow_sink import MLflowSink
 
@@ -97,8 +97,7 @@ def start_trackers(plan: TrackerPlan) -> None:
 
 
 def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:
-    """The job's :class:`TrackerPlan` (see the module's docstring); the trackers' libraries
-    are imported here (:func:`preload`).
+    """The job's :class:`TrackerPlan` (see the module's docstring).
 
     Raises:
         ConfigError: a tracker's library is not installed (:func:`check_extras`).
@@ -129,5 +128,4 @@ def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:
                       "run_name": wb.run_name or run_name,
                       "group": None if sweep_dir is None else os.path.relpath(sweep_dir, root)
                       if sweep_dir != root else os.path.basename(sweep_dir)}
-    preload(plan)
     return plan
