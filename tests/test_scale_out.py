@@ -97,6 +97,80 @@ def test_nodes_started_with_different_settings_fail_clearly(tmp_path, node1, key
     assert not (tmp_path / "node0" / "tensorboard").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("failed", [1, 0])
+def test_a_node_that_fails_before_its_ranks_start_ends_the_others_at_once(tmp_path, failed):
+    """Regression: a node whose launcher failed before its agent started was never heard from,
+    and the other node waited launcher.rdzv_timeout_s (900 s by default; a slurm_local job's
+    node 0 waited for node 1, dead 0.7 s after its start) to say only that the rendezvous
+    timed out. The nodes now meet at a gate first (ddp_exp.launch.node_gate): the other node
+    ends at once, naming the node that failed and its error. 600 s here: a wait for it would
+    run into the hang detector."""
+    missing = tmp_path / "missing.pt"
+    bad = [f"trainer.resume={missing}", "launcher.rdzv_timeout_s=600"]
+    good = ["launcher.rdzv_timeout_s=600"]
+    codes, outputs = _start_two_nodes(tmp_path, "static", *((good, bad) if failed else (bad, good)))
+    other = 1 - failed
+    assert codes[failed] == 2 and codes[other] != 0, outputs
+    own = [ln for ln in outputs[failed].splitlines() if ln.startswith("error:")]
+    assert len(own) == 1 and "trainer.resume" in own[0], outputs[failed]
+    heard = [ln for ln in outputs[other].splitlines() if ln.startswith("error:")]
+    if other == 0:  # the node that speaks for the world says why it did not start
+        assert len(heard) == 1, outputs[other]
+        assert heard[0].startswith(f"error: node {failed} of 2 failed before its ranks started: "
+                                   "trainer.resume"), heard
+    assert f"node {failed} of 2 failed before its ranks started" in outputs[other]
+    assert "Traceback" not in outputs[0] + outputs[1]
+    assert not (tmp_path / "node0" / "tensorboard").exists()
+
+
+def test_the_node_gate_meets_nodes_and_bounds_every_wait(monkeypatch):
+    """ddp_exp.launch.node_gate in-process, two "nodes" as threads: both ready -> both pass;
+    node 1 failed -> node 0 raises NodeFailed with node 1's line; a lone node 0 waits at most
+    its timeout; a failed node 0 tells the others for at most NOTICE_S."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    from ddp_exp.launch import node_gate
+
+    def meet(node1_fails: bool) -> dict[int, object]:
+        endpoint, outcome = f"127.0.0.1:{free_port()}", {}
+        node0 = node_gate.NodeGate(endpoint, 0, 2, timeout_s=60)
+
+        def node1():
+            gate = node_gate.NodeGate(endpoint, 1, 2, timeout_s=60)
+            if node1_fails:
+                gate.announce_failure("trainer.resume='x.pt': no such checkpoint file")
+                outcome[1] = "failed"
+            else:
+                gate.wait_for_every_node()
+                outcome[1] = gate.passed
+            gate.close()
+
+        thread = threading.Thread(target=node1)
+        thread.start()
+        try:
+            node0.wait_for_every_node()
+            outcome[0] = node0.passed
+        except node_gate.NodeFailed as exc:
+            outcome[0] = str(exc)
+        thread.join(timeout=60)
+        node0.close()
+        return outcome
+
+    assert meet(node1_fails=False) == {0: True, 1: True}
+    assert meet(node1_fails=True) == {
+        0: "node 1 of 2 failed before its ranks started: trainer.resume='x.pt': no such "
+           "checkpoint file", 1: "failed"}
+    lone = node_gate.NodeGate(f"127.0.0.1:{free_port()}", 0, 2, timeout_s=0.5)
+    with pytest.raises(RendezvousTimeoutError, match="1 of 2 nodes ready"):
+        lone.wait_for_every_node()
+    monkeypatch.setattr(node_gate, "NOTICE_S", 0.3)
+    node_gate.NodeGate(f"127.0.0.1:{free_port()}", 0, 2, timeout_s=60).announce_failure("x")
+    # Returned: nobody came within NOTICE_S (a hang runs into pytest's own limit).
+
+
 WORLD_SHAPE_ERRORS = [  # (overrides, the key the one line must name)
     (["world_size=3", "launcher.nnodes=2"], "world_size"),
     (["world_size=2", "launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:29400"],
@@ -382,6 +456,7 @@ def test_only_task_0_changes_the_shared_folder_before_the_ranks_start(
     _fake_slurm_env(monkeypatch, **{**SLURM_TWO_NODES, "SLURM_JOB_ID": 77}, SLURM_PROCID=task,
                     SLURM_NODEID=task)
     launched = []
+    monkeypatch.setattr(elastic.node_gate, "gate_for", lambda la: None)  # gpu07: not here
     monkeypatch.setattr(elastic, "_elastic_launch",
                         lambda cfg, nproc, inputs, owner, held: launched.append(owner) or {})
     threads = torch.get_num_threads()

@@ -6,9 +6,10 @@ model built **once** in this process (the launch session's steps, shared with th
 launcher (``torch.distributed.launcher.api.elastic_launch``, the machinery behind torchrun),
 every field of its ``LaunchConfig`` set explicitly: on one node the agent's own rendezvous
 (:mod:`ddp_exp.launch.rendezvous`: a fresh store on a free loopback port, so parallel jobs
-cannot collide or merge), across nodes c10d (or static) on ``launcher.rdzv_endpoint``; a fresh
-``run_id``, restarts from ``launcher.max_restarts``; the agent checks its ranks every
-``launcher.monitor_interval_s``.
+cannot collide or merge), across nodes c10d (or static, whose nodes first meet at
+:mod:`ddp_exp.launch.node_gate` and hear of a node that failed) on
+``launcher.rdzv_endpoint``; a fresh ``run_id``, restarts from ``launcher.max_restarts``; the
+agent checks its ranks every ``launcher.monitor_interval_s``.
 
 When the entry itself was started by ``torchrun``, or srun started one task per rank, this
 process is one rank instead (:func:`ddp_exp.launch.torchrun.run_under_torchrun`).
@@ -20,7 +21,8 @@ process pins itself to one intra-op thread before any torch compute (docs/scalin
 May use: :mod:`ddp_exp.launch.cluster` (a scheduler's layout), :mod:`ddp_exp.launch.session`
 (the checks and the build), :mod:`ddp_exp.job.folder` (``errors/``, partial files, the job
 log), :mod:`ddp_exp.rank.failures` (a build that fails), :mod:`ddp_exp.io.files`,
-:mod:`ddp_exp.launch.rendezvous` (one node's), :mod:`ddp_exp.compat.elastic_agent` (the start
+:mod:`ddp_exp.launch.rendezvous` (one node's), :mod:`ddp_exp.launch.node_gate` (nodes meeting
+before their ranks start), :mod:`ddp_exp.compat.elastic_agent` (the start
 of the ranks), :mod:`ddp_exp.rank.worker` (what each rank runs), :mod:`ddp_exp.rank.parent` (a
 rank ends with its launcher), :mod:`ddp_exp.launch.torchrun` (a world torchrun or srun started).
 """
@@ -47,7 +49,7 @@ from ddp_exp.compat import messages
 from ddp_exp.io.files import atomic_write
 from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
-from ddp_exp.launch import cluster, session
+from ddp_exp.launch import cluster, node_gate, session
 from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun
 from ddp_exp.launch.torchrun_env import under_torchrun
@@ -84,7 +86,21 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
     # The scheduler's warning before it stops the job, held from here (issue 30; the data may
     # take long to load): noted, passed on to the ranks.
     signum = preemption.signal_number(cfg.trainer.preempt_signal, cfg.launcher.cluster)
-    with preemption.forwarded(signum, agent.rank_pids) as held:
+    gate = node_gate.gate_for(cfg.launcher)  # nodes meet before their ranks start
+    try:
+        with preemption.forwarded(signum, agent.rank_pids) as held:
+            return _build_and_launch(cfg, job_dir, layout, owner, held, signum, gate)
+    finally:
+        if gate is not None:
+            gate.close()
+
+
+def _build_and_launch(cfg: DictConfig, job_dir: str, layout: cluster.ClusterLayout | None,
+                      owner: bool, held: preemption.Forwarder | None, signum: int | None,
+                      gate: node_gate.NodeGate | None) -> dict[str, Any] | None:
+    """:func:`run_job` from the world's build on: build it, meet the other nodes at the
+    ``gate`` (telling them if this node failed first), launch the ranks."""
+    try:
         preemption.continue_stopped(cfg, job_dir, run_status(job_dir))
         # Worlds sharing this machine's cores: tasks standing for nodes, a sweep's parallel jobs.
         jobs = parallel_jobs()
@@ -98,22 +114,28 @@ def run_job(cfg: DictConfig) -> dict[str, Any] | None:
             env["OMP_NUM_THREADS"] = str(max(1, cores // (nproc * sharing)))
         if cfg.launcher.start_method == "fork":
             _preload_for_ranks()
-        if owner:  # an earlier attempt's errors/ would contradict this run's status
-            jobdir.clear_errors(inputs.job_dir)
+        if held is not None and held.requested:  # came while the data loaded: no rank ran
+            raise preemption.JobPreempted(preemption.preempted_line(signum, None, None), None,
+                                          signum)
         la = cfg.launcher
         if la.nnodes > 1:
             log.info("waiting for %d node(s) at %s (%s rendezvous, up to launcher.rdzv_timeout_s="
                      "%d s)", la.nnodes, la.rdzv_endpoint, la.rdzv_backend, la.rdzv_timeout_s)
-        if held is not None and held.requested:  # came while the data loaded: no rank ran
-            raise preemption.JobPreempted(preemption.preempted_line(signum, None, None), None,
-                                          signum)
-        with _environ(env):
-            results = _elastic_launch(cfg, nproc, inputs, owner, held)
-        session.raise_if_preempted(results)
-        if 0 not in results:
-            log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
-                     sorted(results))
-        return results.get(0)
+        if gate is not None:
+            gate.wait_for_every_node()
+    except BaseException as exc:
+        if gate is not None and not isinstance(exc, node_gate.NodeFailed):
+            gate.announce_failure(node_gate.failure_line(exc))
+        raise
+    if owner:  # an earlier attempt's errors/ would contradict this run's status
+        jobdir.clear_errors(inputs.job_dir)
+    with _environ(env):
+        results = _elastic_launch(cfg, nproc, inputs, owner, held)
+    session.raise_if_preempted(results)
+    if 0 not in results:
+        log.info("this node's ranks %s finished; rank 0, on another node, wrote the outputs",
+                 sorted(results))
+    return results.get(0)
 
 
 def prepare_world(cfg: DictConfig, job_dir: str, tasks_on_host: int = 1, jobs: int = 1,

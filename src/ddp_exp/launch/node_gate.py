@@ -1,0 +1,162 @@
+"""The nodes of a static-rendezvous world meet before their ranks start, and hear of a node
+that failed before then.
+
+torch's static rendezvous (``torchrun --node-rank``; every cluster job here:
+:mod:`ddp_exp.launch.cluster`) waits in C++ for the other nodes' agents for up to its timeout.
+A node whose launcher failed before its agent started (its data missing, its model refused, a
+file race) is never heard from: the other nodes waited ``launcher.rdzv_timeout_s`` (900 s by
+default) and then said only that the rendezvous had timed out (seen: node 1 of a slurm_local
+job ended 0.7 s after its start and node 0 waited for it). torchrun has the same wait.
+
+:class:`NodeGate` meets the nodes first, in Python, over a ``TCPStore`` on the rendezvous
+endpoint that node 0 serves from before it builds the world (``multi_tenant``: its agent's
+static rendezvous then shares that server, and the ranks reach it as before). Each node says,
+once its world is built, that it is ready (:meth:`NodeGate.wait_for_every_node`, which returns
+when all are) or why it failed (:meth:`NodeGate.announce_failure`). A node that hears of a
+failure ends at once with :class:`NodeFailed`, naming the node and its line, instead of waiting.
+
+Bounds: the wait for every node is ``launcher.rdzv_timeout_s`` from the gate's opening, as the
+agent's. A failed node tells the others for at most :data:`NOTICE_S`: node 0 waits that long
+for nodes still building (then, as before, they wait for it until their timeout), another node
+that long for node 0's server to come up.
+
+May use: torch.distributed, :mod:`ddp_exp.config.errors`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+from omegaconf import DictConfig
+
+from ddp_exp.config.errors import ConfigError
+
+log = logging.getLogger("ddp_exp")
+
+PREFIX = "ddp_exp/node_gate/"
+READY, DONE, FAILURES = PREFIX + "ready", PREFIX + "done", PREFIX + "failures"
+NOTICE_S = 30.0  # how long a failed node waits to tell the others (seconds)
+POLL_S = 0.05  # between two looks at the store (seconds)
+
+
+class NodeFailed(ConfigError):
+    """Another node of the world failed before its ranks started; the message names it and
+    says its line (``node 1 of 2 failed before its ranks started: <its line>``)."""
+
+
+def gate_for(la: DictConfig) -> NodeGate | None:
+    """The gate of this launcher (``cfg.launcher``): one for a world of several nodes meeting
+    at a static rendezvous, None otherwise (one node; c10d, whose store any node may host)."""
+    if la.nnodes <= 1 or la.rdzv_backend != "static":
+        return None
+    return NodeGate(la.rdzv_endpoint, la.node_rank, la.nnodes, la.rdzv_timeout_s)
+
+
+class NodeGate:
+    """Node ``node_rank`` of ``nnodes`` at the gate on ``endpoint`` (``HOST:PORT``).
+
+    Node 0 serves the gate's store from construction until :meth:`close`; the others connect
+    once their world is built. Keys (under :data:`PREFIX`): ``ready`` and ``done`` counters,
+    ``failures`` (a counter) and ``failed/<node>`` (that node's line).
+
+    Raises (construction, node 0):
+        torch.distributed.DistNetworkError: the endpoint's port is taken on this host.
+    """
+
+    def __init__(self, endpoint: str, node_rank: int, nnodes: int, timeout_s: float):
+        self.host, _, port = endpoint.rpartition(":")
+        self.port, self.node_rank, self.nnodes = int(port), node_rank, nnodes
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.deadline = time.monotonic() + timeout_s
+        self.passed = False  # every node was ready: the agents meet from here
+        self.store = self._serve() if node_rank == 0 else None
+
+    def _serve(self):
+        from torch.distributed import TCPStore
+
+        return TCPStore(self.host, self.port, None, True, self.timeout,
+                        wait_for_workers=False, multi_tenant=True)
+
+    def _connect(self, within_s: float) -> None:
+        """Connect to node 0's store, waiting up to ``within_s`` for it to come up."""
+        from torch.distributed import TCPStore
+
+        if self.store is None:
+            self.store = TCPStore(self.host, self.port, None, False,
+                                  datetime.timedelta(seconds=max(within_s, 1.0)),
+                                  wait_for_workers=False)
+            self.store.set_timeout(self.timeout)
+
+    def _failure(self) -> str | None:
+        """The first other node's failure line, as :class:`NodeFailed` says it; None yet."""
+        if self.store.add(FAILURES, 0) == 0:
+            return None
+        for node in range(self.nnodes):
+            key = f"{PREFIX}failed/{node}"
+            if node != self.node_rank and self.store.check([key]):
+                return (f"node {node} of {self.nnodes} failed before its ranks started: "
+                        f"{self.store.get(key).decode()}")
+        return None
+
+    def wait_for_every_node(self) -> None:
+        """This node's world is built: say so, and return once every node has.
+
+        Raises:
+            NodeFailed: another node failed before its ranks started.
+            torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: not every node
+                was ready within ``launcher.rdzv_timeout_s`` of the gate's opening.
+            torch.distributed.DistError: node 0's store cannot be reached (or went away).
+        """
+        from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+        self._connect(self.deadline - time.monotonic())
+        self.store.add(READY, 1)
+        while self.store.add(READY, 0) < self.nnodes:
+            failure = self._failure()
+            if failure is not None:
+                self.store.add(DONE, 1)  # heard: node 0 need not wait for this node
+                raise NodeFailed(failure)
+            if time.monotonic() > self.deadline:
+                raise RendezvousTimeoutError(
+                    f"{self.store.add(READY, 0)} of {self.nnodes} nodes ready at the gate")
+            time.sleep(POLL_S)
+        self.passed = True
+
+    def announce_failure(self, line: str) -> None:
+        """Tell the other nodes that this one failed before its ranks started (``line``: its
+        error, one line). Node 0 then waits up to :data:`NOTICE_S` for the others to hear it
+        (a node that failed too counts); another node waits up to that long for node 0's
+        store. Never raises: the node's own error is what it reports."""
+        from torch.distributed import DistError
+
+        try:
+            self._connect(min(NOTICE_S, self.deadline - time.monotonic()))
+            self.store.set(f"{PREFIX}failed/{self.node_rank}", line)
+            self.store.add(FAILURES, 1)
+            if self.node_rank > 0:
+                self.store.add(DONE, 1)
+                return
+            log.warning("telling the other %d node(s) that this node failed (up to %g s)",
+                        self.nnodes - 1, NOTICE_S)
+            until = time.monotonic() + NOTICE_S
+            while self.store.add(DONE, 0) < self.nnodes - 1 and time.monotonic() < until:
+                time.sleep(POLL_S)
+        except DistError:  # node 0 never came up, or went away: nobody left to tell
+            pass
+
+    def close(self) -> None:
+        """Drop this node's store (node 0: its server, once no other user of it is left)."""
+        self.store = None
+
+
+def failure_line(exc: BaseException) -> str:
+    """A launcher's error as one line for the other nodes: a refusal's message, else
+    ``<type>: <first line>``."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, ConfigError):
+        return first
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped by SIGINT"
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
