@@ -92,3 +92,34 @@ def test_xdist_groups_reach_the_scheduler(tmp_path):
     for group in ("shared", "named"):
         assert len({w for n, w in workers.items() if n.startswith(group)}) == 1, (group, workers)
     assert len(set(workers.values())) == 2, workers  # both workers had work
+
+
+def _as_under_nohup() -> None:
+    """``preexec_fn``: SIGHUP and SIGINT ignored, as ``nohup make test &`` leaves them."""
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow  # a pytest of two zygote tests: ~10 s
+def test_the_signal_tests_pass_in_a_suite_started_under_nohup(tmp_path):
+    """Regression: a suite started under ``nohup`` (or ``&`` from a script) passed SIGHUP (or
+    SIGINT) ignored to every child; the shim then rightly started real interpreters (which keep
+    ignored signals), and three zygote tests that send SIGINT to a run failed. Those tests
+    start their children as a terminal would (``helpers.default_signals``); here they run in a
+    pytest that inherited both signals ignored."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "-m", "not slow", "-k", "shim_runs_ddp_exp_from_the_server or callers_signals",
+         "--basetemp", str(tmp_path / "basetemp"), str(TESTS / "test_zygote.py")],
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
+        stdin=subprocess.DEVNULL, preexec_fn=_as_under_nohup)
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) == 2 and "skipped" not in proc.stdout, tail
