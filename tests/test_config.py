@@ -805,3 +805,57 @@ def test_a_typed_per_rank_batch_beside_a_global_batch_is_refused(compose):
         _check_global_batch(cfg, ["world_size=2", "data.global_batch_size=64",
                                   "data.batch_size=16"])
     _check_global_batch(cfg, ["world_size=2", "data.global_batch_size=64"])
+
+
+def test_only_the_groups_named_in_compat_set_hydra_mode():
+    """compat.hydra_mode answers Hydra's get_mode without composing unless an override names
+    a group of MODE_GROUPS: every file of ddp_exp.conf that sets hydra.mode, or selects such a
+    group in its defaults, must be an option of one of them (the primary config none)."""
+    from ddp_exp.compat.hydra_mode import MODE_GROUPS
+
+    conf = Path(str(importlib.resources.files("ddp_exp.conf")))
+    setting = set()
+    for path in conf.rglob("*.yaml"):
+        cfg = OmegaConf.load(path)
+        defaults = OmegaConf.to_container(cfg).get("defaults") or []
+        chosen = [(k.split()[-1].strip("/"), v) for d in defaults if isinstance(d, dict)
+                  for k, v in d.items()]
+        assert path.name != "config.yaml" or ("hparams_search", None) in chosen
+        if (OmegaConf.select(cfg, "hydra.mode") is not None
+                or any(g in MODE_GROUPS and v is not None for g, v in chosen)):
+            setting.add(path.relative_to(conf).parts[0])
+    assert "hparams_search" in setting  # the scan finds what it looks for
+    assert setting <= MODE_GROUPS, setting - MODE_GROUPS
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["world_size=2", "hydra.run.dir=out"], ["data.batch_size=16,32"],
+    ["hparams_search=digits_optuna"], ["+hparams_search=digits_asha"], ["hydra.mode=RUN"],
+    ["hydra.mode=MULTIRUN"], ["experiment=digits_cnn_batch_sweep"], ["world_size=two"],
+    ["model=no_such_model"]])
+def test_the_mode_shortcut_answers_as_hydra_composes(overrides):
+    """Hydra's get_mode with ddp_exp's shortcut equals the stock composition's answer."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+
+    from ddp_exp.compat import hydra_mode
+
+    register()
+    hydra_mode.decide_mode_without_composing()
+    shortcut = Hydra.get_mode
+    stock = shortcut.__wrapped__
+    from hydra.core.global_hydra import GlobalHydra
+
+    app = Hydra.create_main_hydra2(task_name="ddp_exp",
+                                   config_search_path=create_config_search_path(
+                                       "pkg://ddp_exp.conf"))
+    try:
+        assert (shortcut(app, "config", list(overrides))
+                == stock(app, "config", list(overrides)))
+        entries = [(e.provider, e.path) for e in app.config_loader.get_search_path().get_path()]
+    finally:
+        GlobalHydra.instance().clear()
+    assert hydra_mode.only_the_command_line_decides("config", entries, ["world_size=2"])
+    assert not hydra_mode.only_the_command_line_decides(
+        "config", [*entries, ("command-line", "file:///my/configs")], ["world_size=2"])
+    assert not hydra_mode.only_the_command_line_decides("my_config", entries, [])
