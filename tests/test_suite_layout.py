@@ -103,22 +103,29 @@ def _as_under_nohup() -> None:
 
 
 @pytest.mark.slow  # a pytest of two zygote tests: ~10 s
-def test_the_signal_tests_pass_in_a_suite_started_under_nohup(tmp_path):
+def test_the_signal_tests_pass_in_a_suite_started_under_nohup():
     """Regression: a suite started under ``nohup`` (or ``&`` from a script) passed SIGHUP (or
     SIGINT) ignored to every child; the shim then rightly started real interpreters (which keep
     ignored signals), and three zygote tests that send SIGINT to a run failed. Those tests
     start their children as a terminal would (``helpers.default_signals``); here they run in a
     pytest that inherited both signals ignored."""
     import os
+    import shutil
     import subprocess
     import sys
+    import tempfile
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-m", "not slow", "-k", "shim_runs_ddp_exp_from_the_server or callers_signals",
-         "--basetemp", str(tmp_path / "basetemp"), str(TESTS / "test_zygote.py")],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
-        stdin=subprocess.DEVNULL, preexec_fn=_as_under_nohup)
+    # A short folder: the zygote server's socket lives under it (AF_UNIX paths: 108 bytes).
+    basetemp = tempfile.mkdtemp(prefix="nohup-")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+             "-m", "not slow", "-k", "shim_runs_ddp_exp_from_the_server or callers_signals",
+             "--basetemp", os.path.join(basetemp, "t"), str(TESTS / "test_zygote.py")],
+            cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
+            stdin=subprocess.DEVNULL, preexec_fn=_as_under_nohup)
+    finally:
+        shutil.rmtree(basetemp, ignore_errors=True)
     tail = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", proc.stdout)
