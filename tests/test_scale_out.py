@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -126,49 +127,55 @@ def test_a_node_that_fails_before_its_ranks_start_ends_the_others_at_once(tmp_pa
 
 def test_the_node_gate_meets_nodes_and_bounds_every_wait(monkeypatch):
     """ddp_exp.launch.node_gate in-process, two "nodes" as threads: both ready -> both pass;
-    node 1 failed -> node 0 raises NodeFailed with node 1's line; a lone node 0 waits at most
-    its timeout; a failed node 0 tells the others for at most NOTICE_S."""
+    one failed -> the other raises NodeFailed with its line (node 0 stays until node 1, which
+    connected at its start, has heard); a lone node 0 waits at most its timeout, and a lone
+    failed node 0 no longer than ARRIVAL_S after its start."""
     import threading
 
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
     from ddp_exp.launch import node_gate
 
-    def meet(node1_fails: bool) -> dict[int, object]:
+    line = "trainer.resume='x.pt': no such checkpoint file"
+
+    def meet(failed: int | None) -> dict[int, object]:
         endpoint, outcome = f"127.0.0.1:{free_port()}", {}
-        node0 = node_gate.NodeGate(endpoint, 0, 2, timeout_s=60)
 
-        def node1():
-            gate = node_gate.NodeGate(endpoint, 1, 2, timeout_s=60)
-            if node1_fails:
-                gate.announce_failure("trainer.resume='x.pt': no such checkpoint file")
-                outcome[1] = "failed"
-            else:
-                gate.wait_for_every_node()
-                outcome[1] = gate.passed
-            gate.close()
+        def node(rank: int) -> None:
+            gate = node_gate.NodeGate(endpoint, rank, 2, timeout_s=60)
+            try:
+                if rank == failed:
+                    if rank == 0:  # node 1 is connected (and still building) first
+                        while gate.store.add(node_gate.PRESENT, 0) < 1:
+                            time.sleep(0.01)
+                    gate.announce_failure(line)
+                    outcome[rank] = "failed"
+                else:
+                    gate.wait_for_every_node()
+                    outcome[rank] = gate.passed
+            except node_gate.NodeFailed as exc:
+                outcome[rank] = str(exc)
+            finally:
+                gate.close()
 
-        thread = threading.Thread(target=node1)
-        thread.start()
-        try:
-            node0.wait_for_every_node()
-            outcome[0] = node0.passed
-        except node_gate.NodeFailed as exc:
-            outcome[0] = str(exc)
-        thread.join(timeout=60)
-        node0.close()
+        threads = [threading.Thread(target=node, args=(rank,)) for rank in (0, 1)]
+        threads[0].start()
+        time.sleep(0.05)  # node 0 serves first, as it does when it starts first
+        threads[1].start()
+        for thread in threads:
+            thread.join(timeout=60)
         return outcome
 
-    assert meet(node1_fails=False) == {0: True, 1: True}
-    assert meet(node1_fails=True) == {
-        0: "node 1 of 2 failed before its ranks started: trainer.resume='x.pt': no such "
-           "checkpoint file", 1: "failed"}
+    assert meet(None) == {0: True, 1: True}
+    heard = f"failed before its ranks started: {line}"
+    assert meet(1) == {0: f"node 1 of 2 {heard}", 1: "failed"}
+    assert meet(0) == {0: "failed", 1: f"node 0 of 2 {heard}"}
     lone = node_gate.NodeGate(f"127.0.0.1:{free_port()}", 0, 2, timeout_s=0.5)
     with pytest.raises(RendezvousTimeoutError, match="1 of 2 nodes ready"):
         lone.wait_for_every_node()
-    monkeypatch.setattr(node_gate, "NOTICE_S", 0.3)
-    node_gate.NodeGate(f"127.0.0.1:{free_port()}", 0, 2, timeout_s=60).announce_failure("x")
-    # Returned: nobody came within NOTICE_S (a hang runs into pytest's own limit).
+    monkeypatch.setattr(node_gate, "NOTICE_S", 600.0)  # a wait would run into pytest's limit
+    monkeypatch.setattr(node_gate, "ARRIVAL_S", 0.3)
+    node_gate.NodeGate(f"127.0.0.1:{free_port()}", 0, 2, timeout_s=600).announce_failure("x")
 
 
 WORLD_SHAPE_ERRORS = [  # (overrides, the key the one line must name)

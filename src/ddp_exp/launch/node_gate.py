@@ -10,15 +10,18 @@ job ended 0.7 s after its start and node 0 waited for it). torchrun has the same
 
 :class:`NodeGate` meets the nodes first, in Python, over a ``TCPStore`` on the rendezvous
 endpoint that node 0 serves from before it builds the world (``multi_tenant``: its agent's
-static rendezvous then shares that server, and the ranks reach it as before). Each node says,
-once its world is built, that it is ready (:meth:`NodeGate.wait_for_every_node`, which returns
-when all are) or why it failed (:meth:`NodeGate.announce_failure`). A node that hears of a
-failure ends at once with :class:`NodeFailed`, naming the node and its line, instead of waiting.
+static rendezvous then shares that server, and the ranks reach it as before); the other nodes
+connect to it from their start, in a thread, while they build theirs. Each node says, once its
+world is built, that it is ready (:meth:`NodeGate.wait_for_every_node`, which returns when all
+are) or why it failed (:meth:`NodeGate.announce_failure`). A node that hears of a failure ends
+at once with :class:`NodeFailed`, naming the node and its line, instead of waiting.
 
 Bounds: the wait for every node is ``launcher.rdzv_timeout_s`` from the gate's opening, as the
-agent's. A failed node tells the others for at most :data:`NOTICE_S`: node 0 waits that long
-for nodes still building (then, as before, they wait for it until their timeout), another node
-that long for node 0's server to come up.
+agent's. A failed node 0 stays, for at most :data:`NOTICE_S`, until the nodes connected to it
+have heard, and until :data:`ARRIVAL_S` after its start for those not connected yet (nodes
+started together connect within seconds; a node alone, with a typo, ends that much later, and
+says why); a node that comes after that finds no server and waits, as before, until its
+timeout. Another failed node waits at most :data:`NOTICE_S` for node 0's server.
 
 May use: torch.distributed, :mod:`ddp_exp.config.errors`.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 
 from omegaconf import DictConfig
@@ -36,8 +40,10 @@ from ddp_exp.config.errors import ConfigError
 log = logging.getLogger("ddp_exp")
 
 PREFIX = "ddp_exp/node_gate/"
-READY, DONE, FAILURES = PREFIX + "ready", PREFIX + "done", PREFIX + "failures"
+PRESENT, READY, DONE = PREFIX + "present", PREFIX + "ready", PREFIX + "done"
+FAILURES = PREFIX + "failures"
 NOTICE_S = 30.0  # how long a failed node waits to tell the others (seconds)
+ARRIVAL_S = 10.0  # a failed node 0 waits for unconnected nodes until this long after its start
 POLL_S = 0.05  # between two looks at the store (seconds)
 
 
@@ -58,8 +64,10 @@ class NodeGate:
     """Node ``node_rank`` of ``nnodes`` at the gate on ``endpoint`` (``HOST:PORT``).
 
     Node 0 serves the gate's store from construction until :meth:`close`; the others connect
-    once their world is built. Keys (under :data:`PREFIX`): ``ready`` and ``done`` counters,
-    ``failures`` (a counter) and ``failed/<node>`` (that node's line).
+    from construction on, in a daemon thread (``TCPStore`` waits without the GIL). Keys
+    (under :data:`PREFIX`): the counters ``present`` (other nodes connected), ``ready``,
+    ``done`` (other nodes that failed or heard of a failure) and ``failures``, and
+    ``failed/<node>`` (that node's line).
 
     Raises (construction, node 0):
         torch.distributed.DistNetworkError: the endpoint's port is taken on this host.
@@ -69,25 +77,39 @@ class NodeGate:
         self.host, _, port = endpoint.rpartition(":")
         self.port, self.node_rank, self.nnodes = int(port), node_rank, nnodes
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.deadline = time.monotonic() + timeout_s
+        self.opened = time.monotonic()
+        self.deadline = self.opened + timeout_s
         self.passed = False  # every node was ready: the agents meet from here
-        self.store = self._serve() if node_rank == 0 else None
+        self.store = None
+        self._connecting: threading.Thread | None = None
+        self._connect_error: Exception | None = None
+        if node_rank == 0:
+            from torch.distributed import TCPStore
 
-    def _serve(self):
+            self.store = TCPStore(self.host, self.port, None, True, self.timeout,
+                                  wait_for_workers=False, multi_tenant=True)
+        else:
+            self._connecting = threading.Thread(target=self._connect, daemon=True,
+                                                name="ddp_exp-node-gate")
+            self._connecting.start()
+
+    def _connect(self) -> None:
+        """(The thread) connect to node 0's store, waiting up to the timeout for it."""
         from torch.distributed import TCPStore
 
-        return TCPStore(self.host, self.port, None, True, self.timeout,
-                        wait_for_workers=False, multi_tenant=True)
+        try:
+            store = TCPStore(self.host, self.port, None, False, self.timeout,
+                             wait_for_workers=False)
+            store.add(PRESENT, 1)
+            self.store = store
+        except Exception as exc:  # DistError: node 0 did not come within the timeout
+            self._connect_error = exc
 
-    def _connect(self, within_s: float) -> None:
-        """Connect to node 0's store, waiting up to ``within_s`` for it to come up."""
-        from torch.distributed import TCPStore
-
-        if self.store is None:
-            self.store = TCPStore(self.host, self.port, None, False,
-                                  datetime.timedelta(seconds=max(within_s, 1.0)),
-                                  wait_for_workers=False)
-            self.store.set_timeout(self.timeout)
+    def _connected(self, within_s: float) -> bool:
+        """Whether this node reaches node 0's store, waiting up to ``within_s`` for it."""
+        if self._connecting is not None:
+            self._connecting.join(max(within_s, 0.0))
+        return self.store is not None
 
     def _failure(self) -> str | None:
         """The first other node's failure line, as :class:`NodeFailed` says it; None yet."""
@@ -111,7 +133,9 @@ class NodeGate:
         """
         from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
-        self._connect(self.deadline - time.monotonic())
+        if not self._connected(self.deadline - time.monotonic()):
+            raise self._connect_error or RendezvousTimeoutError(
+                f"node 0's gate at {self.host}:{self.port} did not answer")
         self.store.add(READY, 1)
         while self.store.add(READY, 0) < self.nnodes:
             failure = self._failure()
@@ -126,22 +150,30 @@ class NodeGate:
 
     def announce_failure(self, line: str) -> None:
         """Tell the other nodes that this one failed before its ranks started (``line``: its
-        error, one line). Node 0 then waits up to :data:`NOTICE_S` for the others to hear it
-        (a node that failed too counts); another node waits up to that long for node 0's
-        store. Never raises: the node's own error is what it reports."""
+        error, one line). Node 0 then waits up to :data:`NOTICE_S` for the nodes connected to
+        it to hear it (a node that failed too counts); another node waits up to that long for
+        node 0's store. Never raises: the node's own error is what it reports."""
         from torch.distributed import DistError
 
+        if not self._connected(min(NOTICE_S, self.deadline - time.monotonic())):
+            return  # node 0 never came up: nobody to tell
         try:
-            self._connect(min(NOTICE_S, self.deadline - time.monotonic()))
             self.store.set(f"{PREFIX}failed/{self.node_rank}", line)
             self.store.add(FAILURES, 1)
             if self.node_rank > 0:
                 self.store.add(DONE, 1)
                 return
-            log.warning("telling the other %d node(s) that this node failed (up to %g s)",
-                        self.nnodes - 1, NOTICE_S)
             until = time.monotonic() + NOTICE_S
-            while self.store.add(DONE, 0) < self.nnodes - 1 and time.monotonic() < until:
+            told = False
+            while time.monotonic() < until:
+                done, present = self.store.add(DONE, 0), self.store.add(PRESENT, 0)
+                if done >= self.nnodes - 1 or (
+                        done >= present and time.monotonic() >= self.opened + ARRIVAL_S):
+                    break
+                if not told:
+                    log.warning("telling the other node(s) that this node failed (up to %g s)",
+                                NOTICE_S)
+                    told = True
                 time.sleep(POLL_S)
         except DistError:  # node 0 never came up, or went away: nobody left to tell
             pass
