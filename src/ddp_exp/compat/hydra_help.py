@@ -12,38 +12,34 @@ once.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
-from ddp_exp.compat.versions import written_for
+from ddp_exp.compat.versions import wrap_once
 
 
 def answer_group_options_once() -> None:
     """Memoise ``ConfigLoaderImpl.get_group_options`` in this process (only for a command that
     prints help and exits: a composition after it would see a stale listing of a config
     folder that changed meanwhile). Idempotent; nothing on a hydra-core other than 1.3.x."""
-    if not written_for("hydra-core", "the --help group listing answered once per question",
-                       "each listing rebuilds Hydra's config repository"):
-        return
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    stock = ConfigLoaderImpl.get_group_options
-    if getattr(stock, "answered_once", False):
-        return
+    def wrap(stock: Callable) -> Callable:
+        def get_group_options(self: Any, group_name: str, results_filter: Any = None,
+                              config_name: str | None = None,
+                              overrides: list[str] | None = None) -> list[str]:
+            if results_filter is None:  # Hydra's default, ObjectType.CONFIG, by position
+                from hydra.core.object_type import ObjectType
 
-    @functools.wraps(stock)
-    def get_group_options(self: Any, group_name: str, results_filter: Any = None,
-                          config_name: str | None = None,
-                          overrides: list[str] | None = None) -> list[str]:
-        if results_filter is None:  # Hydra's default, ObjectType.CONFIG, by position
-            from hydra.core.object_type import ObjectType
+                results_filter = ObjectType.CONFIG
+            answers = self.__dict__.setdefault("_ddp_exp_group_options", {})  # this loader's
+            key = (group_name, results_filter, config_name, tuple(overrides or ()))
+            if key not in answers:
+                answers[key] = list(stock(self, group_name, results_filter, config_name,
+                                          overrides))
+            return list(answers[key])
+        return get_group_options
 
-            results_filter = ObjectType.CONFIG
-        answers = self.__dict__.setdefault("_ddp_exp_group_options", {})  # this loader's
-        key = (group_name, results_filter, config_name, tuple(overrides or ()))
-        if key not in answers:
-            answers[key] = list(stock(self, group_name, results_filter, config_name, overrides))
-        return list(answers[key])
-
-    get_group_options.answered_once = True  # type: ignore[attr-defined]
-    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+    wrap_once(ConfigLoaderImpl, "get_group_options", wrap, "hydra-core",
+              "the --help group listing answered once per question",
+              "each listing rebuilds Hydra's config repository")

@@ -19,11 +19,10 @@ composition returns then; everywhere else Hydra composes as before. On a hydra-c
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ddp_exp.compat.versions import written_for
+from ddp_exp.compat.versions import wrap_once
 
 # Groups of ddp_exp.conf with an option that sets hydra.mode (tests/test_config.py scans them).
 MODE_GROUPS = frozenset({"hparams_search"})
@@ -53,22 +52,17 @@ def only_the_command_line_decides(config_name: str | None,
 def decide_mode_without_composing() -> None:
     """Install the shortcut on ``hydra._internal.hydra.Hydra.get_mode`` in this process.
     Idempotent; nothing on a hydra-core other than 1.3.x."""
-    if not written_for("hydra-core", "Hydra.get_mode answered from the command line",
-                       "Hydra composes the config twice per job"):
-        return
     from hydra._internal.hydra import Hydra
 
-    stock = Hydra.get_mode
-    if getattr(stock, "ddp_exp_shortcut", False):
-        return
+    def wrap(stock: Callable) -> Callable:
+        def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
+            entries = [(e.provider, e.path) for e in
+                       self.config_loader.get_search_path().get_path()]
+            if only_the_command_line_decides(config_name, entries, overrides):
+                return None
+            return stock(self, config_name, overrides)
+        return get_mode
 
-    @functools.wraps(stock)
-    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
-        entries = [(e.provider, e.path) for e in
-                   self.config_loader.get_search_path().get_path()]
-        if only_the_command_line_decides(config_name, entries, overrides):
-            return None
-        return stock(self, config_name, overrides)
-
-    get_mode.ddp_exp_shortcut = True  # type: ignore[attr-defined]
-    Hydra.get_mode = get_mode  # type: ignore[method-assign]
+    wrap_once(Hydra, "get_mode", wrap, "hydra-core",
+              "Hydra.get_mode answered from the command line",
+              "Hydra composes the config twice per job")

@@ -15,6 +15,8 @@ import functools
 import importlib.metadata
 import logging
 import platform
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("ddp_exp")
 
@@ -67,3 +69,20 @@ def written_for(dist: str, what: str, fallback: str) -> bool:
         log.info("ddp_exp.compat: %s was written for %s %s, found %s: %s", what, dist,
                  " / ".join(f"{s}.x" for s in WRITTEN_FOR[dist]), version or "none", fallback)
     return False
+
+
+def wrap_once(owner: Any, name: str, wrap: Callable[[Callable], Callable], dist: str,
+              what: str, fallback: str) -> bool:
+    """Replace ``owner.<name>`` (a library's function or method) by ``wrap(stock)`` in this
+    process, where :func:`written_for` (``dist``, ``what``, ``fallback``) allows it; the
+    replacement carries ``functools.wraps`` of the stock one (``__wrapped__``). Idempotent.
+    Returns True when the replacement is in place."""
+    if not written_for(dist, what, fallback):
+        return False
+    stock = getattr(owner, name)
+    if getattr(stock, "_ddp_exp_wrapped", False):
+        return True
+    replacement = functools.wraps(stock)(wrap(stock))
+    replacement._ddp_exp_wrapped = True  # type: ignore[attr-defined]
+    setattr(owner, name, replacement)
+    return True
