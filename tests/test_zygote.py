@@ -199,8 +199,12 @@ def test_the_shim_runs_ddp_exp_from_the_server_and_ends_as_the_real_interpreter(
 TORCHRUN_PROBE = """
 import os, sys
 here = os.path.dirname(os.path.realpath(__file__))
-print(os.environ["RANK"], "torch" in sys.modules, sys.argv == [__file__, "x"],
-      sys.path[0] == here, __name__, flush=True)
+# One write per line: the ranks run with -u, where print writes each argument apart and the
+# two ranks' pieces interleaved in the shared pipe once in CI ("10 True ...").
+line = " ".join(str(v) for v in (os.environ["RANK"], "torch" in sys.modules,
+                                  sys.argv == [__file__, "x"], sys.path[0] == here, __name__))
+sys.stdout.write(line + "\n")
+sys.stdout.flush()
 """
 
 
