@@ -203,7 +203,7 @@ here = os.path.dirname(os.path.realpath(__file__))
 # two ranks' pieces interleaved in the shared pipe once in CI ("10 True ...").
 line = " ".join(str(v) for v in (os.environ["RANK"], "torch" in sys.modules,
                                   sys.argv == [__file__, "x"], sys.path[0] == here, __name__))
-sys.stdout.write(line + "\n")
+sys.stdout.write(line + "\\n")
 sys.stdout.flush()
 """
 
