@@ -175,7 +175,7 @@ class NodeGate:
                                 NOTICE_S)
                     told = True
                 time.sleep(POLL_S)
-        except DistError:  # node 0 never came up, or went away: nobody left to tell
+        except DistError:  # node 0 went away: nobody left to tell
             pass
 
     def close(self) -> None:
