@@ -92,3 +92,31 @@ def test_each_kind_of_error_gets_its_row():
         "--config-dir folder is found too)")
 
     assert error_exit(ValueError("a bug"), []) is None
+
+
+def test_an_error_whose_message_is_empty_still_gets_its_one_line(compose):
+    """Every line that quotes an error (``config.errors.first_line``/``described``) survives a
+    message that is empty (``RuntimeError()``, ``KeyboardInterrupt()``) or blank by naming the
+    type: ``str(exc).splitlines()[0]`` raised IndexError inside the error path itself, e.g. on
+    resuming onto an optimizer whose ``load_state_dict`` raised ``RuntimeError()``."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from ddp_exp.config.errors import ConfigError, described, first_line
+    from ddp_exp.config.view import rank_config
+    from ddp_exp.train.state import resume_optimizer
+
+    assert first_line(RuntimeError(" \n ")) == "" and described(RuntimeError()) == "RuntimeError"
+    assert first_line(ValueError("\n  first  \nsecond")) == "first"
+    assert described(OSError("x" * 400)) == "OSError: " + "x" * 300
+    assert first_line("ab", limit=1) == "a" and first_line("", default="none") == "none"
+
+    class Refusing(torch.optim.SGD):
+        def load_state_dict(self, state_dict):
+            raise RuntimeError()
+
+    plain = OmegaConf.to_container(compose("world_size=1"), resolve=True, enum_to_str=True)
+    optimizer = Refusing([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(ConfigError, match=r"^trainer.resume='last.pt': the checkpoint's "
+                       r"optimizer state does not fit optim \(torch.optim.SGD; RuntimeError\)$"):
+        resume_optimizer(rank_config(plain), {"optimizer": {}}, optimizer, 10, "last.pt")

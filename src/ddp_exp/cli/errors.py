@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 import ddp_exp
 from ddp_exp.compat import messages
 from ddp_exp.config.compose import group_options, null_group_line
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.io.files import DiskFull, is_disk_full
 from ddp_exp.job.folder import job_log_file
 from ddp_exp.launch.torchrun_env import under_torchrun
@@ -47,15 +47,14 @@ def rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
     taken, two nodes with one node_rank), naming the setting that bounded the wait: under
     torchrun, a rank's wait for its peers is ``distributed.timeout_s``."""
     la = cfg.launcher
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     if under_torchrun():  # this rank waited for its peers at torchrun's store
         return (f"rank {os.environ['RANK']} of torchrun's WORLD_SIZE={os.environ['WORLD_SIZE']} "
                 f"did not meet the other ranks at {os.environ.get('MASTER_ADDR')}:"
                 f"{os.environ.get('MASTER_PORT')} within distributed.timeout_s="
-                f"{cfg.distributed.timeout_s:g} s ({type(exc).__name__}: {first}); every rank "
+                f"{cfg.distributed.timeout_s:g} s ({described(exc)}); every rank "
                 "must start within distributed.timeout_s")
     return (f"the {la.rdzv_backend} rendezvous at {la.rdzv_endpoint} failed "
-            f"({type(exc).__name__}: {first}); every one of the launcher.nnodes={la.nnodes} "
+            f"({described(exc)}); every one of the launcher.nnodes={la.nnodes} "
             "nodes must start within launcher.rdzv_timeout_s with the same endpoint"
             + (" and its own launcher.node_rank" if la.rdzv_backend == "static" else "")
             + " and its own hydra.run.dir")

@@ -26,7 +26,7 @@ from typing import Any
 from ddp_exp.io.files import read_json
 from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
-from ddp_exp.job.summary import cell
+from ddp_exp.job.summary import table_cell
 
 METRICS = ("val/loss", "val/accuracy", "train/epoch_loss")  # always shown when a run has them
 SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "errors", ".hydra", "mlartifacts"}
@@ -132,7 +132,7 @@ def render(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], as_csv: bo
         writer.writerows({c: "" if r.get(c) is None else r.get(c) for c in columns}
                          for r in rows)
         return out.getvalue()
-    cells = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
+    cells = [list(columns)] + [[table_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
                    + "\n" for line in cells)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddp_exp.cli.one_line_parser import OneLineParser
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, first_line
 
 
 def parser() -> OneLineParser:
@@ -132,7 +132,7 @@ def sample_text(argv: Sequence[str]) -> str:
             model.load_state_dict(weights)
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"{args.run}: the weights do not fit the run's model "
-                          f"({str(e).splitlines()[0]})") from None
+                          f"({first_line(e, default=type(e).__name__)})") from None
     tokenizer = lm.split_tokenizer(train)
     prompt_text = args.prompt if args.prompt is not None else (
         cfg.get("trainer", {}).get("sample_prompt") or "\n")

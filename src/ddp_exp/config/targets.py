@@ -15,7 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from ddp_exp.config.compose import command_folder
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 
 
 def instantiate_node(node: Mapping[str, Any], key: str, **kwargs: Any) -> Any:
@@ -72,9 +72,8 @@ def locate(path: str, key: str) -> Any:
                 raise ConfigError(f"{key}={path!r} cannot be imported ({exc}){hint}") from None
             continue
         except Exception as exc:  # the module exists and raised while it was imported
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise ConfigError(f"{key}={path!r} cannot be imported: importing {module} raised "
-                              f"{type(exc).__name__}: {first}") from None
+                              f"{described(exc)}") from None
         try:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -154,8 +154,7 @@ def decode(path: str, image_size: int | None, channels: int) -> np.ndarray:
 
 
 def _unreadable(path: str, exc: BaseException) -> str:
-    return (f"data.path: cannot read image {path!r} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})")
+    return f"data.path: cannot read image {path!r} ({described(exc)})"
 
 
 def _decode(path: str, image_size: int | None, channels: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.data.collate import Padding, collate_inputs, pad_stack
 
 
@@ -238,8 +238,8 @@ def describe(dataset: Any, reader: ItemReader, task: str, num_classes: int | Non
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"reading item 0 of the {name} dataset failed: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise ConfigError(f"reading item 0 of the {name} dataset failed: {described(exc)}"
+                          ) from None
     x, y = reader(item, f"item 0 of the {name} dataset")
     if transform is not None:
         x = transform(x[None])[0]

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 
 PIECE_CHARS = 1 << 16  # characters per piece of a long document (what the BPE trainer buffers)
 READ_BYTES = 1 << 20
@@ -259,4 +259,4 @@ def _load_dataset(name: str, split: str):
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # the hub's, the builder's: one line
         raise ConfigError(f"--dataset {name} --split {split}: could not load it "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+                          f"({described(e, 200)})") from None

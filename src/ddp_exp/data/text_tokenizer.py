@@ -26,7 +26,7 @@ import os
 from collections.abc import Sequence
 from functools import cached_property
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 
 END_OF_TEXT = "<|endoftext|>"
 TEXT_EXTRA = "pip install 'ddp_exp[text]'"
@@ -107,7 +107,7 @@ class TextTokenizer:
             hf = tokenizers.Tokenizer.from_file(path)
         except Exception as e:  # the library's own parse error
             raise ConfigError(f"{path}: not a Hugging Face tokenizer file "
-                              f"({str(e).splitlines()[0][:200]})") from None
+                              f"({described(e, 200)})") from None
         return cls("hf", hf, path)
 
     def save(self, path: str) -> None:

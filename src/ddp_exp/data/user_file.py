@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, first_line
 from ddp_exp.data.arrays import ArrayDataset
 from ddp_exp.io.files import load_failure
 
@@ -73,7 +73,7 @@ def load_file(path: str, task: str = "auto") -> ArrayDataset:
         raise
     except Exception as exc:  # a corrupt or foreign file: say which, not a traceback
         raise ConfigError(f"data.path={path!r}: cannot read it ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from exc
+                          f"{first_line(exc, default='no detail')})") from exc
     dataset = _to_dataset(features, targets, task, path, integral)
     kind = (f"classification, {dataset.num_classes} classes" if dataset.num_classes
             else f"regression, {dataset.num_outputs} target(s)")

@@ -129,7 +129,7 @@ def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
     return [k for k, v in values.items() if len(v) > 1]
 
 
-def _cell(value: Any) -> Any:
+def csv_cell(value: Any) -> Any:
     """A row's value as summary.csv holds it: a job's overrides joined with spaces; a boolean
     as ``true``/``false``, as JSON and YAML spell it (``status.json``, ``metrics.json``) and as
     pandas' ``read_csv`` reads back to ``bool`` (checked with pandas 3.1.1; Python's ``True``
@@ -139,7 +139,7 @@ def _cell(value: Any) -> Any:
     return " ".join(value) if isinstance(value, list) else value
 
 
-def cell(value: Any) -> str:
+def table_cell(value: Any) -> str:
     """A value as a table shows it: floats to 6 significant digits, None as nothing (the
     sweep summary's markdown, ``ddp-exp runs``)."""
     if value is None:
@@ -158,13 +158,13 @@ def write_summary(sweep_dir: str, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else _cell(row[k]) for k in names})
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(row[k]) for k in names})
     csv_path = os.path.join(sweep_dir, "summary.csv")
     best_effort(csv_path, lambda: atomic_write(csv_path, lambda fh: fh.write(
         buf.getvalue().encode())))
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for row in rows:
-        cells = [cell(_cell(row.get(k))).replace("|", "\\|").replace("\n", " ")
+        cells = [table_cell(csv_cell(row.get(k))).replace("|", "\\|").replace("\n", " ")
                  for k in names]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n\n" + "\n\n".join([WALL_S_NOTE, *_optuna_notes(

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp import data as data_module
 from ddp_exp.config.checks import apply_global_batch, effective_lr, global_batch_size
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.config.view import RankConfig, rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.data.loaders import seeded
@@ -275,9 +275,8 @@ def _check_objective(objective: Objective, model: torch.nn.Module, datasets: Dat
     except ConfigError:
         raise
     except Exception as exc:  # an unreadable file, an item of another shape, a transform's bug
-        first = (str(exc).splitlines() or [""])[0][:300]
         raise ConfigError(f"data: reading the first training samples failed: "
-                          f"{type(exc).__name__}: {first}") from None
+                          f"{described(exc)}") from None
     finally:
         datasets.items_read.clear()
     objective.check(model, *bounded_probe(model, probe_x, probe_y))

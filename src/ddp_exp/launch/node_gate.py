@@ -35,7 +35,7 @@ import time
 
 from omegaconf import DictConfig
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described, first_line
 
 log = logging.getLogger("ddp_exp")
 
@@ -81,6 +81,7 @@ class NodeGate:
         self.deadline = self.opened + timeout_s
         self.passed = False  # every node was ready: the agents meet from here
         self.store = None
+        self._closed = False  # set by close(): a connection made after it is dropped at once
         self._connecting: threading.Thread | None = None
         self._connect_error: Exception | None = None
         if node_rank == 0:
@@ -101,7 +102,8 @@ class NodeGate:
             store = TCPStore(self.host, self.port, None, False, self.timeout,
                              wait_for_workers=False)
             store.add(PRESENT, 1)
-            self.store = store
+            if not self._closed:  # else: dropped here, in this thread, with its last reference
+                self.store = store
         except Exception as exc:  # DistError: node 0 did not come within the timeout
             self._connect_error = exc
 
@@ -179,16 +181,17 @@ class NodeGate:
             pass
 
     def close(self) -> None:
-        """Drop this node's store (node 0: its server, once no other user of it is left)."""
+        """Drop this node's store (node 0: its server, once no other user of it is left); a
+        connection the thread makes afterwards is dropped as it is made."""
+        self._closed = True
         self.store = None
 
 
 def failure_line(exc: BaseException) -> str:
     """A launcher's error as one line for the other nodes: a refusal's message, else
     ``<type>: <first line>``."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
     if isinstance(exc, ConfigError):
-        return first
+        return first_line(exc)
     if isinstance(exc, KeyboardInterrupt):
         return "stopped by SIGINT"
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return described(exc)

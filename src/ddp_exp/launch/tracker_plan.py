@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.config.loggers import TRACKER_EXTRAS
 from ddp_exp.metrics.trackers import TrackerPlan
 
@@ -92,8 +92,7 @@ def start_trackers(plan: TrackerPlan) -> None:
     try:
         MLflowSink(job_dir=plan.job_dir, **plan.mlflow).create_run()
     except Exception as exc:  # reported once, by rank 0's tracker (a tracker stops nothing)
-        reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        plan.mlflow["error"] = f"{type(exc).__name__}: {reason}"
+        plan.mlflow["error"] = described(exc)
 
 
 def plan_trackers(cfg: DictConfig, job_dir: str) -> TrackerPlan:

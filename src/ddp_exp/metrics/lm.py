@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.data.text_tokenizer import TextTokenizer
 from ddp_exp.data.tokens import TokenSplit
 from ddp_exp.metrics.sampling import context_length, sample_ids, seeded_generator
@@ -197,8 +197,7 @@ class LanguageModelReport:
         try:
             text = self.sample_text([epoch] if validation is None else [step, 1])
         except Exception as e:  # a view of the run: it never fails the run
-            log.warning("no text sample %s: %s: %s", when, type(e).__name__,
-                        str(e).splitlines()[0][:200] if str(e) else "")
+            log.warning("no text sample %s: %s", when, described(e, 200))
             return None
         indented = "    " + text.replace("\n", "\n    ")  # markdown: keep line breaks
         log.info("sample %s (trainer.sample_prompt=%r, %d tokens):\n%s",

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ddp_exp.config.errors import described
 from ddp_exp.metrics.tracker_ids import RECORD, read_record, write_record  # noqa: F401
 
 log = logging.getLogger("ddp_exp")
@@ -194,11 +195,10 @@ class Trackers:
                     self._apply(sink, op, args)
                 except Exception as exc:  # a tracker never stops training: drop it
                     self.sinks.remove(sink)
-                    reason = (str(exc).strip().splitlines() or [""])[0][:300]
                     log.warning("warning: logger.%s failed and is off for the rest of this run "
-                                "(%s: %s); training goes on, the job folder holds every "
+                                "(%s); training goes on, the job folder holds every "
                                 "metric (tensorboard/, metrics.json)", sink.name,
-                                type(exc).__name__, reason)
+                                described(exc))
 
     def _apply(self, sink: Sink, op: str, args: tuple) -> None:
         if op == "open":

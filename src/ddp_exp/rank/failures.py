@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from ddp_exp.compat import messages
 from ddp_exp.config.compose import task_overrides
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.distributed.process_group import PeerFailed
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.job import folder as jobdir
@@ -100,9 +100,8 @@ def build_failure_recorded(job_dir: str, owner: bool):
     except Exception as exc:
         import traceback
 
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
         log_file = jobdir.job_log_file()
-        error = (f"the launcher failed before any rank started: {type(exc).__name__}: {first}"
+        error = (f"the launcher failed before any rank started: {described(exc)}"
                  f" (the traceback is in {log_file or 'the job log'})")
         if owner:
             with contextlib.suppress(Exception):  # the record must not hide the error

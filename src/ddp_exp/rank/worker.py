@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_exp.compat import elastic_agent as agent
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.config.view import RankConfig, rank_config
 from ddp_exp.data import Datasets
 from ddp_exp.distributed.process_group import (
@@ -275,8 +275,7 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
             time.sleep(PEER_FAILURE_GRACE_S)
         elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < cfg.launcher.max_restarts:
             # the agent restarts the world and raises nothing: say why here
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            log.error("rank %d failed: %s: %s", world.rank, type(exc).__name__, first)
+            log.error("rank %d failed: %s", world.rank, described(exc))
         named = naming_the_disk(exc, inputs.job_dir)
         if named is not exc:
             raise named from exc

@@ -123,7 +123,10 @@ class FSDPOptimizerStep(OptimizerStep):
     device), the heap's free pages go back to the system after the step
     (:func:`ddp_exp.compat.glibc_malloc.trim`)."""
 
-    release = False
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: Any, clip: float | None,
+                 params: list[torch.nn.Parameter], release: bool = False):
+        super().__init__(optimizer, scaler, clip, params)
+        self.release = release
 
     def step(self, measure_norm: bool) -> torch.Tensor | None:
         norm = None
@@ -192,9 +195,7 @@ class FSDPStrategy(Strategy):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any,
                        clip: float | None) -> OptimizerStep:
         params = [p for p in self.module.parameters() if p.requires_grad]
-        step = FSDPOptimizerStep(optimizer, scaler, clip, params)
-        step.release = self.release_freed_pages
-        return step
+        return FSDPOptimizerStep(optimizer, scaler, clip, params, self.release_freed_pages)
 
     def model_state(self) -> dict[str, Any]:
         return get_model_state_dict(self.module, options=FULL)

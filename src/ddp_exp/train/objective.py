@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.config.targets import find_target, instantiate_node
 from ddp_exp.data.batches import Call, call_model
 
@@ -224,7 +224,7 @@ class Objective:
             output = call_model(model, features)
         except Exception as exc:
             raise ConfigError(f"model: a forward pass on samples of shape "
-                              f"{_input_shape(features)} failed: {_first_line(exc)}") from None
+                              f"{_input_shape(features)} failed: {described(exc)}") from None
         finally:
             model.train(was_training)
         batch = len(targets)
@@ -265,7 +265,7 @@ class Objective:
                 batch = len(targets)
                 raise ConfigError(f"{key}: failed on the model's output "
                                   f"{_shape(tuple(output.shape), batch)} and targets "
-                                  f"{_shape(tuple(targets.shape), batch)}: {_first_line(exc)}"
+                                  f"{_shape(tuple(targets.shape), batch)}: {described(exc)}"
                                   ) from None
 
 
@@ -327,11 +327,6 @@ def _shape(shape: tuple[int, ...], batch: int) -> str:
     if dims and shape[0] == batch:
         dims[0] = "batch"
     return f"[{', '.join(dims)}]"
-
-
-def _first_line(exc: BaseException) -> str:
-    """``<type>: <first line of the message>``, at most 300 characters."""
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
 
 
 def _describe(value: Any, batch: int) -> str:

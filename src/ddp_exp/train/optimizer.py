@@ -24,7 +24,7 @@ import torch
 
 from ddp_exp.compat.tensors import tensor_norms
 from ddp_exp.config.checks import OPTIM_OWN_KEYS
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, first_line
 from ddp_exp.config.targets import instantiate_node
 from ddp_exp.config.view import RankConfig
 
@@ -114,7 +114,7 @@ def check_optimizer(cfg: RankConfig) -> None:
 def _rejected(args: dict[str, Any], exc: BaseException) -> ConfigError:
     """The one line for an optimizer that rejects its arguments (``args``, as built)."""
     options = {k: v for k, v in args.items() if not k.startswith("_") and k != "lr"}
-    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    first = first_line(exc, default=type(exc).__name__)
     return ConfigError(f"optim ({args['_target_']}) rejects its options {options}: {first}")
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ddp_exp.config.checks import effective_lr
-from ddp_exp.config.errors import ConfigError
+from ddp_exp.config.errors import ConfigError, described, first_line
 from ddp_exp.config.view import RankConfig
 from ddp_exp.distributed.process_group import gather_rng_states
 from ddp_exp.io import checkpoint, sharded
@@ -148,8 +148,8 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
             load(optimizer, state.get("optimizer"))
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={resume!r}: the checkpoint's optimizer state does "
-                          f"not fit optim ({cfg.optim._target_}; {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0][:200]})") from None
+                          f"not fit optim ({cfg.optim._target_}; {described(exc, 200)})"
+                          ) from None
     reached = [group["lr"] for group in optimizer.param_groups]
     base = cfg.effective_lr
     for group in optimizer.param_groups:  # a fresh scheduler takes its base from "lr"
@@ -178,7 +178,7 @@ def resume_optimizer(cfg: RankConfig, state: dict[str, Any],
     except Exception as exc:  # a user's scheduler that cannot take that many steps
         raise ConfigError(f"trainer.resume={resume!r}: scheduler ({type(scheduler).__name__}) "
                           f"failed entering this run's schedule at step {start} of {run_steps}:"
-                          f" {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+                          f" {described(exc, 200)}") from None
     if schedule.is_plateau(scheduler):  # its rate is its state: the checkpoint's, rescaled
         saved_cfg = state.get("config")
         before = effective_lr(saved_cfg) if saved_cfg else base
@@ -265,7 +265,7 @@ def load_state_dict(loop: TrainingLoop, state: dict[str, Any], source: str) -> N
             held(loop).load_model_state(state["model"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise ConfigError(f"trainer.resume={source!r}: the checkpoint does not fit this "
-                          f"model ({str(exc).splitlines()[0][:200]})") from None
+                          f"model ({first_line(exc, 200, type(exc).__name__)})") from None
     loop.scheduler, interval, loop.run_steps = resume_optimizer(
         loop.cfg, state, loop.optimizer, loop.steps_per_epoch, source,
         sharded_optimizer_loader(folder, module) if folder
