@@ -155,3 +155,122 @@ def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
     assert last == {"steps": {"global_step": 94, "position": 0, "epoch": 1},
                     "minutes": {"global_step": 60, "position": 13 * 32, "epoch": 0},
                     "preempt": {"global_step": 15, "position": 15 * 32, "epoch": -1}}
+
+
+def _deferred_snapshots(cfg: dict, job_dir: str, port: int, out) -> None:
+    """A world of one in a spawned process: the digits MLP (no buffers) and the same MLP with
+    a BatchNorm (buffers a forward writes), three epochs each with an epoch file per epoch.
+    The writer's snapshot of the weights is slowed by 0.3 s (a loop not waiting for it
+    would take hundreds of steps meanwhile). Puts, per model, the loop's weights and optimizer
+    state read at each epoch's end, the epoch files' own, and the snapshots taken on the
+    writer's thread."""
+    import threading
+    import time
+
+    from helpers import one_rank_digits_world
+    from torch import nn
+
+    from ddp_exp.config.view import rank_config
+    from ddp_exp.distributed.process_group import destroy_process_group
+    from ddp_exp.io import checkpoint
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train import checkpointing
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
+
+    world, datasets = one_rank_digits_world(port)
+    on_writer, at_end = [], []
+    snapshot, epoch_end = checkpoint.snapshot, checkpointing.at_epoch_end
+
+    def slow_snapshot(value):
+        if (threading.current_thread() is not threading.main_thread()
+                and type(value) is dict and "model" in value):  # not its recursive calls
+            on_writer.append(sorted(value))
+            time.sleep(0.3)
+        return snapshot(value)
+
+    def recording_epoch_end(loop, *args, **kwargs):
+        at_end.append(({k: v.clone() for k, v in loop.model.state_dict().items()},
+                       snapshot(loop.optimizer.state_dict()["state"])))
+        return epoch_end(loop, *args, **kwargs)
+
+    checkpoint.snapshot = slow_snapshot
+    checkpointing.at_epoch_end = recording_epoch_end
+    try:
+        result = {}
+        for name, extra in (("mlp", None), ("batchnorm", nn.BatchNorm1d(10))):
+            on_writer.clear()
+            at_end.clear()
+            torch.manual_seed(0)
+            model = MLP((1, 8, 8), 10, [32])
+            if extra is not None:
+                model.net.append(extra)
+            loop = Trainer(rank_config(cfg), world, datasets, model, Objective(10),
+                           torch.device("cpu"),
+                           MetricsWriter(os.path.join(job_dir, name), {}, enabled=False))
+            loop.fit()
+            files = [torch.load(os.path.join(job_dir, name, "checkpoints", f"epoch_{e:04d}.pt"),
+                                weights_only=True) for e in range(3)]
+            result[name] = {"on_writer": list(on_writer), "epochs": len(at_end),
+                            "differ": _differences(at_end, files),
+                            "trained": not torch.equal(next(iter(files[0]["model"].values())),
+                                                       next(iter(files[1]["model"].values())))}
+        out.put(result)  # plain values: a tensor on the queue outlives this process's fds
+    finally:
+        destroy_process_group()
+
+
+@pytest.mark.slow  # starts a world of one
+def test_the_writer_snapshots_the_weights_before_the_next_step_changes_them(tmp_path, compose):
+    """The epoch checkpoint's model and optimizer are snapshotted on the background writer's
+    thread while the next epoch starts (issue 42: off the loop's thread), and the loop's next
+    optimizer step waits for it: each epoch file holds, bit for bit, the weights and momentum
+    the loop had at that epoch's end, although the writer's snapshot took 0.3 s. A model with
+    buffers (BatchNorm's running statistics, which a forward writes) is snapshotted on the
+    loop's thread, as before."""
+    import multiprocessing as mp
+
+    from helpers import free_port
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose("world_size=1", "trainer.progress=off",
+                                         "trainer.epochs=3", "trainer.monitor=null",
+                                         "trainer.checkpoint_every_n_epochs=1",
+                                         "trainer.keep_checkpoints=5",
+                                         "trainer.preempt_signal=null"),
+                                 resolve=True, enum_to_str=True)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_deferred_snapshots, args=(cfg, str(tmp_path), free_port(), out))
+    proc.start()
+    for _ in range(300):
+        try:
+            result = out.get(timeout=1)
+            break
+        except queue.Empty:
+            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert result == {
+        "mlp": {"on_writer": [["model", "optimizer"]] * 3, "epochs": 3, "differ": [],
+                "trained": True},
+        "batchnorm": {"on_writer": [], "epochs": 3, "differ": [], "trained": True}}
+
+
+def _differences(at_end: list, files: list) -> list[str]:
+    """Where the epoch files' weights and momentum differ (not bit for bit) from what the loop
+    held at each epoch's end (``at_end``: (model state, optimizer state) pairs)."""
+    differ = []
+    for epoch, ((weights, momentum), saved) in enumerate(zip(at_end, files)):
+        if list(saved["model"]) != list(weights):
+            differ.append(f"epoch {epoch}: model keys")
+        differ += [f"epoch {epoch}: {key}" for key, tensor in weights.items()
+                   if not torch.equal(saved["model"][key], tensor)]
+        state = saved["optimizer"]["state"]
+        if sorted(state) != sorted(momentum):
+            differ.append(f"epoch {epoch}: optimizer keys")
+        differ += [f"epoch {epoch}: optimizer {index}.{key}"
+                   for index, buffers in momentum.items() for key, value in buffers.items()
+                   if not torch.equal(state[index][key], value)]
+    return differ

@@ -5,7 +5,8 @@ rank holds two of ddp_exp's Trainers on the same data, the default keys and one 
 ``trainer.save_last=false``, and trains them in alternating blocks of epochs, each epoch
 followed by the end-of-epoch checkpoint as ``Trainer.fit`` takes it
 (:func:`ddp_exp.train.checkpointing.at_epoch_end`: ``take`` on the loop's thread, the RNG
-gather started and rank 0's state snapshotted; serialised and written on the background
+gather started and rank 0's state snapshotted but for the weights, which its writer snapshots
+while the next step's forward and backward run; serialised and written on the background
 writer). A block's time is rank 0's wall seconds from its first step
 to the end of its last, the writer's pending writes included (``checkpoint_files.wait()``).
 
@@ -13,11 +14,14 @@ Three shares, rank 0's (the rank that snapshots and writes), CPU seconds being w
 a shared machine inflates least:
 
 * *loop thread* (what the loop pays, and what the bound < 1% judges): the CPU seconds of
-  ``at_epoch_end`` on the loop's thread over the block's CPU seconds of that thread;
+  ``at_epoch_end`` on the loop's thread, and of its wait at the next optimizer step for the
+  writer's snapshot of the weights (``loop.snapshot_gate``), over the block's CPU seconds of
+  that thread;
 * *whole process*: the same plus the writer thread's CPU seconds (serialising, the file), over
   the block's CPU seconds of both threads: the writer's work charged in full, as if it could
   not overlap the steps (on a core of its own it does; it holds the GIL while it pickles);
-* *direct* (wall): the seconds the loop waits in ``at_epoch_end`` plus the writer thread's CPU
+* *direct* (wall): the seconds the loop waits in ``at_epoch_end`` and at that gate plus the
+  writer thread's CPU
   seconds, over the block's wall seconds.
 
 The blocks' ratio is printed too; on a shared machine it resolves a few percent, not one.
@@ -61,6 +65,7 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
 
     world, datasets = digits_world(rank, port)
     spent = time_checkpoint_work(checkpointing, ("at_epoch_end",))
+    time_snapshot_gate(checkpointing, spent)
     tmp = tempfile.mkdtemp(prefix="epoch-checkpoint-cost-")
     trainers = {}
     for name, overrides in VARIANTS.items():
@@ -113,6 +118,26 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
         trainer.writer.close()
     destroy_process_group()
     shutil.rmtree(tmp, ignore_errors=True)  # the checkpoints and event files
+
+
+def time_snapshot_gate(checkpointing, spent: dict[str, float]) -> None:
+    """Charge to ``spent`` (``take``: wall, ``take_cpu``: this thread's CPU seconds) the
+    loop's wait at its next optimizer step for a checkpoint's snapshot of the weights that
+    rank 0's writer takes (``loop.snapshot_gate``: the Event
+    :func:`ddp_exp.train.checkpointing.take` makes through ``checkpointing.threading``)."""
+    import threading
+    import types
+
+    class TimedEvent(threading.Event):
+        def wait(self, timeout=None):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return super().wait(timeout)
+            finally:
+                spent["take"] += time.perf_counter() - t
+                spent["take_cpu"] += time.thread_time() - c
+
+    checkpointing.threading = types.SimpleNamespace(Event=TimedEvent)
 
 
 def main() -> None:

@@ -249,6 +249,10 @@ class BackgroundWriter:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name)
         self._pending.append(self._pool.submit(job))
 
+    def idle(self) -> bool:
+        """Whether every submitted job has run (its failure, if any, not raised yet)."""
+        return all(f.done() for f in self._pending)
+
     def wait(self) -> None:
         """Block until every submitted job has run.
 

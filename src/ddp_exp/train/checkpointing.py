@@ -4,7 +4,10 @@ every N steps or minutes, a preemption, ``trainer.max_steps``' stop, the final o
 1. :func:`take`, on every rank at the same point of its collectives: each rank reads its RNG
    states and rank 0 snapshots the loop's state (:func:`ddp_exp.train.state.state_dict`,
    tensors cloned: the loop trains on). No collective runs here (but FSDP's gather of a full
-   checkpoint's tensors, and once per run the making of the side group, :func:`side`).
+   checkpoint's tensors, and once per run the making of the side group, :func:`side`). A
+   checkpoint that lands at once (the epoch's, ``trainer.max_steps``' stop) leaves the
+   snapshot of the model and optimizer to rank 0's writer thread where nothing changes them
+   before the next ``optimizer.step()``, which waits for it (``loop.snapshot_gate``).
 2. :func:`land`: every rank hands its part to its background writer
    (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread gathers the ranks' RNG states
    (one ``all_gather`` over the side group: every rank's writer runs the checkpoints' gathers
@@ -37,6 +40,7 @@ Each function takes the loop, a :class:`ddp_exp.train.loop.Trainer`, read throug
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -63,12 +67,13 @@ INSIDE_EPOCH = Due(last=True)  # a step checkpoint: never an epoch file or best.
 
 class Taken:
     """A checkpoint taken on every rank and not landed yet: rank 0's snapshot of the loop
-    (``state``; None on the other ranks), every rank's RNG states on their way (``rng``), and
-    for a sharded checkpoint this rank's :class:`Shards`."""
+    (``state``; None on the other ranks), every rank's RNG states on their way (``rng``),
+    for a sharded checkpoint this rank's :class:`Shards`, and whether rank 0's model and
+    optimizer are left for its writer's thread to snapshot (``deferred``: :func:`take`)."""
 
     def __init__(self, state: dict[str, Any] | None, rng: RngGather,
-                 shards: Shards | None = None):
-        self.state, self.rng, self.shards = state, rng, shards
+                 shards: Shards | None = None, deferred: bool = False):
+        self.state, self.rng, self.shards, self.deferred = state, rng, shards, deferred
 
 
 class Shards:
@@ -107,8 +112,8 @@ def _take_shards(loop: TrainingLoop) -> Shards | None:
     return Shards(checkpoint.snapshot(tensors), temp, group.group)
 
 
-def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, float] | None = None
-         ) -> Taken:
+def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, float] | None = None,
+         lands_now: bool = False) -> Taken:
     """Take a checkpoint of ``loop`` as it is now (every rank, at the same point of its
     collectives), waiting for no collective but FSDP's gather of a full checkpoint's tensors
     (``strategy.checkpoint=full``) and, once per run, the side group (:func:`side`): read
@@ -117,14 +122,27 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
     this rank's shards, and on rank 0 snapshot the state (:func:`ddp_exp.io.checkpoint.snapshot` of
     :func:`ddp_exp.train.state.state_dict`). ``position`` (global samples the epoch in
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
-    a step checkpoint; 0 and None: at an epoch's end."""
+    a step checkpoint; 0 and None: at an epoch's end.
+
+    ``lands_now``: :func:`land` follows at once, before the loop's next optimizer step (the
+    epoch's checkpoint, ``trainer.max_steps``' stop). Then, where the model and optimizer
+    states stay still until that step
+    (:attr:`ddp_exp.train.strategy.Strategy.states_still_until_step`) and rank 0's writer has
+    nothing pending, their snapshot is left to the writer's thread, which takes it while the
+    loop goes on into the next step's forward and backward; the loop waits for it before
+    that step's ``optimizer.step()`` (``loop.snapshot_gate``,
+    :func:`ddp_exp.train.steps.finish_step`). Issue 42: ~0.18 ms of the ~0.33 ms the epoch
+    checkpoint cost the loop's thread on digits. A writer still busy (a slow disk) gets the
+    snapshot taken here, so that the loop never waits for an earlier checkpoint's file."""
     shards = _take_shards(loop)
     # A full checkpoint's model and optimizer on every rank: FSDP gathers them to rank 0 (a
     # collective every rank must join); DDP's are rank 0's own (references, snapshotted below).
     strategy = held(loop)
-    weights = {} if shards is not None or not (loop.world.is_main or strategy.name == "fsdp") \
-        else {"model": strategy.model_state(),
-              "optimizer": strategy.optimizer_state(loop.optimizer)}
+    full = shards is None and (loop.world.is_main or strategy.name == "fsdp")
+    deferred = (full and lands_now and loop.world.is_main and strategy.states_still_until_step
+                and loop.checkpoint_files.idle())
+    weights = {} if deferred or not full else {
+        "model": strategy.model_state(), "optimizer": strategy.optimizer_state(loop.optimizer)}
     # This rank's RNG states, read now; every rank's writer gathers them over the side group
     # (in the order the checkpoints land, the same on every rank), not the loop's thread.
     rng = start_rng_gather(loop.device, side(loop).group)
@@ -132,14 +150,33 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
     if loop.world.is_main:
         state = checkpoint.snapshot({**weights, **train_state.state_dict(
             loop, [], position, epoch_sums, weights=False)})
-    return Taken(state, rng, shards)
+    return Taken(state, rng, shards, deferred)
+
+
+def _weights_on_writer(loop: TrainingLoop) -> Callable[[], dict[str, Any]]:
+    """The snapshot of the model and optimizer states as a job for the writer's thread, with
+    ``loop.snapshot_gate`` set to the event it sets when done (or failed): what the loop waits
+    for before its next optimizer step."""
+    gate = threading.Event()
+    strategy, optimizer = held(loop), loop.optimizer
+
+    def weights() -> dict[str, Any]:
+        try:
+            return checkpoint.snapshot({"model": strategy.model_state(),
+                                        "optimizer": strategy.optimizer_state(optimizer)})
+        finally:
+            gate.set()
+
+    loop.snapshot_gate = gate
+    return weights
 
 
 def land(loop: TrainingLoop, taken: Taken, due: Due,
          before_write: Callable[[], object] | None = None) -> None:
     """Hand ``taken`` to this rank's background writer (every rank, in the same order): its
-    thread first gathers the ranks' RNG states over the side group (a collective of the
-    writers), then rank 0's writes the checkpoint under the names ``due``
+    thread first takes a deferred snapshot of the model and optimizer (rank 0, :func:`take`
+    with ``lands_now``), gathers the ranks' RNG states over the side group (a collective of
+    the writers), then rank 0's writes the checkpoint under the names ``due``
     (:func:`ddp_exp.io.checkpoint.save`), after ``before_write()`` (run on that thread: a step
     checkpoint's TensorBoard events, which must be in their file before the checkpoint is);
     the others' write nothing (but their shards, sharded)."""
@@ -149,10 +186,19 @@ def land(loop: TrainingLoop, taken: Taken, due: Due,
         files.submit(taken.rng.wait if shards is None else
                      lambda: (taken.rng.wait(), shards.write()))
         return
-    checkpoint.save(loop.writer.job_dir, taken.state, due.epoch_file,
-                    loop.cfg.trainer.keep_checkpoints, files, last=due.last, best=due.best,
-                    before_write=before_write, late=lambda: {"rng": taken.rng.wait()},
-                    owned=True, shards=taken.shards)
+    weights = _weights_on_writer(loop) if taken.deferred else dict
+
+    def late() -> dict[str, Any]:  # the snapshot first: the loop may be waiting for it
+        return {**weights(), "rng": taken.rng.wait()}
+
+    try:
+        checkpoint.save(loop.writer.job_dir, taken.state, due.epoch_file,
+                        loop.cfg.trainer.keep_checkpoints, files, last=due.last, best=due.best,
+                        before_write=before_write, late=late, owned=True, shards=taken.shards)
+    except BaseException:
+        if loop.snapshot_gate is not None:  # never submitted: nothing would set it
+            loop.snapshot_gate.set()
+        raise
 
 
 def due_at_epoch_end(loop: TrainingLoop, best: bool, complete: bool, force_last: bool) -> Due:
@@ -177,7 +223,7 @@ def at_epoch_end(loop: TrainingLoop, best: bool = False, complete: bool = True,
     due = due_at_epoch_end(loop, best, complete, force_last)
     if not any(due):
         return
-    taken = take(loop)
+    taken = take(loop, lands_now=True)
     if taken.state is not None and not complete:
         taken.state["resumable"] = False
     land(loop, taken, due)

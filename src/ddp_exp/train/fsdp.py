@@ -156,6 +156,7 @@ class FSDPStrategy(Strategy):
     """
 
     name = "fsdp"
+    states_still_until_step = False  # its full states are gathers (collectives)
 
     def __init__(self, cfg: RankConfig, section: StrategyConfig, source: nn.Module,
                  device: torch.device, input_shape: Any, num_outputs: int):

@@ -217,7 +217,7 @@ def at_stop(loop: CheckpointedLoop, steps: int, loss_sum: float, samples: int, s
             or loop.cadence.every_s is not None):
         return
     _land(loop, checkpointing.take(loop, steps * loop.cfg.global_batch_size,
-                                   (loss_sum, samples, seconds)))
+                                   (loss_sum, samples, seconds), lands_now=True))
 
 
 def _land(loop: CheckpointedLoop, taken: Taken) -> None:

@@ -158,9 +158,14 @@ def padded_step(loop: TrainingLoop, group: list, window: LossWindow) -> None:
 
 
 def finish_step(loop: TrainingLoop, perf) -> None:
-    """Clipping or the logging step's norm, ``optimizer.step()``, the step's scheduler."""
+    """Clipping or the logging step's norm, ``optimizer.step()``, the step's scheduler; first,
+    after a checkpoint, its snapshot of the weights on the writer's thread is waited for
+    (``loop.snapshot_gate``: :func:`ddp_exp.train.checkpointing.take`)."""
     if perf is not None:
         perf.backward_done()
+    if loop.snapshot_gate is not None:  # the parameters change below
+        loop.snapshot_gate.wait()
+        loop.snapshot_gate = None
     # Clipped, or measured at logging steps only (train/grad_norm); then optimizer.step().
     loop.grad_norm = loop.optim_step.step((loop.global_step + 1) % loop.log_every == 0)
     if perf is not None:

@@ -94,6 +94,16 @@ class Strategy:
         """Load a plain, full optimizer ``state_dict`` (every rank holds it)."""
         optimizer.load_state_dict(state)
 
+    @functools.cached_property
+    def states_still_until_step(self) -> bool:
+        """Whether :meth:`model_state` and :meth:`optimizer_state` read the same values until
+        the next ``optimizer.step()`` while the loop runs forward and backward beside them: a
+        module held whole without buffers (a forward writes none: BatchNorm's running
+        statistics are buffers) under a strategy whose states gather nothing (not FSDP's). Then a
+        checkpoint's snapshot of them can run on the background writer while the next step's
+        forward and backward do (:func:`ddp_exp.train.checkpointing.take`)."""
+        return next(self.module.buffers(), None) is None
+
     def state_mb(self, optimizer: torch.optim.Optimizer) -> float:
         """MiB of parameters + gradients + optimizer state this rank holds: the parameters'
         local bytes, as many again for the gradients of trainable ones, and the optimizer's
