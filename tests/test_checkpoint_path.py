@@ -262,7 +262,7 @@ def _differences(at_end: list, files: list) -> list[str]:
     """Where the epoch files' weights and momentum differ (not bit for bit) from what the loop
     held at each epoch's end (``at_end``: (model state, optimizer state) pairs)."""
     differ = []
-    for epoch, ((weights, momentum), saved) in enumerate(zip(at_end, files)):
+    for epoch, ((weights, momentum), saved) in enumerate(zip(at_end, files, strict=True)):
         if list(saved["model"]) != list(weights):
             differ.append(f"epoch {epoch}: model keys")
         differ += [f"epoch {epoch}: {key}" for key, tensor in weights.items()
