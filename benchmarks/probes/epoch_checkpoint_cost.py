@@ -123,21 +123,25 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out) -> None:
 def time_snapshot_gate(checkpointing, spent: dict[str, float]) -> None:
     """Charge to ``spent`` (``take``: wall, ``take_cpu``: this thread's CPU seconds) the
     loop's wait at its next optimizer step for a checkpoint's snapshot of the weights that
-    rank 0's writer takes (``loop.snapshot_gate``: the Event
+    rank 0's writer takes (``loop.snapshot_gate``: the lock
     :func:`ddp_exp.train.checkpointing.take` makes through ``checkpointing.threading``)."""
     import threading
     import types
 
-    class TimedEvent(threading.Event):
-        def wait(self, timeout=None):
+    class TimedLock:
+        def __init__(self):
+            self._lock = threading.Lock()
+            self.release, self.locked = self._lock.release, self._lock.locked
+
+        def acquire(self):
             t, c = time.perf_counter(), time.thread_time()
             try:
-                return super().wait(timeout)
+                return self._lock.acquire()
             finally:
                 spent["take"] += time.perf_counter() - t
                 spent["take_cpu"] += time.thread_time() - c
 
-    checkpointing.threading = types.SimpleNamespace(Event=TimedEvent)
+    checkpointing.threading = types.SimpleNamespace(Lock=TimedLock)
 
 
 def main() -> None:

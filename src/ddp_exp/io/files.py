@@ -250,8 +250,9 @@ class BackgroundWriter:
         self._pending.append(self._pool.submit(job))
 
     def idle(self) -> bool:
-        """Whether every submitted job has run (its failure, if any, not raised yet)."""
-        return all(f.done() for f in self._pending)
+        """Whether every submitted job has run (its failure, if any, not raised yet): the last
+        one has (one thread, in order)."""
+        return not self._pending or self._pending[-1].done()
 
     def wait(self) -> None:
         """Block until every submitted job has run.

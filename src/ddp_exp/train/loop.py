@@ -55,9 +55,9 @@ optimizer step), :mod:`ddp_exp.train.log_interval` (the logging checks' scalars)
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -177,9 +177,9 @@ class Trainer:
         # sharded checkpoints taken (each one's temporary folder is named by the count).
         self.checkpoint_group: SideGroup | None = None
         self.sharded_taken = 0
-        # A checkpoint's snapshot of the weights on the writer's thread, which the next
-        # optimizer step waits for (ddp_exp.train.checkpointing.take); None: none pending.
-        self.snapshot_gate: threading.Event | None = None
+        # Held while the writer's thread snapshots a checkpoint's weights; the next optimizer
+        # step acquires it (ddp_exp.train.checkpointing.take). None: no snapshot pending.
+        self.snapshot_gate: _thread.LockType | None = None
         self.epoch = 0  # the next epoch to run
         # Step checkpoints (ddp_exp.train.step_checkpoint): the cadence, and the position in
         # the epoch in progress (global samples consumed) with its sums, set while a step

@@ -164,7 +164,7 @@ def finish_step(loop: TrainingLoop, perf) -> None:
     if perf is not None:
         perf.backward_done()
     if loop.snapshot_gate is not None:  # the parameters change below
-        loop.snapshot_gate.wait()
+        loop.snapshot_gate.acquire()
         loop.snapshot_gate = None
     # Clipped, or measured at logging steps only (train/grad_norm); then optimizer.step().
     loop.grad_norm = loop.optim_step.step((loop.global_step + 1) % loop.log_every == 0)

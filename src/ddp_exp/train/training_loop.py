@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import _thread
     import contextlib
-    import threading
 
     import torch
     from torch import nn
@@ -108,9 +108,9 @@ class TrainingLoop(Protocol):
     checkpoint_files: BackgroundWriter
     checkpoint_group: SideGroup | None
     sharded_taken: int
-    # Set when rank 0's writer snapshots a checkpoint's model and optimizer (its event is set
-    # once done): the next optimizer step waits for it (ddp_exp.train.checkpointing.take).
-    snapshot_gate: threading.Event | None
+    # Held while rank 0's writer snapshots a checkpoint's model and optimizer (released once
+    # done): the next optimizer step acquires it first (ddp_exp.train.checkpointing.take).
+    snapshot_gate: _thread.LockType | None
 
     @property
     def steps_per_epoch(self) -> int:
