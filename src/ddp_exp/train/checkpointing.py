@@ -5,9 +5,9 @@ every N steps or minutes, a preemption, ``trainer.max_steps``' stop, the final o
    states and rank 0 snapshots the loop's state (:func:`ddp_exp.train.state.state_dict`,
    tensors cloned: the loop trains on). No collective runs here (but FSDP's gather of a full
    checkpoint's tensors, and once per run the making of the side group, :func:`side`). A
-   checkpoint that lands at once (the epoch's, ``trainer.max_steps``' stop) leaves the
-   snapshot of the model and optimizer to rank 0's writer thread where nothing changes them
-   before the next ``optimizer.step()``, which waits for it (``loop.snapshot_gate``).
+   checkpoint with nothing between it and the next step (the epoch's) leaves the snapshot to
+   rank 0's writer thread where nothing changes the model and optimizer before the next
+   ``optimizer.step()``, which waits for it (``loop.snapshot_gate``).
 2. :func:`land`: every rank hands its part to its background writer
    (:class:`ddp_exp.io.files.BackgroundWriter`), whose thread gathers the ranks' RNG states
    (one ``all_gather`` over the side group: every rank's writer runs the checkpoints' gathers
@@ -124,9 +124,10 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
     progress has consumed) and ``epoch_sums`` (its world loss sum, samples, seconds) make it
     a step checkpoint; 0 and None: at an epoch's end.
 
-    ``lands_now``: :func:`land` follows at once, before the loop's next optimizer step (the
-    epoch's checkpoint, ``trainer.max_steps``' stop). Then, where the model and optimizer
-    states stay still until that step
+    ``lands_now``: :func:`land` follows at once, and nothing changes the state before the
+    loop's next optimizer step (the epoch's checkpoint: its validation, monitor and per-epoch
+    schedule came before it; not ``trainer.max_steps``' stop, which they follow). Then, where
+    the model and optimizer states stay still until that step
     (:attr:`ddp_exp.train.strategy.Strategy.states_still_until_step`) and rank 0's writer has
     nothing pending, the snapshot (the state's containers with the model and optimizer) is
     left to the writer's thread, which takes it while the loop goes on into the next step's

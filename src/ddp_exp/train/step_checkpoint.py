@@ -216,8 +216,10 @@ def at_stop(loop: CheckpointedLoop, steps: int, loss_sum: float, samples: int, s
     if not (loop.cfg.trainer.save_last or loop.cadence.every_steps is not None
             or loop.cadence.every_s is not None):
         return
+    # Snapshotted here, not on the writer (take's lands_now): validation, the monitor and a
+    # per-epoch schedule (the optimizer's learning rate) change before the next step.
     _land(loop, checkpointing.take(loop, steps * loop.cfg.global_batch_size,
-                                   (loss_sum, samples, seconds), lands_now=True))
+                                   (loss_sum, samples, seconds)))
 
 
 def _land(loop: CheckpointedLoop, taken: Taken) -> None:
