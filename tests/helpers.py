@@ -518,6 +518,36 @@ def temp_files(folder: Path) -> list[str]:
                   n.startswith("."))
 
 
+def in_spawned_rank(target: Callable, *args, limit_s: float = HANG_S):
+    """Run ``target(*args, free_port(), out)`` in a spawned process (a world of one of its
+    own: :func:`one_rank_digits_world`) and return what it puts on ``out`` (plain values: a
+    tensor would outlive the process's file descriptors). Fails if the process dies first, or
+    exits non-zero; ``limit_s`` is a hang detector, not a speed check."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, free_port(), out))
+    proc.start()
+    try:
+        for _ in range(int(limit_s)):
+            try:
+                result = out.get(timeout=1)
+                break
+            except queue.Empty:
+                assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
+        else:
+            raise AssertionError(f"the rank put nothing in {limit_s:.0f} s")
+        proc.join(60)
+        assert proc.exitcode == 0
+        return result
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def one_rank_digits_world(port: int):
     """In a spawned test process: a gloo world of one on ``127.0.0.1:port`` (one intra-op
     thread) and digits' datasets (297 validation samples, seed 0). Returns (world, datasets);

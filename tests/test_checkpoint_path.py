@@ -6,7 +6,6 @@ writer, and none waits for the ranks' RNG states on the loop's thread."""
 from __future__ import annotations
 
 import os
-import queue
 
 import pytest
 import torch
@@ -116,28 +115,15 @@ def test_every_checkpoint_is_taken_and_landed_by_one_path(tmp_path, compose):
     told at step 7 stops at the check of step 15 with a step checkpoint there. Every one goes
     through the same land, and no RNG gather is waited for on the loop's thread. A preemption
     whose checkpoint cannot land (a full disk) ends in the disk's error, not as preempted."""
-    import multiprocessing as mp
-
-    from helpers import free_port
+    from helpers import in_spawned_rank
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(compose("world_size=1", "trainer.log_every_n_steps=5",
                                          "trainer.progress=off", "trainer.perf_metrics=false",
                                          "trainer.preempt_signal=null", "trainer.monitor=null"),
                                  resolve=True, enum_to_str=True)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_one_rank, args=(cfg, str(tmp_path), free_port(), out))
-    proc.start()
-    for _ in range(300):
-        try:
-            landed, waits, last = out.get(timeout=1)
-            landed, full = landed[:-1], landed[-1:]
-            break
-        except queue.Empty:
-            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
-    proc.join(60)
-    assert proc.exitcode == 0
+    landed, waits, last = in_spawned_rank(_one_rank, cfg, str(tmp_path))
+    landed, full = landed[:-1], landed[-1:]
     assert waits == []
     inside = (False, True, False)  # Due: last.pt only
     epoch_end = (True, True, False)  # epoch file and last.pt (no monitor: no best.pt)
@@ -229,9 +215,7 @@ def test_the_writer_snapshots_the_weights_before_the_next_step_changes_them(tmp_
     the loop had at that epoch's end, although the writer's snapshot took 0.3 s. A model with
     buffers (BatchNorm's running statistics, which a forward writes) is snapshotted on the
     loop's thread, as before."""
-    import multiprocessing as mp
-
-    from helpers import free_port
+    from helpers import in_spawned_rank
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(compose("world_size=1", "trainer.progress=off",
@@ -240,18 +224,7 @@ def test_the_writer_snapshots_the_weights_before_the_next_step_changes_them(tmp_
                                          "trainer.keep_checkpoints=5",
                                          "trainer.preempt_signal=null"),
                                  resolve=True, enum_to_str=True)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_deferred_snapshots, args=(cfg, str(tmp_path), free_port(), out))
-    proc.start()
-    for _ in range(300):
-        try:
-            result = out.get(timeout=1)
-            break
-        except queue.Empty:
-            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
-    proc.join(60)
-    assert proc.exitcode == 0
+    result = in_spawned_rank(_deferred_snapshots, cfg, str(tmp_path))
     assert result == {
         "mlp": {"on_writer": [["model", "monitor", "optimizer"]] * 3, "epochs": 3, "differ": [],
                 "trained": True},

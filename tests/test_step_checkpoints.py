@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
 import uuid
@@ -220,27 +219,14 @@ def test_a_preemption_and_the_minutes_cadence_ride_on_the_logging_check(tmp_path
     (the check started at 5 carries the first flag), then every other check: the check started
     at a checkpoint's step is finished by it, so its flag (raised before that checkpoint) is no
     decision; never at the epoch's last step (the epoch's own checkpoint is that)."""
-    import multiprocessing as mp
-
-    from helpers import free_port
+    from helpers import in_spawned_rank
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(compose("world_size=1", "trainer.epochs=2",
                                          "trainer.log_every_n_steps=5", "trainer.progress=off",
                                          "trainer.perf_metrics=false"), resolve=True,
                                enum_to_str=True)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_one_rank, args=(cfg, str(tmp_path), free_port(), out))
-    proc.start()
-    for _ in range(240):
-        try:
-            results = out.get(timeout=1)
-            break
-        except queue.Empty:
-            assert proc.is_alive(), f"the rank died, exit {proc.exitcode}"
-    proc.join(60)
-    assert proc.exitcode == 0
+    results = in_spawned_rank(_one_rank, cfg, str(tmp_path))
     assert results["preempted"] is not None and results["preempted"][1] == 15, results
     assert results["checkpoint"] == (15, 15 * 32, -1)
     for name, value in results["reference"].items():
