@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,41 @@ def test_contract_torch_load_says_what_it_refused_and_that_a_file_is_cut(tmp_pat
         torch.load(path, weights_only=True)
     assert messages.torch_load_broken(cut.value, str(cut.value)), str(cut.value)
     assert load_failure(cut.value) == "not a complete torch.save file: truncated or corrupt"
+
+
+def test_any_file_that_is_no_torch_save_file_gets_the_same_line():
+    """Text and binary files that are no torch.save file at all (a user's trainer.resume=
+    /etc/passwd gave 'IndexError: list index out of range'): 300 seeded pieces of text, of a
+    binary and of random bytes; torch.load raises IndexError, KeyError, EOFError,
+    UnicodeDecodeError, UnpicklingError or 'Invalid magic number' on them, and every one is
+    named as not a complete torch.save file."""
+    import io
+    import random
+
+    import torch
+
+    from ddp_exp.io.files import load_failure
+
+    rng = random.Random(0)
+    sources = [(b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/"
+                b"nologin\n# comment\n127.0.0.1 localhost\n") * 20,
+               Path(__file__).read_bytes(), Path(sys.executable).read_bytes()[:65536]]
+    lines, kinds = set(), set()
+    for _ in range(300):
+        source = rng.choice(sources)
+        start = rng.randrange(len(source))
+        data = (source[start:start + rng.randrange(1, 3000)] if rng.random() < 0.7
+                else bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the unpickler's pickle-protocol warning
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+                continue
+            except Exception as exc:  # noqa: BLE001  (every kind is the claim)
+                kinds.add(type(exc).__name__)
+                lines.add(load_failure(exc))
+    assert lines == {"not a complete torch.save file: truncated or corrupt"}, lines
+    assert {"IndexError", "UnpicklingError"} <= kinds, kinds
 
 
 def test_on_another_torch_a_file_that_does_not_load_is_named_by_its_first_sentence(

@@ -27,6 +27,11 @@ def _garbage(path: Path) -> None:
     path.write_bytes(b"\x00not a checkpoint\xff" * 64)
 
 
+def _text(path: Path) -> None:  # /etc/passwd's kind: the unpickler raised IndexError
+    path.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:"
+                    "/usr/sbin/nologin\n")
+
+
 def _foreign(path: Path) -> None:
     torch.save({"a": 1}, path)
 
@@ -47,12 +52,13 @@ TRUNCATED = "cannot load it as a checkpoint: not a complete torch.save file: tru
 
 
 @pytest.mark.parametrize(("make", "why"), [
-    (_garbage, TRUNCATED), (_foreign, "not a ddp_exp checkpoint"), (_truncated, TRUNCATED),
+    (_garbage, TRUNCATED), (_text, TRUNCATED), (_foreign, "not a ddp_exp checkpoint"),
+    (_truncated, TRUNCATED),
     (_objects, "cannot load it as a checkpoint: it holds a Python object (argparse.Namespace) "
                "that is not a tensor or a plain container; files are loaded with "
                "weights_only=True, so that loading one runs no code"),
     (None, "no such checkpoint file")],
-    ids=["garbage", "foreign", "truncated", "objects", "missing"])
+    ids=["garbage", "text", "foreign", "truncated", "objects", "missing"])
 def test_bad_resume_file_is_refused_before_any_rank_naming_it(compose, tmp_path, make, why):
     """A corrupt, foreign, truncated or missing ``trainer.resume=PATH`` is refused by the
     steps the CLI runs before any rank (in-process): one line naming trainer.resume, the path

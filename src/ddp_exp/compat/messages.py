@@ -67,8 +67,11 @@ CARRIED_TRACEBACK = ("Original Traceback", "Traceback (most recent call last)")
 # whole zip archive ("PytorchStreamReader failed reading zip archive: failed finding central
 # directory").
 REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 UNPICKLER_REASON = re.compile(r"WeightsUnpickler error: ([^\n]+)")
 BROKEN_ARCHIVE = "zip archive"
+# torch 2.13's legacy (not zip) loader on a file whose first pickle is not its magic number.
+BAD_MAGIC = "Invalid magic number"
 STOCK_LOAD = "a file that does not load is named with torch's error's first sentence"
 # torch 2.13's elastic agent (torch.distributed.elastic.agent.server.api) on Ctrl-C or SIGTERM:
 # "Received %s death signal, shutting down workers" (the entry point's one line says it).
@@ -152,12 +155,14 @@ def agent_closing_process(message: str) -> bool:
 
 def torch_load_refused(text: str) -> str | None:
     """The global (``mod.Class``) that ``torch.load(weights_only=True)`` refused, from its
-    error's ``text``; None for any other error, or on a torch other than 2.13."""
+    error's ``text``; None for any other error, for a "global" that is no dotted Python name
+    (a text file that starts with ``c``, pickle's GLOBAL opcode, names lines of text), or on a
+    torch other than 2.13."""
     match = REFUSED_GLOBAL.search(text)
     if match is None or not written_for("torch", "torch.load's 'Unsupported global' wording",
                                         STOCK_LOAD):
         return None
-    return match.group(1)
+    return match.group(1) if DOTTED_NAME.fullmatch(match.group(1)) else None
 
 
 def torch_load_reason(text: str) -> str | None:
@@ -172,12 +177,14 @@ def torch_load_reason(text: str) -> str | None:
 
 def torch_load_broken(exc: BaseException, text: str) -> bool:
     """True when ``torch.load``'s error ``exc`` (its text ``text``) says the file is no whole
-    zip archive, or is a ``pickle.UnpicklingError`` (a legacy pickle that makes no sense: on
-    torch 2.13 an object refused is one too, which :func:`torch_load_refused` names first);
-    False otherwise, or on a torch other than 2.13."""
+    zip archive, or a legacy file without torch's magic number, or is a
+    ``pickle.UnpicklingError`` (a legacy pickle that makes no sense: on torch 2.13 an object
+    refused is one too, which :func:`torch_load_refused` names first); False otherwise, or on
+    a torch other than 2.13."""
     import pickle
 
-    return (BROKEN_ARCHIVE in text or isinstance(exc, pickle.UnpicklingError)) and written_for(
+    return (BROKEN_ARCHIVE in text or BAD_MAGIC in text
+            or isinstance(exc, pickle.UnpicklingError)) and written_for(
         "torch", "torch.load's 'zip archive' wording", STOCK_LOAD)
 
 

@@ -297,7 +297,11 @@ def load_failure(exc: BaseException) -> str:
     first = (messages.torch_load_reason(text) or
              next((ln.strip() for ln in text.splitlines() if ln.strip()), "no detail"))
     first = first.split(". ")[0][:200]
-    broken = (messages.torch_load_broken(exc, text) or isinstance(exc, (EOFError, KeyError))
+    # What the weights-only unpickler raises on bytes that are no pickle (a text file such as
+    # /etc/passwd: IndexError from its stack, 71 of 400 fuzzed files; KeyError, EOFError and
+    # UnicodeDecodeError from the rest), beside torch's own wording (messages).
+    broken = (messages.torch_load_broken(exc, text)
+              or isinstance(exc, (EOFError, KeyError, IndexError, UnicodeDecodeError))
               or (isinstance(exc, OSError) and exc.errno == errno.EINVAL))
     if broken:  # the reader's own words (EINVAL, "zip archive") say nothing more to a user
         return "not a complete torch.save file: truncated or corrupt"
