@@ -90,7 +90,9 @@ def test_bad_resume_file_is_one_line_error_before_any_rank(run_cli, tmp_path):
 
 def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, default_run_1_epoch):
     """Regression: resume=auto on a run that trained all its epochs rewrote its metrics.json
-    (train/loss null) and status.json, and added a duplicate TensorBoard point."""
+    (train/loss null) and status.json, and added a duplicate TensorBoard point. Its last.pt
+    resumed into a new folder says the same and leaves no folder (it left one holding .hydra/
+    and an empty log, which `ddp_exp runs` listed as incomplete)."""
     job = copy_job(default_run_1_epoch, tmp_path)  # trainer.epochs=1, finished
     before = {p.name: p.read_bytes() for p in job.iterdir() if p.is_file()}
     record = {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()}
@@ -105,6 +107,10 @@ def test_resuming_a_finished_run_changes_nothing(run_cli, tmp_path, default_run_
     # Hydra rewrote .hydra/ before the refusal; the record of what trained here is back.
     assert {p.name: p.read_bytes() for p in (job / ".hydra").iterdir()} == record
     assert sorted((job / "tensorboard").iterdir()) == events
+    elsewhere = run_cli("trainer.epochs=1", f"trainer.resume={job / 'checkpoints' / 'last.pt'}",
+                        "print_config=false", job="elsewhere/new")
+    assert elsewhere.returncode == 0 and "nothing left to train" in elsewhere.stderr
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_resume_auto_without_a_checkpoint_in_a_used_folder_is_refused(run_cli):

@@ -142,6 +142,9 @@ def _task(cfg: DictConfig) -> float | None:
             log.info("job %s already trained all its epochs: skipped (%s)", hc.job.num, job_dir)
             return objective(recorded_val_loss(job_dir), hc.sweeper)
         complete = isinstance(exc, AlreadyComplete)
+        if main_process and hc.mode != RunMode.MULTIRUN:  # "the job folder is unchanged":
+            # one this run made (a finished run's checkpoint resumed into a new folder) goes
+            remove_refused_folder(job_dir, hc.output_subdir, job_log_file())
         if main_process:  # a finished run is no error: a requeued finished job ends as done
             print(str(exc) if complete else f"error: {exc}", file=sys.stderr, flush=True)
         if hc.mode == RunMode.MULTIRUN and hc.job.num == 0:  # the sweep stops before any job
