@@ -218,6 +218,7 @@ def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, caplog):
     to resume a run; none when there is a last.pt to continue from or resume is not asked."""
     from ddp_exp.io.checkpoint import LAST, checkpoint_dir
     from ddp_exp.job.earlier_run import refuse_earlier_run
+    from ddp_exp.job.folder import note_new_folders
 
     job = tmp_path / "outputs" / "runs" / "new"
     job.mkdir(parents=True)
@@ -226,6 +227,15 @@ def test_resume_auto_with_nothing_to_resume_says_so(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"trainer.resume=auto: nothing to resume in {job}: starting fresh; to "
                         "resume a run, pass its folder as hydra.run.dir"]
+    caplog.clear()
+    given = tmp_path / "given"  # a hydra.run.dir given again, with no checkpoint in it yet
+    given.mkdir()
+    note_new_folders(str(given))
+    refuse_earlier_run(str(given), "auto")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"trainer.resume=auto: no checkpoints/last.pt in {given} yet (a run "
+                        "there stopped before its first checkpoint, or none ran): starting "
+                        "fresh there"]
     caplog.clear()
     refuse_earlier_run(str(job), None)
     os.makedirs(checkpoint_dir(str(job)))

@@ -29,6 +29,7 @@ from ddp_exp.job.folder import (
     LOCK_FILE,
     STATUS_FILE,
     FolderHoldsRun,
+    existed_before,
     job_log_file,
     previous_record,
     remove_partial_files,
@@ -193,9 +194,15 @@ def make_way(job_dir: str, killed_attempt: bool) -> None:
 def nothing_to_resume_line(job_dir: str) -> str:
     """What ``trainer.resume=auto`` says when the job folder has no ``checkpoints/last.pt``:
     it trains from scratch there (a new folder, when ``hydra.run.dir`` was not given: each
-    run gets its own timestamped one), and how to resume a run instead."""
+    run gets its own timestamped one), and how to resume a run instead. A ``hydra.run.dir``
+    that existed already (a run given its folder again, stopped before its first checkpoint)
+    is told so: the hint to pass the folder was wrong there (a user, killed at 2 s)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    if existed_before(job_dir):
+        return (f"trainer.resume=auto: no checkpoints/last.pt in {job_dir} yet (a run there "
+                "stopped before its first checkpoint, or none ran): starting fresh there")
 
     sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     how = ("pass the sweep's folder as hydra.sweep.dir" if sweep

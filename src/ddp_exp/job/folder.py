@@ -72,6 +72,13 @@ def note_new_folders(job_dir: str) -> None:
     _created[job_dir] = top
 
 
+def existed_before(job_dir: str) -> bool:
+    """Whether this single run's folder ``job_dir`` existed before its start made it (noted by
+    :class:`NewFoldersCallback`: a ``hydra.run.dir`` given again). False when it is new, or
+    not known (a sweep's job, a rank under torchrun)."""
+    return os.path.abspath(job_dir) in _created and _created[os.path.abspath(job_dir)] is None
+
+
 class NewFoldersCallback(Callback):
     """Hydra callback (``hydra.callbacks.new_folders`` in ``conf/config.yaml``): at the start of
     a single run, before Hydra makes ``hydra.run.dir``, note which folders this process creates
