@@ -75,6 +75,11 @@ def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     if not (isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None)):
         return None
     msg = str(getattr(cause, "msg", cause)).splitlines()[0]
+    wanted = messages.omegaconf_wrong_type(msg)
+    if wanted is not None:  # world_size=two: "... could not be converted to Integer"
+        value = getattr(cause, "value", None)
+        shown = "null" if value is None else repr(str(value))
+        return f"{cause.full_key}={shown} is invalid: {wanted}"
     schema = getattr(cause, "object_type", None)
     unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
     if unknown_key and dataclasses.is_dataclass(schema):

@@ -108,6 +108,30 @@ def hydra_null_group(exc: BaseException) -> bool:
                             STOCK_REPORT))
 
 
+# OmegaConf 2.3's refusals of a value of the wrong type for a typed key.
+NOT_CONVERTED = re.compile(r"Value '.*' of type '\w+' could not be converted to (Integer|Float|"
+                           r"Boolean)")
+NOT_OPTIONAL = re.compile(r"field '[^']*' is not Optional")
+NOT_A_LIST = "is not a ListConfig, list or tuple"
+NOT_A_BOOL = re.compile(r"Value '.*' is not a valid bool")
+EXPECTED = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
+def omegaconf_wrong_type(message: str) -> str | None:
+    """What a typed key takes, from OmegaConf's refusal ``message`` of a value of the wrong
+    type: "an integer", "a number", "true or false", "a value, not null", "a list in brackets";
+    None for any other message, or on an OmegaConf other than 2.3."""
+    converted = NOT_CONVERTED.search(message)
+    wanted = (EXPECTED[converted.group(1)] if converted else
+              "true or false" if NOT_A_BOOL.search(message) else
+              "a value, not null" if NOT_OPTIONAL.search(message) else
+              "a list in brackets, such as [64,32]" if NOT_A_LIST in message else None)
+    if wanted is None or not written_for("omegaconf", "OmegaConf's type-refusal wording",
+                                         STOCK_REPORT):
+        return None
+    return wanted
+
+
 def omegaconf_no_deletion(message: str) -> bool:
     """True for OmegaConf's refusal to delete a key of a typed node (``~model.hidden_sizes``);
     False for any other message, or on an OmegaConf other than 2.3."""
