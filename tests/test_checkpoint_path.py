@@ -147,9 +147,10 @@ def _deferred_snapshots(cfg: dict, job_dir: str, port: int, out) -> None:
     """A world of one in a spawned process: the digits MLP (no buffers) and the same MLP with
     a BatchNorm (buffers a forward writes), three epochs each with an epoch file per epoch.
     The writer's snapshot of the weights is slowed by 0.3 s (a loop not waiting for it
-    would take hundreds of steps meanwhile). Puts, per model, the loop's weights and optimizer
-    state read at each epoch's end, the epoch files' own, and the snapshots taken on the
-    writer's thread."""
+    would take hundreds of steps meanwhile). Puts, per model, the snapshots taken on the
+    writer's thread (the keys they held), the epochs seen, where the epoch files differ from
+    the loop's weights and momentum read at each epoch's end (:func:`_differences`), and
+    whether the first two epoch files differ (the epochs trained)."""
     import threading
     import time
 

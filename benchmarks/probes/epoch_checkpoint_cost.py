@@ -5,10 +5,10 @@ rank holds two of ddp_exp's Trainers on the same data, the default keys and one 
 ``trainer.save_last=false``, and trains them in alternating blocks of epochs, each epoch
 followed by the end-of-epoch checkpoint as ``Trainer.fit`` takes it
 (:func:`ddp_exp.train.checkpointing.at_epoch_end`: ``take`` on the loop's thread, the RNG
-gather started and rank 0's state snapshotted but for the weights, which its writer snapshots
-while the next step's forward and backward run; serialised and written on the background
-writer). A block's time is rank 0's wall seconds from its first step
-to the end of its last, the writer's pending writes included (``checkpoint_files.wait()``).
+gather started and rank 0's state read, which its writer snapshots with the weights while the
+next step's forward and backward run; serialised and written on the background writer). A
+block's time is rank 0's wall seconds from its first step to the end of its last, the
+writer's pending writes included (``checkpoint_files.wait()``).
 
 Three shares, rank 0's (the rank that snapshots and writes), CPU seconds being what the load of
 a shared machine inflates least:
@@ -21,8 +21,7 @@ a shared machine inflates least:
   the block's CPU seconds of both threads: the writer's work charged in full, as if it could
   not overlap the steps (on a core of its own it does; it holds the GIL while it pickles);
 * *direct* (wall): the seconds the loop waits in ``at_epoch_end`` and at that gate plus the
-  writer thread's CPU
-  seconds, over the block's wall seconds.
+  writer thread's CPU seconds, over the block's wall seconds.
 
 The blocks' ratio is printed too; on a shared machine it resolves a few percent, not one.
 

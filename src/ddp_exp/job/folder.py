@@ -76,7 +76,8 @@ def existed_before(job_dir: str) -> bool:
     """Whether this single run's folder ``job_dir`` existed before its start made it (noted by
     :class:`NewFoldersCallback`: a ``hydra.run.dir`` given again). False when it is new, or
     not known (a sweep's job, a rank under torchrun)."""
-    return os.path.abspath(job_dir) in _created and _created[os.path.abspath(job_dir)] is None
+    job_dir = os.path.abspath(job_dir)
+    return job_dir in _created and _created[job_dir] is None
 
 
 class NewFoldersCallback(Callback):

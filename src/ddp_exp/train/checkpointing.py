@@ -50,6 +50,8 @@ from ddp_exp.train import state as train_state
 from ddp_exp.train.strategy import held
 
 if TYPE_CHECKING:
+    import _thread
+
     from ddp_exp.train.training_loop import TrainingLoop
 
 
@@ -158,13 +160,13 @@ def take(loop: TrainingLoop, position: int = 0, epoch_sums: tuple[float, int, fl
 
 
 def _snapshot_on_writer(loop: TrainingLoop, state: dict[str, Any]
-                        ) -> Callable[[], dict[str, Any]]:
+                        ) -> tuple[Callable[[], dict[str, Any]], _thread.LockType]:
     """The snapshot of ``state`` (the loop's, taken but not snapshotted: references to the
     scheduler's, the monitor's and the scaler's own containers) with the model and optimizer
-    states, as a job for the writer's thread, and ``loop.snapshot_gate`` set to a lock held
-    until it is done (or failed): what the loop acquires before its next optimizer step, the
-    first thing that changes any of them (a lock: ~10 us less of the loop's thread than an
-    Event, made after an epoch's steps)."""
+    states, as a job for the writer's thread, and the lock held until it is done (or failed),
+    also set as ``loop.snapshot_gate``: what the loop acquires before its next optimizer step,
+    the first thing that changes any of them (a lock: ~10 us less of the loop's thread than
+    an Event, made after an epoch's steps)."""
     gate = threading.Lock()
     gate.acquire()
     strategy, optimizer = held(loop), loop.optimizer
@@ -177,7 +179,7 @@ def _snapshot_on_writer(loop: TrainingLoop, state: dict[str, Any]
             gate.release()
 
     loop.snapshot_gate = gate
-    return snapshotted
+    return snapshotted, gate
 
 
 def land(loop: TrainingLoop, taken: Taken, due: Due,
@@ -195,8 +197,8 @@ def land(loop: TrainingLoop, taken: Taken, due: Due,
         files.submit(taken.rng.wait if shards is None else
                      lambda: (taken.rng.wait(), shards.write()))
         return
-    snapshotted = _snapshot_on_writer(loop, taken.state) if taken.deferred else dict
-    gate = loop.snapshot_gate if taken.deferred else None
+    snapshotted, gate = (_snapshot_on_writer(loop, taken.state) if taken.deferred
+                         else (dict, None))
 
     def late() -> dict[str, Any]:  # the snapshot first: the loop may be waiting for it
         return {**snapshotted(), "rng": taken.rng.wait()}
