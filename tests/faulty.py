@@ -10,6 +10,8 @@ does one of:
 * ``fault: raise``: ``raise RuntimeError("injected failure at step k")``;
 * ``fault: nan``: returns outputs full of NaN (the loss becomes NaN);
 * ``fault: kill``: ``os.kill(os.getpid(), signal.SIGKILL)``;
+* ``fault: exit``: ``sys.exit(0)``; ``fault: os_exit``: ``os._exit(0)`` (a rank that leaves
+  with exit code 0 part-way);
 * ``fault: none``: nothing (a plain MLP).
 
 With ``once_file`` set, the fault fires only if that file does not exist yet, and creates it
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,7 +39,7 @@ import yaml
 
 from ddp_exp.train.models import MLP
 
-FAULTS = ("none", "raise", "nan", "kill")
+FAULTS = ("none", "raise", "nan", "kill", "exit", "os_exit")
 
 
 class FaultyMLP(MLP):
@@ -82,6 +85,10 @@ class FaultyMLP(MLP):
                 raise RuntimeError(f"injected failure at step {self.calls}")
             if self.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.fault == "exit":
+                sys.exit(0)
+            if self.fault == "os_exit":
+                os._exit(0)
             if self.fault == "nan":
                 return out * float("nan")
         return out

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,32 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
     else:
         assert "SIGKILL" in cause, cause
         assert "error_file: <none" in cause and not kept.exists(), cause
+    assert not (run.job_dir / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(("fault", "rank", "world_size", "line"), [
+    ("exit", 0, 1, "rank 0 failed: RankExited: sys.exit(0) was called at faulty.py:"),
+    ("os_exit", 0, 1, "rank 0 failed: its process ended with exit code 0 before the run did"),
+    ("os_exit", 1, 2, "rank 1 failed: its process ended with exit code 0 before the run did")])
+def test_a_rank_that_exits_with_code_0_part_way_fails_the_run(run_cli, tmp_path, fault, rank,
+                                                              world_size, line):
+    """A rank whose code leaves with exit code 0 at step 5 (the user's model, Dataset or an
+    argparse in them): ``sys.exit(0)`` was recorded as a completed run, with no training and
+    no metrics.json, and ``os._exit(0)`` left the launcher waiting for the rank's result for
+    ever (round 4, found while measuring). Now: exit 1, one line naming the rank (and where
+    sys.exit was called), status.json "failed", no hang (run_cli's timeout), no process left
+    (run_cli checks)."""
+    run = run_cli(*faulty_args(tmp_path / "conf", fault=fault, fault_step=5, fault_rank=rank),
+                  f"world_size={world_size}", "trainer.epochs=2", "launcher.max_restarts=0",
+                  QUIET, env=tests_on_path(), timeout=120)
+    text = output(run)
+    assert run.returncode == 1, text
+    said = [ln for ln in run.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(said) == 1 and said[0].startswith(f"error: {line}"), text
+    if fault == "exit":
+        assert "in forward before the run ended" in said[0], said
+    status = json.loads((run.job_dir / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"] == said[0][len("error: "):], status
     assert not (run.job_dir / "metrics.json").exists()
 
 
@@ -196,3 +223,38 @@ def test_a_non_finite_loss_names_the_rank_that_had_it(run_cli, tmp_path):
     status = json.loads((run.job_dir / "status.json").read_text())
     assert status["status"] == "failed" and f"error: {status['error']}" == NAN_LINE, status
     assert sorted(p.name for p in (run.job_dir / "errors").iterdir()) == ["rank1.json"]
+
+
+@pytest.mark.parametrize(("code", "shown"), [
+    (0, "sys.exit(0)"), (None, "sys.exit()"), (2, "sys.exit(2)"),
+    ("bad input", "sys.exit('bad input')")])
+def test_sys_exit_in_a_rank_becomes_a_failure_naming_where_it_was_called(code, shown):
+    """Any ``SystemExit`` inside a rank's training (an ``argparse`` in the user's Dataset exits
+    with 2) is raised again as ``RankExited``: one line, the call's file, line and function."""
+    from ddp_exp.rank.failures import RankExited, exit_is_a_failure
+
+    def users_code():
+        sys.exit(code)
+
+    with pytest.raises(RankExited) as caught, exit_is_a_failure():
+        users_code()
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith(f"{shown} was called at test_rank_failures.py:"), line
+    assert " in users_code before the run ended" in line, line
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_rank_ended_with_code_0_and_no_result_is_named_in_one_line():
+    """The launcher's line for the agent's failure of a rank that ended with exit code 0
+    before its result (``os._exit(0)``): one line, which says it all (no torch table)."""
+    from types import SimpleNamespace
+
+    from ddp_exp.rank.failures import ENDED_WITHOUT_RESULT, world_failure
+
+    failure = SimpleNamespace(exitcode=0, message="To enable traceback see: https://pytorch.org")
+    exc = SimpleNamespace(get_first_failure=lambda: (3, failure))
+    assert world_failure(exc) == (f"rank 3 failed: {ENDED_WITHOUT_RESULT}", True)
+    failure.exitcode = -9  # a signal: torch's table is the report
+    line, one_line = world_failure(exc)
+    assert not one_line and line == "rank 3 failed: To enable traceback see: https://pytorch.org"

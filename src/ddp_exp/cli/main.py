@@ -184,9 +184,9 @@ def _task(cfg: DictConfig) -> float | None:
             say = f"error: {line}"
         error, code = line, EXIT_RANK_FAILED
     except ChildFailedError as exc:
-        error, raised = world_failure(exc)
+        error, one_line = world_failure(exc)
         code = EXIT_RANK_FAILED
-        if raised:  # an exception in a rank (the user's code, or ours): one line
+        if one_line:  # an exception in a rank (the user's code, or ours): one line
             log_to_job_log_only(logging.ERROR, f"training failed\n{exc.format_msg()}")
             if main_process:
                 say = f"error: {error}"

@@ -106,6 +106,23 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
         yield
         return
     start_workers, start_processes = LocalElasticAgent._start_workers, MultiprocessContext._start
+    poll = MultiprocessContext._poll
+
+    def _poll(self: Any) -> Any:  # a rank ended with exit code 0 and no result: failed
+        result = poll(self)
+        if result is not None or self._pc is None:
+            return result
+        ended = _ended_without_result(self)
+        if ended is None:
+            return None
+        from torch.distributed.elastic.multiprocessing.api import RunProcsResult
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+        failure = ProcessFailure(local_rank=ended, pid=self._pc.processes[ended].pid,
+                                 exitcode=0, error_file=self.error_files[ended])
+        self.close()  # the other ranks are stopped, as for a rank that failed
+        return RunProcsResult(failures={ended: failure}, stdouts=self.stdouts,
+                              stderrs=self.stderrs)
 
     def _start(self: Any) -> Any:  # after torch has set its handlers, around the forks
         if threading.current_thread() is not threading.main_thread():
@@ -141,12 +158,26 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
 
     LocalElasticAgent._start_workers = _start_workers
     MultiprocessContext._start = _start
+    MultiprocessContext._poll = _poll
     try:
         yield
     finally:
         LocalElasticAgent._start_workers = start_workers
         MultiprocessContext._start = start_processes
+        MultiprocessContext._poll = poll
         _running.clear()
+
+
+def _ended_without_result(context: Any) -> int | None:
+    """The local rank of a process of ``context`` (torch's ``MultiprocessContext``, just
+    polled) that ended with exit code 0 and never handed back its function's result, if any.
+    A rank that returns puts its result on its queue and then waits, until the agent has read
+    every rank's, before it exits (torch's ``_wrap``): one that ended first (``os._exit(0)``, a
+    native library's ``exit(0)``) left the agent waiting for that result for ever."""
+    for local_rank, process in enumerate(context._pc.processes):
+        if process.exitcode == 0 and local_rank not in context._return_values:
+            return local_rank
+    return None
 
 
 def pass_fork_gate() -> None:

@@ -36,7 +36,7 @@ from ddp_exp.job.earlier_run import run_status
 from ddp_exp.launch import session
 from ddp_exp.launch.torchrun_env import MULTIRUN_UNDER_TORCHRUN
 from ddp_exp.rank import preemption
-from ddp_exp.rank.failures import build_failure_recorded, record_rank_failure
+from ddp_exp.rank.failures import build_failure_recorded, exit_is_a_failure, record_rank_failure
 from ddp_exp.rank.logs import configure_logging
 from ddp_exp.rank.worker import set_threads, train_rank
 
@@ -90,7 +90,8 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
         with build_failure_recorded(job_dir, world.is_main):  # the session's second phase
             inputs = session.build(cfg, job_dir, placement, owner=world.is_main)
         try:
-            result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
+            with exit_is_a_failure():  # sys.exit in the user's code: this rank failed
+                result = train_rank(inputs, world, threads, rank_config(inputs.cfg))
         except Exception as exc:  # recorded as the built-in launcher records a failed rank
             raise record_rank_failure(exc, world.rank, job_dir) from None
         session.raise_if_preempted({world.rank: result})

@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
@@ -54,14 +55,24 @@ def failure_detail(message: str) -> str:
     return (lines[-1] if messages.carries_traceback(lines) else lines[0])[:300]
 
 
+# A rank process that ended with exit code 0 and no result (its function neither returned nor
+# raised): the agent's wait for its result never ended before (issue 42's round 4).
+ENDED_WITHOUT_RESULT = ("its process ended with exit code 0 before the run did, without raising "
+                        "(os._exit(0) in its code, or exit(0) in a native library's)")
+
+
 def world_failure(exc: Any) -> tuple[str, bool]:
     """What the launcher reports for a world that failed (torch's ``ChildFailedError``, whose
-    first failure is the root cause): ``rank R failed: <type>: <message>``, and whether the
-    rank raised a Python exception (recorded in its error file by ``@record``: any exception,
-    from ddp_exp or from the user's own Dataset, model, loss or transform). Such a failure is
+    first failure is the root cause): ``rank R failed: <type>: <message>``, and whether that
+    line says it all: the rank raised a Python exception (recorded in its error file by
+    ``@record``: any exception, from ddp_exp or from the user's own Dataset, model, loss or
+    transform), or ended without its result (below). Such a failure is
     reported in that one line, its table and traceback going to the job log; a rank that died
     without raising (a signal, ``os._exit``) has no traceback to show and the line is
-    ``rank R failed: Signal 9 (SIGKILL) received by PID ...`` or ``exit code N``."""
+    ``rank R failed: Signal 9 (SIGKILL) received by PID ...`` or ``exit code N``; one whose
+    process ended with exit code 0 before it returned its result (``os._exit(0)``, a native
+    library's ``exit(0)``: :func:`ddp_exp.compat.elastic_agent.start_ranks_safely`) says so
+    (:data:`ENDED_WITHOUT_RESULT`)."""
     rank, failure = exc.get_first_failure()
     message = failure.message
     # @record's error file (ErrorHandler.record_exception) holds {"message": "<type>: ...",
@@ -69,8 +80,9 @@ def world_failure(exc: Any) -> tuple[str, bool]:
     raised = isinstance(message, dict)
     if isinstance(message, dict):
         message = message.get("message", "")
-    detail = (failure_detail(message) if str(message).strip()
-              else f"exit code {failure.exitcode}")
+    if failure.exitcode == 0 and not raised:  # the table would say "exitcode 0", no more
+        return f"rank {rank} failed: {ENDED_WITHOUT_RESULT}", True
+    detail = failure_detail(message) if str(message).strip() else f"exit code {failure.exitcode}"
     return f"rank {rank} failed: {detail}", raised
 
 
@@ -109,6 +121,40 @@ def build_failure_recorded(job_dir: str, owner: bool):
                 jobdir.write_status(job_dir, "failed", task_overrides(HydraConfig.get()),
                                     time.time() - t_start, error)
         raise BuildFailed(error) from exc
+
+
+class RankExited(RuntimeError):
+    """A rank's code called ``sys.exit`` (raised ``SystemExit``) before the run ended: the
+    user's Dataset, model, loss or an ``argparse`` in them. A rank cannot leave its world
+    part-way: the others would wait for it in their next collective. Raised in its place
+    (:func:`exit_is_a_failure`), it fails the rank as any exception does, in one line naming
+    where the exit was called. (torch's ``@record`` returns None for ``SystemExit(0)``: the
+    run was recorded as completed, with no training and no metrics; any other code ended the
+    rank with that exit code and no message.)"""
+
+
+@contextlib.contextmanager
+def exit_is_a_failure() -> Iterator[None]:
+    """Around a rank's training: a ``SystemExit`` raised inside is raised again as
+    :class:`RankExited`, ``sys.exit(<code>) was called at <file>:<line> in <function> ...``
+    (the innermost frame of its traceback: the caller of ``sys.exit``)."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise RankExited(exit_line(exc)) from None
+
+
+def exit_line(exc: SystemExit) -> str:
+    """The one line of :class:`RankExited` for ``exc``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = (f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno} in "
+             f"{tb.tb_frame.f_code.co_name}" if tb is not None else "")
+    code = "" if exc.code is None else repr(exc.code)
+    return (f"sys.exit({code}) was called{where} before the run ended: a rank cannot leave its "
+            "world part-way (the other ranks would wait for it); raise an exception to stop "
+            "a run")
 
 
 PEER_FAILURE_GRACE_S = 5.0

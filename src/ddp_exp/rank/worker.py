@@ -47,7 +47,12 @@ from ddp_exp.io.files import naming_the_disk
 from ddp_exp.metrics.trackers import TrackerPlan, open_trackers
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
 from ddp_exp.rank import parent, preemption
-from ddp_exp.rank.failures import PEER_FAILURE_GRACE_S, is_peer_failure, restart_line
+from ddp_exp.rank.failures import (
+    PEER_FAILURE_GRACE_S,
+    exit_is_a_failure,
+    is_peer_failure,
+    restart_line,
+)
 from ddp_exp.rank.logs import configure_logging
 from ddp_exp.train import state as train_state
 from ddp_exp.train.loop import Trainer
@@ -267,7 +272,8 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     try:
         if cfg.launcher.nnodes > 1:
             check_nodes_agree(inputs, world)
-        return train_rank(inputs, world, threads, cfg)
+        with exit_is_a_failure():  # sys.exit in the user's code: this rank failed
+            return train_rank(inputs, world, threads, cfg)
     except Exception as exc:
         if is_peer_failure(exc):
             # Our collective broke because another rank died first. Exit after it, so that the
