@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_failing_rank_ends_job_naming_the_rank(run_cli, tmp_path, fault, rank):
 
 
 @pytest.mark.parametrize(("fault", "rank", "world_size", "line"), [
-    ("exit", 0, 1, "rank 0 failed: RankExited: sys.exit(0) was called at faulty.py:"),
+    ("exit", 0, 1, "rank 0 failed: ExitCalled: sys.exit(0) was called at faulty.py:"),
     ("os_exit", 0, 1, "rank 0 failed: its process ended with exit code 0 before the run did"),
     ("os_exit", 1, 2, "rank 1 failed: its process ended with exit code 0 before the run did")])
 def test_a_rank_that_exits_with_code_0_part_way_fails_the_run(run_cli, tmp_path, fault, rank,
@@ -230,19 +231,42 @@ def test_a_non_finite_loss_names_the_rank_that_had_it(run_cli, tmp_path):
     ("bad input", "sys.exit('bad input')")])
 def test_sys_exit_in_a_rank_becomes_a_failure_naming_where_it_was_called(code, shown):
     """Any ``SystemExit`` inside a rank's training (an ``argparse`` in the user's Dataset exits
-    with 2) is raised again as ``RankExited``: one line, the call's file, line and function."""
-    from ddp_exp.rank.failures import RankExited, exit_is_a_failure
+    with 2) is raised again as ``ExitCalled``: one line, the call's file, line and function."""
+    from ddp_exp.rank.failures import ExitCalled, exit_is_a_failure
 
     def users_code():
         sys.exit(code)
 
-    with pytest.raises(RankExited) as caught, exit_is_a_failure():
+    with pytest.raises(ExitCalled) as caught, exit_is_a_failure():
         users_code()
     line = str(caught.value)
     assert "\n" not in line
     assert line.startswith(f"{shown} was called at test_rank_failures.py:"), line
     assert " in users_code before the run ended" in line, line
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_sys_exit_while_the_launcher_builds_the_run_is_recorded_as_a_failure(tmp_path):
+    """``sys.exit(0)`` in a model's or Dataset's ``__init__``, run by the launcher while it
+    builds the run: the command ended with exit code 0, no status.json and no line (round 4,
+    found while measuring). Now it is the launcher's failure: BuildFailed's one line naming
+    where, the folder recorded as failed."""
+    from ddp_exp.rank.failures import BuildFailed, build_failure_recorded
+
+    def users_init():
+        sys.exit(0)
+
+    with (mock.patch("ddp_exp.rank.failures.task_overrides", return_value=[]),
+          mock.patch("ddp_exp.rank.failures.HydraConfig"),
+          mock.patch("ddp_exp.rank.failures.jobdir.job_log_file", return_value=None),
+          pytest.raises(BuildFailed) as caught, build_failure_recorded(str(tmp_path), True)):
+        users_init()
+    assert str(caught.value).startswith(
+        "the launcher failed before any rank started: ExitCalled: sys.exit(0) was called at "
+        "test_rank_failures.py:"), caught.value
+    assert " in users_init while the run was being built" in str(caught.value)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "failed" and "sys.exit(0)" in status["error"], status
 
 
 def test_a_rank_ended_with_code_0_and_no_result_is_named_in_one_line():

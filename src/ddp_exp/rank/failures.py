@@ -102,15 +102,21 @@ def build_failure_recorded(job_dir: str, owner: bool):
     folder is then removed) passes as it is. Any other exception is recorded as a failed run
     is: ``status.json`` (``failed``, naming the exception) and its traceback in the job log,
     written by the folder's ``owner``; it is raised again as :class:`BuildFailed`, one line
-    naming the exception and where its traceback is. Interrupts (``KeyboardInterrupt``, not
-    an ``Exception``) pass untouched."""
+    naming the exception and where its traceback is; a ``SystemExit`` (``sys.exit`` in the
+    user's code) as :class:`ExitCalled`'s line. Interrupts (``KeyboardInterrupt``, not an
+    ``Exception``) pass untouched."""
     t_start = time.time()
     try:
         yield
     except ConfigError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as caught:
         import traceback
+
+        # sys.exit in the user's code (a model's or Dataset's __init__): the command ended
+        # with that exit code (0 too) and no record before.
+        exc = (ExitCalled(exit_line(caught, "while the run was being built"))
+               if isinstance(caught, SystemExit) else caught)
 
         log_file = jobdir.job_log_file()
         error = (f"the launcher failed before any rank started: {described(exc)}"
@@ -123,9 +129,10 @@ def build_failure_recorded(job_dir: str, owner: bool):
         raise BuildFailed(error) from exc
 
 
-class RankExited(RuntimeError):
+class ExitCalled(RuntimeError):
     """A rank's code called ``sys.exit`` (raised ``SystemExit``) before the run ended: the
-    user's Dataset, model, loss or an ``argparse`` in them. A rank cannot leave its world
+    user's Dataset, model, loss or an ``argparse`` in them (or the launcher's, while it built
+    the run: :func:`build_failure_recorded`). A rank cannot leave its world
     part-way: the others would wait for it in their next collective. Raised in its place
     (:func:`exit_is_a_failure`), it fails the rank as any exception does, in one line naming
     where the exit was called. (torch's ``@record`` returns None for ``SystemExit(0)``: the
@@ -136,25 +143,25 @@ class RankExited(RuntimeError):
 @contextlib.contextmanager
 def exit_is_a_failure() -> Iterator[None]:
     """Around a rank's training: a ``SystemExit`` raised inside is raised again as
-    :class:`RankExited`, ``sys.exit(<code>) was called at <file>:<line> in <function> ...``
+    :class:`ExitCalled`, ``sys.exit(<code>) was called at <file>:<line> in <function> ...``
     (the innermost frame of its traceback: the caller of ``sys.exit``)."""
     try:
         yield
     except SystemExit as exc:
-        raise RankExited(exit_line(exc)) from None
+        raise ExitCalled(exit_line(exc)) from None
 
 
-def exit_line(exc: SystemExit) -> str:
-    """The one line of :class:`RankExited` for ``exc``."""
+def exit_line(exc: SystemExit, when: str = "before the run ended: a rank cannot leave its "
+              "world part-way (the other ranks would wait for it)") -> str:
+    """The one line of :class:`ExitCalled` for ``exc``: where ``sys.exit`` was called,
+    ``when``."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = (f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno} in "
              f"{tb.tb_frame.f_code.co_name}" if tb is not None else "")
     code = "" if exc.code is None else repr(exc.code)
-    return (f"sys.exit({code}) was called{where} before the run ended: a rank cannot leave its "
-            "world part-way (the other ranks would wait for it); raise an exception to stop "
-            "a run")
+    return f"sys.exit({code}) was called{where} {when}; raise an exception to stop a run"
 
 
 PEER_FAILURE_GRACE_S = 5.0
