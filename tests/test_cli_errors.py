@@ -120,3 +120,27 @@ def test_an_error_whose_message_is_empty_still_gets_its_one_line(compose):
     with pytest.raises(ConfigError, match=r"^trainer.resume='last.pt': the checkpoint's "
                        r"optimizer state does not fit optim \(torch.optim.SGD; RuntimeError\)$"):
         resume_optimizer(rank_config(plain), {"optimizer": {}}, optimizer, 10, "last.pt")
+
+
+@pytest.mark.parametrize(("overrides", "note"), [
+    (["experiment=gpt_tokens", "trainer.max_steps=10"],
+     "; experiment=gpt_tokens sets scheduler.warmup_steps: give scheduler.warmup_steps=... to "
+     "override it"),
+    (["experiment=gpt_tokens", "trainer.max_steps=10", "scheduler.warmup_steps=20"], ""),
+    (["--config-dir", "{conf}", "experiment=mine"],
+     "; experiment=mine sets trainer.epochs: give trainer.epochs=... to override it")])
+def test_a_presets_value_refused_for_this_run_says_which_preset_set_it(run_cli, tmp_path,
+                                                                        overrides, note):
+    """A value the user did not type, refused for this run (the gpt_tokens preset's 30 warmup
+    steps in a 10-step run; a ``--config-dir`` preset's ``trainer.epochs: 0``), names the
+    preset that set it and how to override it (the line read as if the user had typed the
+    value; a fresh user's finding); a value typed on the command line gets no note."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("# @package _global_\ntrainer:\n  epochs: 0\n")
+    run = run_cli(*[o.format(conf=conf.parent) for o in overrides], "print_config=false",
+                  timeout=120)
+    said = [ln for ln in run.stderr.splitlines() if ln.startswith("error: ")]
+    assert run.returncode == 2 and len(said) == 1, run.stderr
+    assert said[0].endswith("is invalid: a positive integer" + note if "mine" in note
+                            else "cosine decay's last step)" + note), said

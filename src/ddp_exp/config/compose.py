@@ -53,6 +53,60 @@ def group_options(group: str) -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
+# Config groups whose options are presets (``# @package _global_``): each sets keys of others.
+PRESET_GROUPS = ("experiment", "debug", "hparams_search")
+
+
+def preset_that_set(line: str, hydra_cfg: Any) -> str | None:
+    """The preset (``experiment=gpt_tokens``) that set the key a refusal ``<key>=<value> ...``
+    names, where the command line did not set it: a preset's value refused for this run (its
+    ``scheduler.warmup_steps`` longer than a short run) read as if the user had typed it. None
+    for any other line. The presets are read from the job's config sources (``--config-dir``'s
+    too), file and package ones."""
+    import re
+
+    match = re.match(r"([A-Za-z_][\w.]*)=", line)
+    if match is None:
+        return None
+    key = match.group(1)
+    if any(arg.lstrip("+~").partition("=")[0] == key for arg in task_overrides(hydra_cfg)):
+        return None
+    choices = hydra_cfg.runtime.choices
+    for group in PRESET_GROUPS:
+        option = choices.get(group)
+        node = _option_node(hydra_cfg, group, option) if option else None
+        if node is not None and OmegaConf.select(node, key, default=None) is not None:
+            return f"{group}={option}"
+    return None
+
+
+def _option_node(hydra_cfg: Any, group: str, option: str) -> DictConfig | None:
+    """``<group>/<option>.yaml`` of the first of the job's config sources (``file://`` and
+    ``pkg://``) that holds it, loaded as it is (its defaults list not composed); None where
+    none does or it does not load."""
+    import importlib.resources
+
+    for source in hydra_cfg.runtime.config_sources:
+        name = f"{group}/{option}.yaml"
+        try:
+            if source.schema == "file":
+                path = os.path.join(source.path, name)
+                text = open(path).read() if os.path.isfile(path) else None
+            elif source.schema == "pkg":
+                found = importlib.resources.files(source.path).joinpath(name)
+                text = found.read_text() if found.is_file() else None
+            else:
+                continue
+        except (OSError, ImportError, ValueError):
+            continue
+        if text is not None:
+            try:
+                node = OmegaConf.create(text)
+            except Exception:  # a preset Hydra loaded but OmegaConf alone cannot: no note
+                return None
+            return node if isinstance(node, DictConfig) else None
+    return None
+
 def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
     """One line for ``group=null`` on the command line (``scheduler=null``; Hydra raises a
     ``ValueError``, "Config group override must be a string or a list"): a config group takes
