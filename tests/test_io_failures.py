@@ -124,3 +124,26 @@ def test_an_image_deleted_mid_run_is_an_io_failure_not_a_config_error(tmp_path):
         decode(str(bad), 8, 1)
     Image.new("L", (8, 8)).save(tmp_path / "ok.png")
     assert decode(str(tmp_path / "ok.png"), 8, 1).shape == (1, 8, 8)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux's /proc")
+def test_a_checkpoints_permissions_come_from_the_umask_read_without_changing_it(tmp_path,
+                                                                               monkeypatch):
+    """``atomic_write`` gives the file the usual permissions (0666 less the umask) and reads
+    the umask without setting it: ``os.umask(0)`` and back, on the writer thread at every
+    checkpoint, left a window in which a file another thread made (TensorBoard's, the log)
+    got mode 0666."""
+    from ddp_exp.io import files
+
+    old = os.umask(0o027)
+    try:
+        def refused(mask):
+            raise AssertionError(f"os.umask({mask:#o}) called: the umask changed")
+
+        monkeypatch.setattr(files.os, "umask", refused)
+        assert files.process_umask() == 0o027
+        files.atomic_write(str(tmp_path / "last.pt"), lambda fh: fh.write(b"x"))
+        assert (tmp_path / "last.pt").stat().st_mode & 0o777 == 0o640
+    finally:
+        monkeypatch.undo()
+        os.umask(old)

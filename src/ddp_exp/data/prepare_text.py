@@ -41,6 +41,7 @@ import numpy as np
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.data.text_sources import Corpus
 from ddp_exp.data.text_tokenizer import END_OF_TEXT, TextTokenizer, require_tokenizers
+from ddp_exp.io.files import process_umask
 
 META_FORMAT = "ddp_exp prepared tokens 1"
 BATCH_CHARS = 4 << 20  # characters encoded per encode_batch call
@@ -169,9 +170,7 @@ def _prepare(opts: PrepareOptions, interrupted: list[int]) -> dict:
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(opts.out))}.",
                             dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(work, 0o777 & ~umask)  # mkdtemp's 0700 would stay on the renamed folder
+    os.chmod(work, 0o777 & ~process_umask())  # mkdtemp's 0700 would stay on the renamed folder
     try:
         stats = _encode(corpus, tokenizer, val_docs, work, dtype, eot, opts.progress)
         tokenizer.save(os.path.join(work, "tokenizer.json"))

@@ -18,7 +18,18 @@ from typing import Any, BinaryIO
 from ddp_exp.compat import messages
 
 
-def _umask() -> int:
+def process_umask() -> int:
+    """This process's umask, read without changing it where the kernel shows it
+    (``/proc/self/status``, Linux 4.7+). Elsewhere it is set to 0 and back (``os.umask`` has
+    no read-only form): a file another thread creates in between gets mode 0666. The
+    checkpoint writer asked at every file, beside the loop's and TensorBoard's threads."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -94,7 +105,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        os.chmod(tmp, 0o666 & ~process_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None and os.path.exists(tmp):
