@@ -1,8 +1,16 @@
 """The elastic agent's start of its ranks: every rank forked before any connects, and a signal
-that comes during the forks held until the ranks exist. Patches torch 2.13's
-``LocalElasticAgent._start_workers`` and ``MultiprocessContext._start`` (private), only on
-torch 2.13.x (:mod:`ddp_exp.compat.versions`); on any other torch the agent starts its ranks as
-torch's own does, and the log says so once.
+that comes during the forks held until the ranks exist; and its wait for them: a rank that
+ended with exit code 0 without its result is a failure. Patches torch 2.13's
+``LocalElasticAgent._start_workers``, ``MultiprocessContext._start`` and
+``MultiprocessContext._poll`` (private), only on torch 2.13.x (:mod:`ddp_exp.compat.versions`);
+on any other torch the agent starts and waits for its ranks as torch's own does, and the log
+says so once.
+
+torch's ``_poll`` counts a rank as finished once its result is on its queue, and a process that
+exited with code 0 as no failure: a rank that called ``os._exit(0)`` (or a native library's
+``exit(0)``) part-way left the agent polling for that result for ever (round 4, a hang with
+no line). :func:`start_ranks_safely` reports it as the rank's failure at the next poll
+(:func:`ddp_exp.rank.failures.world_failure` gives its line).
 
 What the patch buys: it prevents a hang (below) and a lost Ctrl-C (a run that trained on to the
 end, :func:`start_ranks_safely`). The agent's wait for its ranks is torch's own loop, a check
@@ -38,7 +46,8 @@ from ddp_exp.compat.versions import written_for
 FORK_GATE_ENV = "DDP_EXP_FORK_GATE"
 # Where a rank start on another torch is logged (ddp_exp.compat.versions).
 STOCK_START = ("the agent starts its ranks as torch does: a signal during the forks is not "
-               "held back, and forked ranks are not held until all are forked")
+               "held back, forked ranks are not held until all are forked, and a rank that "
+               "exits with code 0 part-way is waited for")
 
 # Held back while the agent forks its ranks (start_ranks_safely), until the ranks exist.
 START_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -86,14 +95,18 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
     back: the kernel hands a process's signal to any thread that does not block it, the
     store's among them.)
 
+    While open, the agent's poll of its ranks also fails a rank whose process ended with exit
+    code 0 before it handed back its result (:func:`_ended_without_result`), as it fails one
+    that exited with another code: the other ranks are stopped.
+
     With ``fork`` (``start_method=fork``), also opens a pipe whose ends the ranks inherit
     (named in :data:`FORK_GATE_ENV`) and closes the agent's ends once every rank is forked:
     :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe.
     ``after_start``: called with no argument once the ranks of a start are known (:func:`rank_pids`
     lists them): a preemption signal that came during the forks is passed on then.
 
-    Kept (issue 27 item 3) because it prevents a hang (a forked rank stuck for good in
-    ``getnameinfo``, the module's docstring) and a wrong result (a Ctrl-C during the forks
+    Kept (issue 27 item 3) because it prevents hangs (the poll above; a forked rank stuck for
+    good in ``getnameinfo``, the module's docstring) and a wrong result (a Ctrl-C during the forks
     dropped: the run trained on). On a torch other than 2.13.x it patches nothing (torch's own
     start, ``after_start`` never called) and logs :data:`STOCK_START` once."""
     import threading
