@@ -41,10 +41,10 @@ def _one_rank(cfg: dict, job_dir: str, port: int, out) -> None:
 
     land, wait = checkpointing.land, process_group.RngGather.wait
 
-    def recording_land(loop, taken, due, before_write=None):
+    def recording_land(loop, taken, due):
         landed.append((run[0], taken.state["global_step"], taken.state["position"],
                        tuple(due)))
-        return land(loop, taken, due, before_write)
+        return land(loop, taken, due)
 
     def recording_wait(self):
         if threading.current_thread() is threading.main_thread():
@@ -248,3 +248,71 @@ def _differences(at_end: list, files: list) -> list[str]:
                    for index, buffers in momentum.items() for key, value in buffers.items()
                    if not torch.equal(state[index][key], value)]
     return differ
+
+
+def _records_at_each_landing(cfg: dict, job_dir: str, port: int, out) -> None:
+    """A world of one in a spawned process: digits with step checkpoints and
+    ``logger=[tensorboard,csv]``; at each checkpoint's landing (its first file, on the
+    writer's thread) the steps metrics.csv holds then. Puts [(global step, steps)] on ``out``."""
+    import csv
+
+    from helpers import one_rank_digits_world
+
+    from ddp_exp.config.view import rank_config
+    from ddp_exp.distributed.process_group import destroy_process_group
+    from ddp_exp.io import checkpoint
+    from ddp_exp.metrics.trackers import TrackerPlan, open_trackers
+    from ddp_exp.metrics.writer import MetricsWriter
+    from ddp_exp.train.loop import Trainer
+    from ddp_exp.train.models import MLP
+    from ddp_exp.train.objective import Objective
+
+    world, datasets = one_rank_digits_world(port)
+    table = os.path.join(job_dir, "metrics.csv")
+    seen = []
+    land = checkpoint.land
+
+    def recording_land(paths, write_first, copy=checkpoint.copy_file):
+        with open(table, newline="") as fh:
+            steps = sorted({int(row["step"]) for row in csv.DictReader(fh)})
+        landed = torch.load(paths[0], weights_only=True) if os.path.exists(paths[0]) else None
+        land(paths, write_first, copy)
+        seen.append((torch.load(paths[0], weights_only=True)["global_step"], steps,
+                     landed is not None))
+
+    checkpoint.land = recording_land
+    try:
+        torch.manual_seed(0)
+        trackers = open_trackers(TrackerPlan(job_dir, csv="metrics.csv"), {}, True, None)
+        writer = MetricsWriter(job_dir, {}, enabled=True, trackers=trackers)
+        loop = Trainer(rank_config(cfg), world, datasets, MLP((1, 8, 8), 10, [32]),
+                       Objective(10), torch.device("cpu"), writer)
+        loop.fit()
+        writer.close()
+        out.put(seen)
+    finally:
+        checkpoint.land = land
+        destroy_process_group()
+
+
+@pytest.mark.slow  # starts a world of one
+def test_a_checkpoint_lands_after_every_record_before_its_step(tmp_path, compose):
+    """metrics.csv holds every logged step up to a checkpoint's when the checkpoint lands: a
+    resume keeps the rows before its step and writes the rest again, so a row missing then is
+    lost for good (a fresh user's kill -9 after a step checkpoint lost step 190's row: the CSV
+    tracker kept the last step's row in memory until the epoch's flush). Log every 5 steps,
+    a step checkpoint every 10, 47 steps an epoch: at each landing, steps 5, 10, ... up to the
+    checkpoint's are all in the file."""
+    from helpers import in_spawned_rank
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(compose(
+        "world_size=1", "trainer.epochs=2", "trainer.log_every_n_steps=5",
+        "trainer.checkpoint_every_n_steps=10", "trainer.progress=off",
+        "trainer.perf_metrics=false", "trainer.preempt_signal=null", "trainer.monitor=null"),
+        resolve=True, enum_to_str=True)
+    seen = in_spawned_rank(_records_at_each_landing, cfg, str(tmp_path))
+    assert [step for step, _, _ in seen][:4] == [10, 20, 30, 40], seen
+    for step, steps, _ in seen:
+        logged = set(range(5, step + 1, 5)) | ({47} if step >= 47 else set())
+        assert logged <= set(steps), (step, sorted(logged - set(steps)))

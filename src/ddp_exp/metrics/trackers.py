@@ -41,7 +41,9 @@ log = logging.getLogger("ddp_exp")
 
 FINISH_TIMEOUT_S = 120.0  # longest wait for the trackers at the run's end
 CLOSE_TIMEOUT_S = 10.0  # ... after a failure or a preemption: the job's exit comes first
+SYNC_TIMEOUT_S = 30.0  # longest wait of a checkpoint for the trackers' rows before its step
 _STOP = object()
+_SYNCED = object()  # a marker job: its Event is set once every job before it is done
 
 
 class Sink(Protocol):
@@ -147,6 +149,27 @@ class Trackers:
         """Queue a flush of every tracker (after each epoch)."""
         self.jobs.put(("flush", ()))
 
+    def sync(self, timeout_s: float = SYNC_TIMEOUT_S) -> bool:
+        """Flush every tracker and wait until their thread has done it, and every log queued
+        before it (``timeout_s`` at most: a tracker's server that does not answer delays a
+        checkpoint that long, once per checkpoint, and it lands without it). Safe on another
+        thread than the one that logs: the checkpoint writer's, before a checkpoint lands, so
+        that a resume from it finds every row before its step (``metrics.csv`` kept its last
+        row in memory until the epoch's flush; a kill after a step checkpoint lost it).
+        Returns whether it was done in time; True at once after :meth:`finish` or
+        :meth:`close`."""
+        if self.finished or not self.thread.is_alive():
+            return True
+        done = threading.Event()
+        self.jobs.put(("flush", ()))
+        self.jobs.put((_SYNCED, (done,)))
+        if done.wait(timeout_s):
+            return True
+        log.warning("warning: %s did not write its rows within %.0f s: the checkpoint lands "
+                    "without waiting for them", ", ".join(f"logger.{s.name}" for s in self.sinks),
+                    timeout_s)
+        return False
+
     def finish(self, step: int, final: Mapping[str, Any]) -> None:
         """Queue the final metrics (the numbers of ``final``; True/False as 1/0) and the end of
         every run, then wait for the trackers (:data:`FINISH_TIMEOUT_S` at most)."""
@@ -179,6 +202,9 @@ class Trackers:
             held = None
             if op is _STOP:
                 return
+            if op is _SYNCED:  # every job queued before it is done
+                args[0].set()
+                continue
             if op == "log":  # every log queued meanwhile, in one call (one MLflow batch)
                 op, args = "logs", [args]
                 while held is None:

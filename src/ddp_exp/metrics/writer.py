@@ -247,6 +247,17 @@ class MetricsWriter:
             for file_writer in list(writer.all_writers.values()):
                 file_writer.flush()
 
+    def records_on_disk(self) -> None:
+        """Wait until every record added so far is written: TensorBoard's events
+        (:meth:`flush_events`) and every tracker's rows
+        (:meth:`ddp_exp.metrics.trackers.Trackers.sync`).
+        A checkpoint's job on the background writer calls it before the checkpoint lands
+        (:func:`ddp_exp.train.checkpointing.land`): a resume keeps the records before its step and
+        writes the rest again, so none before it may be missing. A no-op off rank 0."""
+        self.flush_events()
+        if self.trackers is not None:
+            self.trackers.sync()
+
     @property
     def enabled(self) -> bool:
         """True on rank 0 while the event stream is open."""

@@ -182,15 +182,17 @@ def _snapshot_on_writer(loop: TrainingLoop, state: dict[str, Any]
     return snapshotted, gate
 
 
-def land(loop: TrainingLoop, taken: Taken, due: Due,
-         before_write: Callable[[], object] | None = None) -> None:
+def land(loop: TrainingLoop, taken: Taken, due: Due) -> None:
     """Hand ``taken`` to this rank's background writer (every rank, in the same order): its
     thread first takes a deferred snapshot (rank 0, :func:`take` with ``lands_now``), gathers
     the ranks' RNG states over the side group (a collective of the writers), then rank 0's
-    writes the checkpoint under the names ``due``
-    (:func:`ddp_exp.io.checkpoint.save`), after ``before_write()`` (run on that thread: a step
-    checkpoint's TensorBoard events, which must be in their file before the checkpoint is);
-    the others' write nothing (but their shards, sharded)."""
+    writes the checkpoint under the names ``due`` (:func:`ddp_exp.io.checkpoint.save`) once
+    the run's records up to now are written: the scalars the loop still queues are handed to
+    TensorBoard here, and that thread waits for the event file and the trackers' rows
+    (:meth:`ddp_exp.metrics.writer.MetricsWriter.records_on_disk`), not the loop (issue 30's
+    cost). A resume keeps the records before its checkpoint's step and writes the rest again,
+    so none before it may be missing (``metrics.csv`` lost its last row to a kill after a step
+    checkpoint). The others' write nothing (but their shards, sharded)."""
     files = loop.checkpoint_files
     if not loop.world.is_main:
         shards = taken.shards
@@ -203,10 +205,12 @@ def land(loop: TrainingLoop, taken: Taken, due: Due,
     def late() -> dict[str, Any]:  # the snapshot first: the loop may be waiting for it
         return {**snapshotted(), "rng": taken.rng.wait()}
 
+    loop.writer.write_queued()
     try:
         checkpoint.save(loop.writer.job_dir, taken.state, due.epoch_file,
                         loop.cfg.trainer.keep_checkpoints, files, last=due.last, best=due.best,
-                        before_write=before_write, late=late, owned=True, shards=taken.shards)
+                        before_write=loop.writer.records_on_disk, late=late, owned=True,
+                        shards=taken.shards)
     except BaseException:
         if gate is not None and gate.locked():  # never submitted: nothing would release it
             gate.release()

@@ -223,13 +223,9 @@ def at_stop(loop: CheckpointedLoop, steps: int, loss_sum: float, samples: int, s
 
 
 def _land(loop: CheckpointedLoop, taken: Taken) -> None:
-    """Land a step checkpoint as ``last.pt``. TensorBoard's events up to its step are in the
-    event file before the checkpoint file is, so a resume's ``purge_step`` sees them: the
-    queued scalars are added here, and the background writer's job waits for the event file
-    before it writes (``MetricsWriter.flush_events``), not the loop (issue 30's cost)."""
-    loop.writer.write_queued()
-    checkpointing.land(loop, taken, checkpointing.INSIDE_EPOCH,
-                       before_write=loop.writer.flush_events)
+    """Land a step checkpoint as ``last.pt`` (after the records up to its step:
+    :func:`ddp_exp.train.checkpointing.land`)."""
+    checkpointing.land(loop, taken, checkpointing.INSIDE_EPOCH)
     loop.cadence.written()
 
 
