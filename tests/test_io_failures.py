@@ -64,9 +64,17 @@ def test_bookkeeping_writes_are_best_effort_on_a_full_disk(tmp_path, monkeypatch
     error_file.write_text("{}")
     failure = SimpleNamespace(error_file=str(error_file), message={"message": "DiskFull: no "
                               "space left on the disk that holds x"})
-    monkeypatch.setattr(jobdir.shutil, "copyfile", _no_space)
+
+    def part_then_full(src, dst):  # the copy stops part-way: the disk filled
+        dst.write(b"{")
+        dst.flush()
+        _no_space()
+
+    monkeypatch.setattr(files, "_copy_into", part_then_full)
     jobdir.keep_error_files(SimpleNamespace(failures={0: failure}), str(tmp_path / "job"))
     assert failure.error_file.startswith("<not kept: ")
+    # Whole or not at all (a fresh user's full disk left a 0-byte errors/rank0.json).
+    assert os.listdir(tmp_path / "job" / "errors") == []
     row = {"job": "0", "overrides": "a=1", "status": "completed", "val/loss": 0.5,
            "val/accuracy": 0.9, "train/epoch_loss": 0.4, "samples_per_sec": 1e4, "wall_s": 3.0}
     sweep.write_summary(str(tmp_path), [row])

@@ -35,7 +35,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from ddp_exp.io import checkpoint
-from ddp_exp.io.files import atomic_write, best_effort, remove_partial
+from ddp_exp.io.files import atomic_write, best_effort, copy_file, remove_partial
 from ddp_exp.job import record
 from ddp_exp.job.lock import (  # noqa: F401  (re-exported: the job folder's names, one place)
     HYDRA_RECORD,
@@ -245,7 +245,7 @@ def keep_error_files(exc, job_dir: str) -> None:
 
             def copy(source: str = failure.error_file, kept: str = kept) -> None:
                 os.makedirs(os.path.dirname(kept), exist_ok=True)
-                shutil.copyfile(source, kept)
+                copy_file(source, kept)  # whole or not at all: a full disk left 0 bytes
 
             # Best-effort: on a full disk the failure's own line says so (R16).
             reported = "no space left on the disk" if _names_full_disk(failure) else None
