@@ -86,3 +86,28 @@ def test_a_first_epoch_killed_with_trackers_on_still_starts_afresh(tmp_path):
     assert killed_first_epoch(str(job)) is None
     (job / "notes.txt").write_text("mine")
     assert killed_first_epoch(str(job)) == "it holds 'notes.txt', which ddp_exp did not write"
+
+
+def test_an_earlier_start_that_never_recorded_its_end_is_kept_as_killed(tmp_path):
+    """A start moves the record before it under ``attempts`` as it ended: one still
+    "running" (killed, or a full disk refused its end's write) is "killed" (a fresh user's
+    run.json listed every killed attempt as running, after the run had completed)."""
+    from ddp_exp.job import record
+
+    def start(world_size: int) -> dict:
+        return record.write_start(str(tmp_path), {"world_size": world_size}, command=["x"],
+                                  overrides=[f"world_size={world_size}"], cwd=str(tmp_path),
+                                  config_dir=None, config_name=None, backend="gloo",
+                                  threads_per_rank=1, data_fingerprint={}, started=0.0)
+
+    start(2)  # killed: never ends
+    start(3)
+    record.write_end(str(tmp_path), "failed", 1.0)
+    start(3)  # killed too
+    last = start(1)
+    assert [(a["world_size"], a["status"]) for a in last["attempts"]] == [
+        (2, "killed"), (3, "failed"), (3, "killed")]
+    assert last["status"] == "running"
+    record.write_end(str(tmp_path), "completed", 2.0)
+    kept = json.loads((tmp_path / "run.json").read_text())
+    assert kept["status"] == "completed" and len(kept["attempts"]) == 3

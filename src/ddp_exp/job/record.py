@@ -156,13 +156,14 @@ def write_start(job_dir: str, plain: Mapping[str, Any], *, command: Sequence[str
                 data_fingerprint: Mapping[str, int], started: float) -> dict[str, Any]:
     """Write ``<job_dir>/run.json`` for the start of this job (see the module's docstring);
     ``started``: ``time.time()`` when the job started. An earlier start's record moves under
-    ``attempts``. Returns the record."""
+    ``attempts``, as it ended (:func:`ended`). Returns the record."""
     earlier = read_json(os.path.join(job_dir, RECORD))
     attempts = []
     if isinstance(earlier, dict):
-        attempts = [*earlier.get("attempts", []),
-                    {k: earlier.get(k) for k in ("start_time", "end_time", "status",
-                                                 "world_size", "overrides")}]
+        attempts = [ended(a) for a in [
+            *earlier.get("attempts", []),
+            {k: earlier.get(k) for k in ("start_time", "end_time", "status", "world_size",
+                                         "overrides")}] if isinstance(a, dict)]
     data_cfg = plain.get("data") or {}
     content = bool((plain.get("record") or {}).get("hash_data"))
     record = {
@@ -182,6 +183,20 @@ def write_start(job_dir: str, plain: Mapping[str, Any], *, command: Sequence[str
     }
     _write(job_dir, record)
     return record
+
+
+# An earlier start still "running" when the next starts: it ended without recording its end.
+KILLED = "killed"
+
+
+def ended(attempt: dict[str, Any]) -> dict[str, Any]:
+    """An earlier start of the job as it ended: one still ``running`` in the record (this
+    start holds the job folder, so it has ended) ended without recording its end (killed, or a
+    full disk refused the write) and is :data:`KILLED` (a fresh user's record listed every
+    killed attempt as running)."""
+    if attempt.get("status") == "running":
+        return {**attempt, "status": KILLED}
+    return attempt
 
 
 def write_end(job_dir: str, status: str, wall_s: float) -> None:
