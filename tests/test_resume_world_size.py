@@ -195,6 +195,21 @@ def test_the_epoch_end_warning_keeps_only_a_global_batch_the_world_divides(compo
         assert "keep data.global_batch_size=64 for an exact continuation" in caplog.text
 
 
+
+def test_a_global_batch_changed_at_the_same_world_size_is_warned_of(compose, caplog):
+    """``data.batch_size`` changed on resume, same world size: the global batch changes (64
+    to 32) and the run no longer continues the interrupted one; it was accepted without a
+    word (a fresh user's find). The same batch says nothing."""
+    state = {"world_size": 2, "global_batch_size": 64}
+    with caplog.at_level(logging.INFO, logger="ddp_exp"):
+        build._log_world_change(compose("world_size=2", "data.batch_size=16"), state, 2)
+        assert ("resuming at a global batch of 32, the interrupted run's was 64: the data order "
+                "and the schedule differ from it (keep data.global_batch_size=64 for an exact "
+                "continuation)") in caplog.text, caplog.text
+        caplog.clear()
+        build._log_world_change(compose("world_size=2", "data.batch_size=32"), state, 2)
+        assert caplog.text == ""
+
 @pytest.mark.slow
 def test_a_step_checkpoint_in_another_world_is_refused_with_advice_that_works(run_cli, tmp_path):
     """Saved at world_size=2 with data.global_batch_size=8 inside epoch 1; resumed at

@@ -228,12 +228,20 @@ def _world_view(cfg: DictConfig, world_size: int) -> dict[str, Any]:
 def _log_world_change(cfg: DictConfig, state: dict[str, Any], world_size: int) -> None:
     """One line when the checkpoint was written by a world of another size: exact with the
     same global batch, else what would continue it exactly (advice that is accepted:
-    :func:`ddp_exp.train.state.exact_batch_advice`). Logged once every check has passed."""
-    if state.get("world_size") in (None, world_size):
-        return
+    :func:`ddp_exp.train.state.exact_batch_advice`). Logged once every check has passed. A
+    world of the same size with another global batch (``data.batch_size`` changed on resume)
+    gets the warning too: it was accepted without a word (a fresh user's find)."""
     saved = state.get("global_batch_size") or (
         global_batch_size(state["config"]) if state.get("config") else None)
-    if saved == global_batch_size(_world_view(cfg, world_size)):  # exact (issue 30)
+    now = global_batch_size(_world_view(cfg, world_size))
+    if state.get("world_size") in (None, world_size):
+        if saved is not None and saved != now:
+            log.warning("resuming at a global batch of %d, the interrupted run's was %d: the "
+                        "data order and the schedule differ from it (keep %s for an exact "
+                        "continuation)", now, saved,
+                        train_state.exact_batch_advice(saved, world_size))
+        return
+    if saved == now:  # exact (issue 30)
         log.info("resuming a world of %s rank(s) with %d, the same global batch of %d: the "
                  "data order, schedule and weights continue as if never stopped (dropout "
                  "draws per rank, unsynchronised BatchNorm per rank: those differ)",
