@@ -200,6 +200,29 @@ def test_rerun_of_a_run_resumed_at_another_world_size_says_it_differs_by_the_res
                          "record does not see"]
 
 
+def test_rerun_of_a_run_resumed_with_other_overrides_names_them(tmp_path, monkeypatch, capsys,
+                                                                fake_rerun):
+    """Started with optim.lr=0.5, resumed with data.batch_size=16 and then with the last's
+    overrides (run.json's attempts; trainer.resume is a resume's own key): the verdict names
+    each start's overrides that the last did not run, not "the records do not differ ... a
+    nondeterministic operation" (a fresh user's find)."""
+    from ddp_exp.cli.rerun import main
+
+    base = ["trainer.epochs=2", "world_size=1"]
+    fake_job(tmp_path / "changed", tmp_path, 1, [
+        {"world_size": 1, "status": "killed", "overrides": [*base, "optim.lr=0.5"]},
+        {"world_size": 1, "status": "killed",
+         "overrides": [*base, "data.batch_size=16", "trainer.resume=auto"]},
+        {"world_size": 1, "status": "killed", "overrides": [*base, "trainer.resume=auto"]}],
+        "completed", [1.0, 2.0])
+    monkeypatch.chdir(tmp_path)
+    assert main([str(tmp_path / "changed"), "--out", "again"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:] == [
+        "expected: the run was resumed with other overrides (run.json's attempts: start 1: "
+        "optim.lr=0.5 (last: (none)); start 2: data.batch_size=16 (last: (none))) and the "
+        "rerun trained start to end with the last's"], lines
+
 def test_rerun_of_a_failed_run_names_its_state_and_reruns_nothing(tmp_path, capsys,
                                                                   fake_rerun):
     """A failed run (no model.pt) is refused in one line naming status.json's state, exit
