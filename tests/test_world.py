@@ -435,4 +435,5 @@ def test_a_global_batch_larger_than_the_training_set_is_said(run_cli):
     out = run.stdout + run.stderr
     assert ("the global batch of 2000 is larger than the 1500 training samples: each "
             "optimizer step takes the whole training set (750 per rank), not 2000") in out
+    assert out.count("is larger than the 1500 training samples") == 1, out  # rank 0's alone
     assert run.metrics["steps_per_epoch"] == 1

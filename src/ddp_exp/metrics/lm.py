@@ -91,9 +91,10 @@ def split_tokenizer(split: Any) -> TextTokenizer | None:
     return TextTokenizer.bytes() if stream.byte_level else None
 
 
-def token_byte_lengths(split: Any) -> torch.Tensor | None:
+def token_byte_lengths(split: Any, is_main: bool = True) -> torch.Tensor | None:
     """UTF-8 bytes per token id, float64 ``[vocab_size]`` (special tokens 0), for token data
-    whose tokenizer is byte-level; else None (no ``val/bits_per_byte``)."""
+    whose tokenizer is byte-level; else None (no ``val/bits_per_byte``; why, said by rank 0
+    alone: ``is_main``)."""
     if not is_token_data(split):
         return None
     try:
@@ -102,7 +103,8 @@ def token_byte_lengths(split: Any) -> torch.Tensor | None:
             return None
         lengths = tokenizer.byte_lengths()
     except (ConfigError, ValueError) as e:
-        log.warning("no val/bits_per_byte: %s", e)
+        if is_main:
+            log.warning("no val/bits_per_byte: %s", e)
         return None
     vocab = split.stream.vocab_size
     table = torch.zeros(vocab, dtype=torch.float64)

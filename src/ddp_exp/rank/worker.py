@@ -136,7 +136,7 @@ def train_rank(inputs: RankInputs, world: World, threads: int, cfg: RankConfig
              world.world_size, threads, inputs.backend, device.type, global_batch,
              cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, n_train,
              len(data.val))
-    if global_batch > n_train:  # e.g. world_size=100 at the default per-rank batch
+    if global_batch > n_train and world.is_main:  # world_size=100 at the default batch
         log.warning("the global batch of %d is larger than the %d training samples: each "
                     "optimizer step takes the whole training set (%d per rank), not %d "
                     "(data.global_batch_size, or fewer ranks)", global_batch, n_train,

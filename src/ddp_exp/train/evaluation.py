@@ -163,7 +163,7 @@ class Evaluator:
         self.tags = (("val/loss", *(f"val/{m}" for m in objective.metrics))
                      if len(datasets.val) else ())
         self.last_confusion: torch.Tensor | None = None  # of the last validation
-        self.token_bytes = lm.token_byte_lengths(datasets.val)  # val/bits_per_byte
+        self.token_bytes = lm.token_byte_lengths(datasets.val, world.is_main)  # bits/byte
 
     def validate(self, epoch: int, global_step: int) -> dict[str, Any]:
         """Evaluate the validation split after (0-based) ``epoch``; rank 0 writes the ``val/*``
@@ -211,7 +211,7 @@ class Evaluator:
         """
         data = getattr(self.datasets, split)
         use_best = weights == "best" and monitor.best_epoch is not None
-        if weights == "best" and not use_best:
+        if weights == "best" and not use_best and self.world.is_main:  # said once
             log.warning("%s: no best epoch was recorded (%s never finite): using the last "
                         "weights", split, monitor.metric)
         last_weights = None

@@ -120,8 +120,9 @@ def element_step(loop: TrainingLoop, group: list, window: LossWindow) -> None:
             (scaled if loop.scaler is None else loop.scaler.scale(scaled)).backward()
         window.add(total, counts[i], loop.global_step + 1, summed=True)
     if n == 0:
-        log.warning("step %d: no counted element on any rank (every target is "
-                    "data.ignore_index): the step is skipped", loop.global_step + 1)
+        if loop.world.is_main:  # the world's count: the same on every rank, said once
+            log.warning("step %d: no counted element on any rank (every target is "
+                        "data.ignore_index): the step is skipped", loop.global_step + 1)
         loop.optimizer.zero_grad(set_to_none=True)
         loop.global_step += 1
         return
