@@ -282,3 +282,24 @@ def test_a_rank_ended_with_code_0_and_no_result_is_named_in_one_line():
     failure.exitcode = -9  # a signal: torch's table is the report
     line, one_line = world_failure(exc)
     assert not one_line and line == "rank 3 failed: To enable traceback see: https://pytorch.org"
+
+
+def test_ddps_unused_parameter_error_names_the_config_key():
+    """DDP's reducer error for a parameter that took no part in the loss advises a keyword
+    argument of DistributedDataParallel and ran past the line's 300 characters; the line
+    names ``ddp.find_unused_parameters=true`` (a fresh user's find). Other errors keep
+    their first line."""
+    from ddp_exp.rank.failures import failure_detail
+
+    torch_text = (
+        "RuntimeError: Expected to have finished reduction in the prior iteration before "
+        "starting a new one. This error indicates that your module has parameters that were "
+        "not used in producing loss. You can enable unused parameter detection by passing the "
+        "keyword argument `find_unused_parameters=True` to "
+        "`torch.nn.parallel.DistributedDataParallel`, and by\nmaking sure all `forward` "
+        "function outputs participate in calculating loss.")
+    line = failure_detail(torch_text)
+    assert line.startswith("RuntimeError: DDP found parameters of the model that took no part "
+                           "in the loss"), line
+    assert "set ddp.find_unused_parameters=true" in line and len(line) <= 300
+    assert failure_detail("ValueError: bad\nmore") == "ValueError: bad"

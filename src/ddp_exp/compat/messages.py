@@ -212,6 +212,20 @@ def torch_load_broken(exc: BaseException, text: str) -> bool:
         "torch", "torch.load's 'zip archive' wording", STOCK_LOAD)
 
 
+# DistributedDataParallel's reducer, at the step after one whose loss some parameter took no
+# part in (torch/csrc/distributed/c10d/reducer.cpp).
+UNUSED_PARAMETERS = "Expected to have finished reduction in the prior iteration"
+
+
+def unused_parameters(text: str) -> bool:
+    """True when a rank's error ``text`` is DDP's reducer finding parameters that took no part
+    in the last step's loss (its advice names a keyword argument of ``DistributedDataParallel``,
+    not the config key); False otherwise, or on a torch other than 2.13."""
+    return UNUSED_PARAMETERS in text and written_for(
+        "torch", "DDP's 'Expected to have finished reduction' wording",
+        "DDP's unused-parameter error is shown in torch's words")
+
+
 def carries_traceback(lines: list[str]) -> bool:
     """True when an error message's ``lines`` (stripped) carry another process's traceback
     (a DataLoader worker's, re-raised in the rank), so that its last line is the original

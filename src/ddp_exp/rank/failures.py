@@ -48,10 +48,16 @@ def failure_detail(message: str) -> str:
     format of torch's error files), at most 300 characters: its first line; where the message
     carries another process's traceback (a DataLoader worker's error, re-raised in the rank as
     "Caught ValueError in DataLoader worker process 0. Original Traceback ..."), its last
-    line, the original error."""
+    line, the original error; DDP's unused-parameter error names the config key
+    ``ddp.find_unused_parameters`` (torch's advice names a keyword argument)."""
     lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
     if not lines:
         return "unknown error"
+    if messages.unused_parameters(lines[0]):  # torch's advice names a DDP argument, not a key
+        return (f"{lines[0].partition(':')[0]}: DDP found parameters of the model that took no "
+                "part in the loss (their gradients never came): set ddp.find_unused_parameters"
+                "=true, or leave them out of the model (the model's forward may skip them on "
+                "some steps); the whole error is in the job log")
     return (lines[-1] if messages.carries_traceback(lines) else lines[0])[:300]
 
 
