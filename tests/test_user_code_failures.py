@@ -204,3 +204,23 @@ def test_a_failed_rank_is_named_by_the_first_line_unless_it_carries_a_traceback(
     assert failure_detail("ValueError: Caught ValueError in DataLoader worker process 0.\n"
                           "Original Traceback (most recent call last):\n  File ...\n"
                           "ValueError: bad item 7\n") == "ValueError: bad item 7"
+
+
+def test_an_output_shape_changed_after_the_check_names_both_shapes_at_its_step():
+    """A model whose forward returns [batch, 5] from its third step (the check before the run
+    saw [batch, 10]): torch's error was "IndexError: Target 7 is out of bounds", naming no
+    shape (a fresh user's find). The built-in loss now names both shapes and the right one;
+    an error of the loss on fitting shapes passes as torch raised it."""
+    import torch
+
+    from ddp_exp.train.objective import Objective
+
+    objective = Objective(10)
+    with pytest.raises(ValueError, match=r"model: at this step the output has shape \[batch, "
+                       r"5\] but the targets have shape \[batch\]: the model must return "
+                       r"\[batch, 10\] \(10 classes\); the check before the run saw the "
+                       r"right shape") as caught:
+        objective.batch_loss(torch.zeros(4, 5), torch.tensor([7, 1, 2, 3]))
+    assert isinstance(caught.value.__cause__, IndexError)
+    with pytest.raises(IndexError, match="out of bounds"):  # shapes fit: torch's own error
+        objective.batch_loss(torch.zeros(4, 10), torch.tensor([12, 1, 2, 3]))

@@ -190,12 +190,33 @@ class Objective:
         return total.double(), sums, count
 
     def batch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean loss of a batch (a scalar); the built-in losses use torch's fused kernels."""
+        """Mean loss of a batch (a scalar); the built-in losses use torch's fused kernels.
+
+        Raises:
+            ValueError: the output's shape does not fit the targets at this step (the model
+                changed it after the check before the run, :meth:`check`), naming both
+                shapes, where torch's own error named neither ("Target 7 is out of
+                bounds").
+        """
         if self.custom_loss:
             return self.per_sample_loss(output, target).mean()
-        if self.num_classes:
-            return F.cross_entropy(output, target)
-        return F.mse_loss(output.float(), target)
+        try:
+            if self.num_classes:
+                return F.cross_entropy(output, target)
+            return F.mse_loss(output.float(), target)
+        except (IndexError, RuntimeError, ValueError) as exc:
+            raise self._shape_failure(output, target, exc) from exc
+
+    def _shape_failure(self, output: torch.Tensor, target: torch.Tensor,
+                       exc: Exception) -> Exception:
+        """``exc`` (the built-in loss's failure), or a ValueError naming the output's and the
+        targets' shapes where they do not fit (:func:`output_shape_error`)."""
+        why = output_shape_error(tuple(output.shape), tuple(target.shape), self.num_classes,
+                                 class_last=self.class_last)
+        if why is None:
+            return exc
+        return ValueError(f"model: at this step {why}; the check before the run saw the "
+                          "right shape, so the model's forward changed it")
 
     @torch.no_grad()
     def check(self, model: torch.nn.Module, features: Any, targets: torch.Tensor
