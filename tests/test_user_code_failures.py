@@ -204,6 +204,12 @@ def test_a_failed_rank_is_named_by_the_first_line_unless_it_carries_a_traceback(
     assert failure_detail("ValueError: Caught ValueError in DataLoader worker process 0.\n"
                           "Original Traceback (most recent call last):\n  File ...\n"
                           "ValueError: bad item 7\n") == "ValueError: bad item 7"
+    # The traceback names the type with its module; the line as with num_workers=0 (a fresh
+    # user's find: "ddp_exp.config.errors.ConfigError: ..." in a worker, "ConfigError" not).
+    assert failure_detail("ConfigError: Caught ConfigError in DataLoader worker process 0.\n"
+                          "Original Traceback (most recent call last):\n  File ...\n"
+                          "ddp_exp.config.errors.ConfigError: data: item 3 is None\n") == (
+        "ConfigError: data: item 3 is None")
 
 
 def test_an_output_shape_changed_after_the_check_names_both_shapes_at_its_step():

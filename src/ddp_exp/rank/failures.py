@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -58,7 +59,13 @@ def failure_detail(message: str) -> str:
                 "part in the loss (their gradients never came): set ddp.find_unused_parameters"
                 "=true, or leave them out of the model (the model's forward may skip them on "
                 "some steps); the whole error is in the job log")
-    return (lines[-1] if messages.carries_traceback(lines) else lines[0])[:300]
+    if messages.carries_traceback(lines):  # a traceback's last line names the type in full
+        return _DOTTED_TYPE.sub(r"\1: ", lines[-1], count=1)[:300]
+    return lines[0][:300]
+
+
+# "ddp_exp.config.errors.ConfigError: ..." at the start of a traceback's last line.
+_DOTTED_TYPE = re.compile(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*): ")
 
 
 # A rank process that ended with exit code 0 and no result (its function neither returned nor
