@@ -260,3 +260,18 @@ def test_rerun_into_a_folder_that_holds_something_is_one_line(tmp_path, capsys, 
     (tmp_path / "empty").mkdir()
     main([str(tmp_path / "done"), "--out", str(tmp_path / "empty")])
     assert len(fake_rerun) == 1
+
+
+def test_runs_says_when_a_completed_runs_metrics_cannot_be_read(tmp_path):
+    """A completed run whose metrics.json was truncated since was listed as "completed" with
+    blank metrics and no word (a fresh user's find); its status cell now says so."""
+    from ddp_exp.cli.runs import table
+
+    for name, text in (("whole", '{"val/loss": 0.5}'), ("cut", '{"val/lo')):
+        job = tmp_path / name
+        job.mkdir()
+        (job / "status.json").write_text(json.dumps({"status": "completed", "wall_s": 1.0}))
+        (job / "metrics.json").write_text(text)
+    _, rows = table([str(tmp_path / "whole"), str(tmp_path / "cut")])
+    assert [r["status"] for r in rows] == ["completed", "completed, metrics.json unreadable"]
+    assert rows[0]["val/loss"] == 0.5 and "val/loss" not in rows[1]

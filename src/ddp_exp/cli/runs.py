@@ -97,9 +97,10 @@ def table(job_dirs: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
     for job_dir, config in zip(job_dirs, configs, strict=True):
         status = read_json(os.path.join(job_dir, STATUS_FILE)) or {}
         metrics = read_json(os.path.join(job_dir, "metrics.json")) or {}
-        row: dict[str, Any] = {"run": job_dir,
-                               "status": status.get("status") or (
-                                   "completed" if metrics else "incomplete")}
+        state = status.get("status") or ("completed" if metrics else "incomplete")
+        if state == "completed" and not metrics:  # damaged or removed since: blank metrics
+            state = "completed, metrics.json unreadable"
+        row: dict[str, Any] = {"run": job_dir, "status": state}
         row.update({k.rstrip("="): config.get(k) for k in keys})
         for key in (*METRICS, *sorted(k for k in metrics if k.startswith(("test/", "best/")))):
             if key in metrics:
