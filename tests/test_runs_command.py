@@ -269,7 +269,8 @@ def test_runs_says_when_a_completed_runs_metrics_cannot_be_read(tmp_path):
 
     for name, text in (("whole", '{"val/loss": 0.5}'), ("cut", '{"val/lo')):
         job = tmp_path / name
-        job.mkdir()
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "config.yaml").write_text("seed: 0\n")
         (job / "status.json").write_text(json.dumps({"status": "completed", "wall_s": 1.0}))
         (job / "metrics.json").write_text(text)
     _, rows = table([str(tmp_path / "whole"), str(tmp_path / "cut")])
