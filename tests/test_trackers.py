@@ -231,6 +231,46 @@ def test_a_resumed_tracker_skips_what_its_run_holds_and_a_broken_one_is_one_warn
     assert len(lines) == 1 and "No space left" in lines[0] and "\n" not in lines[0]
 
 
+class HangingSink(FakeSink):
+    """A tracker whose flush waits for ``release`` (a server that does not answer)."""
+
+    name = "hanging"
+
+    def __init__(self):
+        super().__init__({})
+        import threading
+
+        self.release, self.flushes = threading.Event(), 0
+
+    def flush(self):
+        self.flushes += 1
+        self.release.wait(30)
+
+
+def test_sync_waits_for_the_rows_and_a_hung_tracker_holds_one_checkpoint_only(caplog):
+    """``Trackers.sync`` (before a checkpoint lands) returns once every row logged before it
+    is written; a tracker that does not answer holds one sync for its timeout, one warning,
+    and later syncs return at once, queueing nothing, until it catches up."""
+    from ddp_exp.metrics.trackers import Trackers
+
+    good = FakeSink({})
+    trackers = Trackers([good], {}, purge_step=None)
+    trackers.log(5, {"train/loss": 0.5})
+    assert trackers.sync(5.0) and good.logged == [(5, {"train/loss": 0.5})]
+    trackers.finish(5, {})
+    hanging = HangingSink()
+    trackers = Trackers([hanging], {}, purge_step=None)
+    assert trackers.sync(0.2) is False
+    assert trackers.sync(30.0) is False  # at once: the first is still not done
+    assert trackers.lagging is not None
+    hanging.release.set()
+    assert trackers.lagging.wait(10)
+    assert trackers.sync(5.0) and hanging.flushes == 2  # the second queued nothing
+    lines = [r.getMessage() for r in caplog.records if "logger.hanging" in r.getMessage()]
+    assert len(lines) == 1 and "until it catches up" in lines[0], lines
+    trackers.finish(5, {})
+    assert not trackers.thread.is_alive()
+
 def test_mlflow_sink_reopens_its_run_and_reports_the_steps_it_holds(tmp_path):
     pytest.importorskip("mlflow")
     from ddp_exp.metrics.mlflow_sink import MLflowSink

@@ -136,6 +136,7 @@ class Trackers:
         self.done: dict[str, Mapping[str, int]] = {}  # sink -> metric -> last step it holds
         self.jobs: queue.Queue = queue.Queue()
         self.finished = False
+        self.lagging: threading.Event | None = None  # a sync that timed out, until it is done
         self.thread = threading.Thread(target=self._run, name="ddp_exp-trackers", daemon=True)
         self.thread.start()
         self.jobs.put(("open", (dict(params), purge_step)))
@@ -157,17 +158,22 @@ class Trackers:
         that a resume from it finds every row before its step (``metrics.csv`` kept its last
         row in memory until the epoch's flush; a kill after a step checkpoint lost it).
         Returns whether it was done in time; True at once after :meth:`finish` or
-        :meth:`close`."""
+        :meth:`close`. While an earlier sync that timed out is still not done, False at once
+        (a tracker's server that hangs must not hold every later checkpoint, nor pile up
+        their snapshots in the writer's queue)."""
         if self.finished or not self.thread.is_alive():
             return True
+        if self.lagging is not None and not self.lagging.is_set():
+            return False
         done = threading.Event()
         self.jobs.put(("flush", ()))
         self.jobs.put((_SYNCED, (done,)))
         if done.wait(timeout_s):
             return True
-        log.warning("warning: %s did not write its rows within %.0f s: the checkpoint lands "
-                    "without waiting for them", ", ".join(f"logger.{s.name}" for s in self.sinks),
-                    timeout_s)
+        self.lagging = done
+        log.warning("warning: %s did not write its rows within %.0f s: checkpoints land "
+                    "without waiting for them until it catches up",
+                    ", ".join(f"logger.{s.name}" for s in self.sinks), timeout_s)
         return False
 
     def finish(self, step: int, final: Mapping[str, Any]) -> None:
