@@ -230,3 +230,8 @@ def test_an_output_shape_changed_after_the_check_names_both_shapes_at_its_step()
     assert isinstance(caught.value.__cause__, IndexError)
     with pytest.raises(IndexError, match="out of bounds"):  # shapes fit: torch's own error
         objective.batch_loss(torch.zeros(4, 10), torch.tensor([12, 1, 2, 3]))
+    # Labels per element (a language model's [batch, time] at trainer.class_dim=last): the same.
+    with pytest.raises(ValueError, match=r"the output has shape \[batch, 3, 5\] but the "
+                       r"targets have shape \[batch, 3\]: the model must return "
+                       r"\[batch, 3, 10\]"):
+        objective.element_terms(torch.zeros(2, 3, 5), torch.tensor([[7, 1, 2], [3, 4, 0]]))

@@ -56,7 +56,7 @@ from ddp_exp.cli.signals import (
 )
 from ddp_exp.cli.usage import help_requested, runs_no_job
 from ddp_exp.compat.hydra_mode import decide_mode_without_composing
-from ddp_exp.config.compose import preset_that_set, primary_config_overrides, task_overrides
+from ddp_exp.config.compose import preset_note, primary_config_overrides, task_overrides
 from ddp_exp.config.errors import ConfigError
 from ddp_exp.job import sweep
 from ddp_exp.job.folder import (
@@ -151,11 +151,8 @@ def _task(cfg: DictConfig) -> float | None:
             sweep.discard_refused_sweep()
         raise SystemExit(0 if complete else EXIT_CONFIG_ERROR) from None
     except ConfigError as exc:
-        error, code = str(exc), EXIT_CONFIG_ERROR
-        preset = preset_that_set(error, hc)
-        if preset is not None:  # not typed: say where it came from and how to change it
-            key = error.partition("=")[0]
-            error += f"; {preset} sets {key}: give {key}=... to override it"
+        # A value a preset set, not the user: the line says which preset and how to change it.
+        error, code = str(exc) + preset_note(str(exc), hc), EXIT_CONFIG_ERROR
         if main_process:  # printed once status.json is written, or once the folder is gone
             say = f"error: {error}"
         # Refused in a folder that holds an earlier run: its status.json stays that run's.

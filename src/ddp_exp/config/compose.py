@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 import sys
 from typing import Any
 
@@ -57,27 +58,26 @@ def group_options(group: str) -> list[str]:
 PRESET_GROUPS = ("experiment", "debug", "hparams_search")
 
 
-def preset_that_set(line: str, hydra_cfg: Any) -> str | None:
-    """The preset (``experiment=gpt_tokens``) that set the key a refusal ``<key>=<value> ...``
-    names, where the command line did not set it: a preset's value refused for this run (its
-    ``scheduler.warmup_steps`` longer than a short run) read as if the user had typed it. None
-    for any other line. The presets are read from the job's config sources (``--config-dir``'s
-    too), file and package ones."""
-    import re
-
+def preset_note(line: str, hydra_cfg: Any) -> str:
+    """For a refusal ``<key>=<value> ...`` of a key the command line did not set, where a
+    chosen preset set it (``experiment=gpt_tokens``): ``"; experiment=gpt_tokens sets <key>:
+    give <key>=... to override it"``, so that a preset's value refused for this run (its
+    ``scheduler.warmup_steps`` longer than a short run) does not read as if the user had typed
+    it. ``""`` for any other line. The presets are read from the job's config sources
+    (``--config-dir``'s too), file and package ones."""
     match = re.match(r"([A-Za-z_][\w.]*)=", line)
     if match is None:
-        return None
+        return ""
     key = match.group(1)
     if any(arg.lstrip("+~").partition("=")[0] == key for arg in task_overrides(hydra_cfg)):
-        return None
+        return ""
     choices = hydra_cfg.runtime.choices
     for group in PRESET_GROUPS:
         option = choices.get(group)
         node = _option_node(hydra_cfg, group, option) if option else None
         if node is not None and OmegaConf.select(node, key, default=None) is not None:
-            return f"{group}={option}"
-    return None
+            return f"; {group}={option} sets {key}: give {key}=... to override it"
+    return ""
 
 
 def _option_node(hydra_cfg: Any, group: str, option: str) -> DictConfig | None:
@@ -91,7 +91,10 @@ def _option_node(hydra_cfg: Any, group: str, option: str) -> DictConfig | None:
         try:
             if source.schema == "file":
                 path = os.path.join(source.path, name)
-                text = open(path).read() if os.path.isfile(path) else None
+                text = None
+                if os.path.isfile(path):
+                    with open(path) as fh:
+                        text = fh.read()
             elif source.schema == "pkg":
                 found = importlib.resources.files(source.path).joinpath(name)
                 text = found.read_text() if found.is_file() else None
@@ -106,6 +109,7 @@ def _option_node(hydra_cfg: Any, group: str, option: str) -> DictConfig | None:
                 return None
             return node if isinstance(node, DictConfig) else None
     return None
+
 
 def null_group_line(exc: BaseException, argv: list[str]) -> str | None:
     """One line for ``group=null`` on the command line (``scheduler=null``; Hydra raises a

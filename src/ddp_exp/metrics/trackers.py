@@ -152,8 +152,8 @@ class Trackers:
 
     def sync(self, timeout_s: float = SYNC_TIMEOUT_S) -> bool:
         """Flush every tracker and wait until their thread has done it, and every log queued
-        before it (``timeout_s`` at most: a tracker's server that does not answer delays a
-        checkpoint that long, once per checkpoint, and it lands without it). Safe on another
+        before it (``timeout_s`` at most: a tracker's server that does not answer delays one
+        checkpoint that long, and it lands without it). Safe on another
         thread than the one that logs: the checkpoint writer's, before a checkpoint lands, so
         that a resume from it finds every row before its step (``metrics.csv`` kept its last
         row in memory until the epoch's flush; a kill after a step checkpoint lost it).

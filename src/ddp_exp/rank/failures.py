@@ -43,6 +43,9 @@ from ddp_exp.distributed.process_group import PeerFailed
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.job import folder as jobdir
 
+# "ddp_exp.config.errors.ConfigError: ..." at the start of a traceback's last line.
+_DOTTED_TYPE = re.compile(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*): ")
+
 
 def failure_detail(message: str) -> str:
     """The line that names a failed rank's error in a message ``"<type>: <text>"`` (the
@@ -63,9 +66,6 @@ def failure_detail(message: str) -> str:
         return _DOTTED_TYPE.sub(r"\1: ", lines[-1], count=1)[:300]
     return lines[0][:300]
 
-
-# "ddp_exp.config.errors.ConfigError: ..." at the start of a traceback's last line.
-_DOTTED_TYPE = re.compile(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*): ")
 
 
 # A rank process that ended with exit code 0 and no result (its function neither returned nor

@@ -159,15 +159,23 @@ class Objective:
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-element targets ``[B, *dims]``: the loss summed over the counted elements
         (label != ``ignore_index``; a scalar, 0 with a graph when none counts) and their count
-        (an int64 scalar tensor), both on the output's device."""
+        (an int64 scalar tensor), both on the output's device.
+
+        Raises:
+            ValueError: the output's shape does not fit the targets at this step, as
+                :meth:`batch_loss`.
+        """
         mask = target != self.ignore_index
         if self.custom_loss:
             values = self.per_sample_loss(output, target)
             total = torch.where(mask, values, torch.zeros((), dtype=values.dtype,
                                                           device=values.device)).sum()
         else:
-            total = F.cross_entropy(self._class_first(output).float(), target,
-                                    ignore_index=self.ignore_index, reduction="sum")
+            try:
+                total = F.cross_entropy(self._class_first(output).float(), target,
+                                        ignore_index=self.ignore_index, reduction="sum")
+            except (IndexError, RuntimeError, ValueError) as exc:
+                raise self._shape_failure(output, target, exc) from exc
         return total, mask.sum()
 
     def metric_sums(self, output: torch.Tensor, target: torch.Tensor
