@@ -771,17 +771,17 @@ def test_on_another_hydra_no_install_hint_is_read_from_its_words(other_version, 
 
 
 def _backward_with_end_callbacks() -> list[str]:
-    """A backward over two parameters whose gradient hooks each note ``hook`` and ask
-    ``compat.tensors.at_backward_end`` to note ``end``: the order they were noted in."""
+    """A backward over two parameters whose gradient hooks each note ``hook`` and queue
+    ``end`` on ``compat.tensors.backward_end_queue()``: the order they were noted in."""
     import torch
 
-    from ddp_exp.compat.tensors import at_backward_end
+    from ddp_exp.compat.tensors import backward_end_queue
 
     seen: list[str] = []
 
     def hook(param):
         seen.append("hook")
-        at_backward_end(lambda: seen.append("end"))
+        backward_end_queue()(lambda: seen.append("end"))
 
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))]
     for p in params:
@@ -791,7 +791,7 @@ def _backward_with_end_callbacks() -> list[str]:
 
 
 def test_contract_autograd_runs_a_queued_callback_after_the_backward():
-    """``compat.tensors.at_backward_end`` called from each parameter's gradient hook runs after
+    """``compat.tensors.backward_end_queue()`` called from each parameter's gradient hook runs after
     every hook of the backward (autograd's queue), not at the hook that called it."""
     assert _backward_with_end_callbacks() == ["hook", "hook", "end", "end"]
 

@@ -12,7 +12,7 @@ queue (``Variable._execution_engine.queue_callback``).
   ``attention_mask`` its ``forward`` does not take (``TypeError``), its wrapper's signature
   being ``(*args, **kwargs)``.
 
-* :func:`at_backward_end` is kept because it prevents a wrong number: the throughput split of
+* :func:`backward_end_queue` is kept because it prevents a wrong number: the throughput split of
   ``metrics/perf`` (compute vs gradient sync) stamps the moment every gradient is ready, which
   only autograd's engine knows (DDP queues its own finalize the same way); stamped at the last
   parameter's hook instead, the split moves the last bucket's backward into ``sync``.
@@ -56,11 +56,14 @@ def compiled_original(module: Any) -> Any:
 
 
 def backward_end_queue() -> Callable[[Callable[[], None]], None]:
-    """The function :func:`at_backward_end` calls, decided once: autograd's
-    ``Variable._execution_engine.queue_callback`` on torch 2.13, else one that runs the callback
-    at once. A caller that queues a callback every step (``metrics/perf``'s timer) takes it
-    once, so that the version check is not repeated per step (~10 us of host time a step on the
-    digits MLP, issue 42)."""
+    """The function that runs a callback (no arguments) when the running backward pass has
+    finished, before the callbacks DDP queues later (its finalize, after the last bucket's
+    all-reduce was launched), decided once: autograd's
+    ``Variable._execution_engine.queue_callback`` on torch 2.13, valid only while a backward
+    runs (call it from a gradient hook); else one that runs the callback at once. A caller
+    that queues a callback every step (``metrics/perf``'s timer) takes it once, so that the
+    version check is not repeated per step (~10 us of host time a step on the digits MLP,
+    issue 42)."""
     if written_for("torch", "Variable._execution_engine.queue_callback",
                    "the backward's end stamped at the last parameter's gradient hook"):
         from torch.autograd import Variable
@@ -71,11 +74,3 @@ def backward_end_queue() -> Callable[[Callable[[], None]], None]:
 
 def _run_now(callback: Callable[[], None]) -> None:
     callback()
-
-
-def at_backward_end(callback: Callable[[], None]) -> None:
-    """Run ``callback`` (no arguments) when the running backward pass has finished, before the
-    callbacks DDP queues later (its finalize, after the last bucket's all-reduce was launched):
-    autograd's ``Variable._execution_engine.queue_callback``, valid only while a backward runs
-    (call it from a gradient hook). On a torch other than 2.13, ``callback`` runs at once."""
-    backward_end_queue()(callback)

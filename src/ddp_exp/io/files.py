@@ -191,12 +191,6 @@ def best_effort(path: str, write: Callable[[], None], reported: str | None = Non
         return False
 
 
-def temp_name(path: str, tag: str = "") -> str:
-    """A temp-file name beside ``path`` that :func:`remove_partial` recognises."""
-    return os.path.join(os.path.dirname(os.path.abspath(path)),
-                        f".{os.path.basename(path)}.{tag or os.getpid()}.tmp")
-
-
 def remove_partial(folder: str) -> list[str]:
     """Delete the temp files a killed writer left in ``folder`` (``.<name>.*.tmp``); the
     complete files are untouched. Returns the paths removed."""

@@ -251,14 +251,6 @@ def load_optimizer(folder: str, module: torch.nn.Module, optimizer: torch.optim.
     set_optimizer_state_dict(module, optimizer, tensors)
 
 
-def full_model_state(folder: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The plain, full ``state_dict`` of the sharded checkpoint ``folder``'s model, read in
-    this process alone into ``module`` (an unsharded model of the same architecture)."""
-    load_model(folder, module, no_dist=True)
-    return module.state_dict()
-
-
-
 def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``{"model": ..., "optimizer": ...}``: this process's part of the model and optimizer
     state as DCP saves it (:func:`torch.distributed.checkpoint.state_dict.get_state_dict`:

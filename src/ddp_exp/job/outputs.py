@@ -34,5 +34,5 @@ def names_in(folder: str) -> list[str]:
 
 
 def is_temp(name: str) -> bool:
-    """A temp file of :func:`ddp_exp.io.files.atomic_write` / :func:`ddp_exp.io.files.temp_name`."""
+    """A temp file of :func:`ddp_exp.io.files.atomic_write` (``.<name>.<random>.tmp``)."""
     return name.startswith(".") and name.endswith(".tmp")
