@@ -12,6 +12,8 @@ does one of:
 * ``fault: kill``: ``os.kill(os.getpid(), signal.SIGKILL)``;
 * ``fault: exit``: ``sys.exit(0)``; ``fault: os_exit``: ``os._exit(0)`` (a rank that leaves
   with exit code 0 part-way);
+* ``fault: stall``: ``time.sleep(600)`` (a rank that stalls: its peers' next collective times
+  out, and the launcher stops it);
 * ``fault: none``: nothing (a plain MLP).
 
 With ``once_file`` set, the fault fires only if that file does not exist yet, and creates it
@@ -31,6 +33,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +42,7 @@ import yaml
 
 from ddp_exp.train.models import MLP
 
-FAULTS = ("none", "raise", "nan", "kill", "exit", "os_exit")
+FAULTS = ("none", "raise", "nan", "kill", "exit", "os_exit", "stall")
 
 
 class FaultyMLP(MLP):
@@ -89,6 +92,8 @@ class FaultyMLP(MLP):
                 sys.exit(0)
             if self.fault == "os_exit":
                 os._exit(0)
+            if self.fault == "stall":
+                time.sleep(600)
             if self.fault == "nan":
                 return out * float("nan")
         return out

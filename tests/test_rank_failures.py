@@ -303,3 +303,134 @@ def test_ddps_unused_parameter_error_names_the_config_key():
                            "in the loss"), line
     assert "set ddp.find_unused_parameters=true" in line and len(line) <= 300
     assert failure_detail("ValueError: bad\nmore") == "ValueError: bad"
+
+
+# ---------------------------------------------------------------------- 6. a rank that stalls
+@pytest.mark.slow
+def test_a_stalled_rank_is_named_where_it_stalled_by_the_line_of_its_peers_timeout(run_cli,
+                                                                                  tmp_path):
+    """Rank 1 of 3 stalls in the user's model at step 3 (``time.sleep``): its peers' next
+    collective times out after ``distributed.timeout_s`` and the first of them is reported.
+    The line named only that rank and gloo's "Timed out waiting ... for recv" (round 4: the
+    rank that waited, not the one it waited for). Now it also says where the ranks still
+    running were, from their stacks, taken before the launcher stopped them: rank 1 in the
+    user's ``forward``; its threads' stacks are kept in ``errors/rank1.stacks.txt``. Exit 1,
+    status.json "failed" with the same line, no process left (run_cli checks)."""
+    run = run_cli(*faulty_args(tmp_path / "conf", fault="stall", fault_step=3, fault_rank=1),
+                  "world_size=3", "trainer.epochs=1", "launcher.max_restarts=0",
+                  "distributed.timeout_s=4", QUIET, env=tests_on_path(), timeout=120)
+    text = output(run)
+    assert run.returncode == 1, text
+    said = [ln[len("error: "):] for ln in run.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(said) == 1, text
+    line = said[0]
+    assert re.match(r"rank [02] failed: RuntimeError: Timed out waiting 4000ms for (recv|send) "
+                    r"operation to complete \(the limit is distributed.timeout_s\); ", line), line
+    kept = run.job_dir / "errors" / "rank1.stacks.txt"
+    assert "rank 1 was still running, at faulty.py:" in line, line
+    assert f" in forward (its threads' stacks: {kept})" in line, line
+    assert "in forward" in kept.read_text() and "time.sleep" not in line
+    status = json.loads((run.job_dir / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"] == line, status
+
+
+STALLS = '''import sys, time
+from ddp_exp.rank import stacks
+stacks.listen()
+def stalled_here():
+    print("ready", flush=True); time.sleep(60)
+stalled_here()
+'''
+
+
+def _stalled_process(tmp_path: Path, listen: bool = True):
+    import subprocess
+
+    script = tmp_path / "stalls.py"
+    script.write_text(STALLS if listen else STALLS.replace("stacks.listen()", ""))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_running_ranks_stacks_are_read_from_its_process_and_name_where_it_is(tmp_path):
+    """:mod:`ddp_exp.rank.stacks`: a process that listens (faulthandler on the real-time
+    signal, into its in-memory file) gives every thread's stack on request, read by another
+    process through /proc; :func:`where` names its innermost frame outside torch, the standard
+    library and ddp_exp. A process that does not listen is left out; a stopped one gives
+    none within the wait, and the note says so (an earlier request's text is not read
+    again)."""
+    import signal
+
+    from ddp_exp.rank import stacks
+
+    proc = _stalled_process(tmp_path)
+    deaf = _stalled_process(tmp_path, listen=False)
+    try:
+        taken = stacks.take({0: proc.pid, 1: deaf.pid}, wait_s=5)
+        assert list(taken) == [0], taken  # the one that does not listen is left out
+        assert 'stalls.py", line 5 in stalled_here' in taken[0], taken[0]
+        assert stacks.where(taken[0], stacks._library_dirs()) == "stalls.py:5 in stalled_here"
+        note = stacks.keep(str(tmp_path / "job"), first_rank=4)
+        kept = tmp_path / "job" / "errors" / "rank4.stacks.txt"
+        assert note == f"rank 4 was still running, at stalls.py:5 in stalled_here " \
+                       f"(its threads' stacks: {kept})"
+        assert kept.read_text() == taken[0]
+        os.kill(proc.pid, signal.SIGSTOP)  # it cannot answer: the wait ends, nothing taken
+        assert stacks.take({0: proc.pid}, wait_s=0.3) == {0: ""}
+        assert stacks.keep(str(tmp_path / "job"), first_rank=None) == (
+            "local rank 0 was still running and gave no stacks within 2 s")
+        assert stacks.keep(str(tmp_path / "job"), first_rank=0) == ""  # kept once
+    finally:
+        for p in (proc, deaf):
+            p.kill()
+            p.wait()
+
+
+def test_where_names_the_main_threads_innermost_frame_of_the_users_code():
+    """:func:`ddp_exp.rank.stacks.where` on faulthandler's text: the thread that runs the rank
+    (``run_rank`` in it), not the thread the signal landed on; its innermost frame outside
+    the libraries and ddp_exp; ddp_exp's own where the rank waits inside torch (a collective);
+    None for a text with no frame."""
+    from ddp_exp.rank.stacks import where
+
+    text = """Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/site/torch/utils/data/_utils/pin_memory.py", line 50 in _pin_memory_loop
+
+Current thread 0x00007f02 (most recent call first):
+  File "/home/me/net.py", line 9 in forward
+  File "/site/torch/nn/modules/module.py", line 1789 in _call_impl
+  File "/src/ddp_exp/train/steps.py", line 78 in train_step
+  File "/src/ddp_exp/rank/worker.py", line 278 in run_rank
+"""
+    libs = ("/usr/lib/python3.11/", "/site/torch/")
+    assert where(text, libs) == "net.py:9 in forward"
+    waiting = text.replace('  File "/home/me/net.py", line 9 in forward\n', "").replace(
+        "module.py\", line 1789 in _call_impl", "distributed_c10d.py\", line 2950 in all_reduce")
+    assert where(waiting, libs) == "steps.py:78 in train_step"
+    assert where("Stack (most recent call first):\n", libs) is None
+
+
+def test_a_collectives_timeout_names_its_limit_and_the_ranks_still_running():
+    """gloo's timeout line loses the C++ source path of torch's build machine and names the
+    key of its limit, ``distributed.timeout_s``; the launcher's line ends with the note of the
+    ranks still running (:func:`ddp_exp.rank.stacks.keep`), when it took their stacks."""
+    from types import SimpleNamespace
+
+    from ddp_exp.rank.failures import failure_detail, world_failure
+
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+            "unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete")
+    assert failure_detail(gloo) == ("RuntimeError: Timed out waiting 8000ms for recv operation "
+                                    "to complete (the limit is distributed.timeout_s)")
+    closed = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+              "pair.cc:534] Connection closed by peer [127.0.0.1]:4567")
+    assert failure_detail(closed) == "RuntimeError: Connection closed by peer [127.0.0.1]:4567"
+    failure = SimpleNamespace(exitcode=1, message={"message": gloo})
+    exc = SimpleNamespace(get_first_failure=lambda: (0, failure))
+    assert world_failure(exc)[0].endswith("(the limit is distributed.timeout_s)")
+    exc.ddp_exp_stacks_note = "rank 1 was still running, at net.py:9 in forward (...)"
+    assert world_failure(exc) == (
+        "rank 0 failed: " + failure_detail(gloo) + "; rank 1 was still running, at net.py:9 "
+        "in forward (...)", True)

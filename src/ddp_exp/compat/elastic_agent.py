@@ -81,7 +81,8 @@ def _hold(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
+def start_ranks_safely(fork: bool, after_start: Any = None,
+                       before_stop: Any = None) -> Iterator[None]:
     """While open, each start of the local ranks by an elastic agent of this process (the
     first, and each restart) holds SIGINT and SIGTERM back while it starts the rank processes,
     and raises the first one that came (torch's handler: ``SignalException``, the agent stops
@@ -104,6 +105,10 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
     :func:`pass_fork_gate` waits for that in each rank. A spawned rank inherits no pipe.
     ``after_start``: called with no argument once the ranks of a start are known (:func:`rank_pids`
     lists them): a preemption signal that came during the forks is passed on then.
+    ``before_stop``: called once per start of the ranks, as ``before_stop(error_file,
+    running)``, when the poll finds a rank failed (exit code other than 0; its ``@record``
+    error file's path) and ranks still running (``running``: local rank -> PID), before torch's
+    poll stops them (:func:`ddp_exp.rank.stacks.on_rank_failure` asks them for their stacks).
 
     Kept (issue 27 item 3) because it prevents hangs (the poll above; a forked rank stuck for
     good in ``getnameinfo``, the module's docstring) and a wrong result (a Ctrl-C during the forks
@@ -122,6 +127,8 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
     poll = MultiprocessContext._poll
 
     def _poll(self: Any) -> Any:  # a rank ended with exit code 0 and no result: failed
+        if before_stop is not None and self._pc is not None:
+            _before_stop(self, before_stop)
         result = poll(self)
         if result is not None or self._pc is None:
             return result
@@ -179,6 +186,22 @@ def start_ranks_safely(fork: bool, after_start: Any = None) -> Iterator[None]:
         MultiprocessContext._start = start_processes
         MultiprocessContext._poll = poll
         _running.clear()
+
+
+def _before_stop(context: Any, before_stop: Any) -> None:
+    """``before_stop(error_file, running)`` the first time a poll of ``context`` (torch's
+    ``MultiprocessContext``) finds a rank failed while others run: torch's poll
+    (``ProcessContext.join``) stops the others as soon as it sees the failure."""
+    if getattr(context, "_ddp_exp_failure_seen", False):
+        return
+    processes = context._pc.processes
+    failed = [i for i, process in enumerate(processes) if process.exitcode not in (None, 0)]
+    if not failed:
+        return
+    context._ddp_exp_failure_seen = True
+    running = {i: process.pid for i, process in enumerate(processes) if process.exitcode is None}
+    if running:
+        before_stop(context.error_files[failed[0]], running)
 
 
 def _ended_without_result(context: Any) -> int | None:

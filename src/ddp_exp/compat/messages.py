@@ -17,6 +17,9 @@ What each buys (issue 27 item 3), by the reader:
 * torch 2.13's DataLoader (:func:`carries_traceback`): a rank failed by an error in a data
   loader's worker is named by the original error, not by "Caught ValueError in DataLoader worker
   process 0." (which names no cause).
+* torch 2.13's collective timeouts (:func:`collective_timed_out`): a rank that timed out
+  waiting for a stalled peer is reported with where the ranks still running were
+  (:mod:`ddp_exp.rank.stacks`), not as the cause alone.
 * torch 2.13's agent log (:func:`agent_rank_failure`, :func:`agent_closing_process`): a failed
   rank's traceback is shown once, not twice, the restarted world names the rank that failed, and
   a Ctrl-C ends with one line rather than one "Closing process" line per rank.
@@ -154,6 +157,24 @@ def peer_went_away(text: str) -> bool:
     return any(s in text for s in PEER_GONE) and written_for(
         "torch", "gloo's 'Connection closed by peer' wording",
         "a rank whose peer went away is reported as failed itself")
+
+
+# torch 2.13's collective timeouts: gloo's "Timed out waiting 8000ms for recv operation to
+# complete", the store's "wait timeout after 8000ms, keys: ..." and NCCL's watchdog's
+# "Watchdog caught collective operation timeout: WorkNCCL(...)".
+COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation|"
+                                r"wait timeout after \d+ms|"
+                                r"Watchdog caught collective operation timeout")
+
+
+def collective_timed_out(text: str) -> bool:
+    """True when a rank's error ``text`` says one of its collectives timed out waiting for a
+    peer (gloo, the store, NCCL's watchdog), where another rank is the likely cause (it never
+    joined); False otherwise, or on a torch other than 2.13 (the failure is reported as the
+    rank's own, without the others' stacks: :mod:`ddp_exp.rank.stacks`)."""
+    return COLLECTIVE_TIMEOUT.search(text) is not None and written_for(
+        "torch", "gloo's 'Timed out waiting ...ms for recv operation' wording",
+        "a collective's timeout is reported without where the other ranks were")
 
 
 def agent_rank_failure(record: Any) -> tuple[Any, Any] | None:

@@ -53,7 +53,7 @@ from ddp_exp.launch import cluster, node_gate, session
 from ddp_exp.launch.parallel_jobs import parallel_jobs
 from ddp_exp.launch.torchrun import run_under_torchrun
 from ddp_exp.launch.torchrun_env import under_torchrun
-from ddp_exp.rank import parent, preemption
+from ddp_exp.rank import parent, preemption, stacks
 from ddp_exp.rank.failures import FAILURES_ENV, build_failure_recorded
 from ddp_exp.rank.worker import RankInputs, run_rank
 
@@ -281,10 +281,14 @@ def _elastic_launch(cfg: DictConfig, nproc: int, inputs: RankInputs, owns_folder
         try:
             with (_environ(env), _own_signal_handlers(),
                   agent.start_ranks_safely(fork=la.start_method == "fork",
-                                           after_start=held.forward if held else None)):
+                                           after_start=held.forward if held else None,
+                                           before_stop=stacks.on_rank_failure)):
+                stacks.forget()
                 return elastic_launch(config, run_rank)(inputs)
         except ChildFailedError as exc:
             jobdir.keep_error_files(exc, inputs.job_dir)
+            # A collective's timeout: where the ranks still running were (ddp_exp.rank.stacks).
+            exc.ddp_exp_stacks_note = stacks.keep(inputs.job_dir, first_rank)
             raise
         finally:  # every rank has ended: a rank killed mid-write leaves no partial file
             agent_log.removeFilter(failures)

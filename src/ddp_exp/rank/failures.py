@@ -45,6 +45,9 @@ from ddp_exp.job import folder as jobdir
 
 # "ddp_exp.config.errors.ConfigError: ..." at the start of a traceback's last line.
 _DOTTED_TYPE = re.compile(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*): ")
+# The C++ source line gloo's errors start with, a path of torch's build machine:
+# "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] ..."
+_NATIVE_SOURCE = re.compile(r"(?<=: )\[[^\]\s]+\.(?:cc|cpp|h):\d+\] ")
 
 
 def failure_detail(message: str) -> str:
@@ -53,10 +56,15 @@ def failure_detail(message: str) -> str:
     carries another process's traceback (a DataLoader worker's error, re-raised in the rank as
     "Caught ValueError in DataLoader worker process 0. Original Traceback ..."), its last
     line, the original error; DDP's unused-parameter error names the config key
-    ``ddp.find_unused_parameters`` (torch's advice names a keyword argument)."""
-    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
+    ``ddp.find_unused_parameters`` (torch's advice names a keyword argument), a collective's
+    timeout the key of its limit, ``distributed.timeout_s``. The C++ source line of gloo's
+    errors (a path on torch's build machine) is left out."""
+    lines = [_NATIVE_SOURCE.sub("", ln.strip(), count=1)
+             for ln in str(message).strip().splitlines() if ln.strip()]
     if not lines:
         return "unknown error"
+    if messages.collective_timed_out(lines[0]):
+        return f"{lines[0][:300]} (the limit is distributed.timeout_s)"
     if messages.unused_parameters(lines[0]):  # torch's advice names a DDP argument, not a key
         return (f"{lines[0].partition(':')[0]}: DDP found parameters of the model that took no "
                 "part in the loss (their gradients never came): set ddp.find_unused_parameters"
@@ -85,7 +93,10 @@ def world_failure(exc: Any) -> tuple[str, bool]:
     ``rank R failed: Signal 9 (SIGKILL) received by PID ...`` or ``exit code N``; one whose
     process ended with exit code 0 before it returned its result (``os._exit(0)``, a native
     library's ``exit(0)``: :func:`ddp_exp.compat.elastic_agent.start_ranks_safely`) says so
-    (:data:`ENDED_WITHOUT_RESULT`)."""
+    (:data:`ENDED_WITHOUT_RESULT`). A failure that is a collective's timeout ends with where
+    the ranks still running were, when the launcher took their stacks
+    (``exc.ddp_exp_stacks_note``, :func:`ddp_exp.rank.stacks.keep`): the rank reported waited
+    for one of them."""
     rank, failure = exc.get_first_failure()
     message = failure.message
     # @record's error file (ErrorHandler.record_exception) holds {"message": "<type>: ...",
@@ -96,7 +107,9 @@ def world_failure(exc: Any) -> tuple[str, bool]:
     if failure.exitcode == 0 and not raised:  # the table would say "exitcode 0", no more
         return f"rank {rank} failed: {ENDED_WITHOUT_RESULT}", True
     detail = failure_detail(message) if str(message).strip() else f"exit code {failure.exitcode}"
-    return f"rank {rank} failed: {detail}", raised
+    # A collective's timeout: where the ranks still running were (ddp_exp.rank.stacks.keep).
+    note = getattr(exc, "ddp_exp_stacks_note", "")
+    return f"rank {rank} failed: {detail}{f'; {note}' if note else ''}", raised
 
 
 class BuildFailed(ConfigError):

@@ -46,7 +46,7 @@ from ddp_exp.io.console import protect_console
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.metrics.trackers import TrackerPlan, open_trackers
 from ddp_exp.metrics.writer import MetricsWriter, flatten_hparams, recipe_hparam_metrics
-from ddp_exp.rank import parent, preemption
+from ddp_exp.rank import parent, preemption, stacks
 from ddp_exp.rank.failures import (
     PEER_FAILURE_GRACE_S,
     exit_is_a_failure,
@@ -256,6 +256,8 @@ def run_rank(inputs: RankInputs) -> dict[str, Any] | None:
     # SIGINT/SIGTERM end the rank at once from here, and every rank is forked before any
     # connects (a lock held at fork): ddp_exp.compat.elastic_agent.
     agent.pass_fork_gate()
+    # Where this rank is, on the launcher's request: a peer's collective timed out waiting.
+    stacks.listen()
     # The scheduler's warning (trainer.preempt_signal) notes a stop for the loop's next check.
     # The typed view of the config, built once; the dict stays inputs.cfg (the stored form).
     cfg = rank_config(inputs.cfg)
