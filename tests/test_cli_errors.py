@@ -29,8 +29,8 @@ def test_an_oserror_of_ddp_exps_code_that_hydra_called_is_not_an_output_folder_l
     ours = _raise_from(os.path.join(package, "job", "fake_callback.py"), "callback",
                        "def callback():\n    raise OSError(13, 'Permission denied', '/x/y.json')\n")
     calls = _raise_from(hydra_file, "calls", "def calls(f):\n    f()\n")
-    makes = _raise_from(hydra_file, "makes",
-                        "def makes():\n    raise OSError(13, 'Permission denied', '/out/run')\n")
+    makes = _raise_from(hydra_file, "makedirs",
+                        "def makedirs():\n    raise OSError(13, 'Permission denied', '/out/run')\n")
     with pytest.raises(OSError) as ours_failed:
         calls(ours)
     assert _output_folder_error(ours_failed.value) is None
@@ -38,6 +38,35 @@ def test_an_oserror_of_ddp_exps_code_that_hydra_called_is_not_an_output_folder_l
         makes()
     line = _output_folder_error(hydra_failed.value)
     assert line is not None and line.startswith("cannot create the output folder /out/run: ")
+
+
+def test_an_output_folder_that_exists_but_cannot_be_written_gets_the_line(tmp_path):
+    """A fresh user's find: ``hydra.run.dir`` an existing read-only folder ended in a 59-line
+    traceback and exit 1: Hydra's logging setup opens the job log there, and the logging
+    module raises the ``OSError`` again as ``ValueError: Unable to configure handler 'file'``;
+    with ``-m``, Hydra's ``multirun.yaml`` failed (43 lines). Each is the output folder's line
+    (exit 2), naming the folder and the file that could not be written. (A file in place of
+    the folder gives the same kind of ``OSError`` a read-only mount does.)"""
+    import logging.config
+
+    import hydra
+
+    from ddp_exp.cli.errors import EXIT_CONFIG_ERROR, error_exit
+
+    blocked = tmp_path / "run"
+    blocked.write_text("a file where the folder's log would go")
+    hydra_file = os.path.join(os.path.dirname(hydra.__file__), "_internal", "fake_logging.py")
+    configure = _raise_from(hydra_file, "configure", "def configure(d):\n    f(d)\n")
+    configure.__globals__["f"] = logging.config.dictConfig
+    log = str(blocked / "ddp_exp.log")
+    with pytest.raises(ValueError, match="Unable to configure handler 'file'") as failed:
+        configure({"version": 1, "handlers": {"file": {
+            "class": "logging.FileHandler", "filename": log, "delay": False}}})
+    out = error_exit(failed.value, [])
+    assert out is not None and out.code == EXIT_CONFIG_ERROR
+    assert out.text == (f"error: cannot write in the output folder {blocked}: Not a directory "
+                        "(ddp_exp.log); set hydra.run.dir (hydra.sweep.dir with -m) to a folder "
+                        "that can be created and written")
 
 
 def test_each_kind_of_error_gets_its_row():

@@ -527,6 +527,35 @@ def test_a_sweep_refused_before_its_first_job_puts_the_folder_back(tmp_path):
         sweep.active_sweep_dir = None
 
 
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_sweep_folder_that_cannot_be_written_is_left_as_it_is(tmp_path, monkeypatch, earlier):
+    """A fresh user's find: ``-m hydra.sweep.dir=<a read-only folder>``: Hydra's
+    ``multirun.yaml`` could not be written, and putting the folder back then raised the same
+    ``OSError`` again (43 lines of traceback, exit 1, instead of the output folder's line).
+    Putting it back is best effort: nothing was written there, nothing is changed."""
+    import errno
+
+    from ddp_exp.job import sweep
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if earlier:
+        (folder / "multirun.yaml").write_text("earlier: true\n")
+    sweep.SummaryCallback().on_multirun_start(
+        OmegaConf.create({"hydra": {"sweep": {"dir": str(folder)}}}))
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(folder / "multirun.yaml"))
+
+    monkeypatch.setattr(sweep.os, "remove", read_only)
+    monkeypatch.setattr(sweep, "atomic_write", read_only)
+    try:
+        assert not sweep.discard_refused_sweep()
+    finally:
+        sweep.active_sweep_dir = None
+    assert [p.name for p in folder.iterdir()] == (["multirun.yaml"] if earlier else [])
+
+
 @pytest.mark.smoke
 def test_comma_list_without_multirun_suggests_it(run_cli, tmp_path):
     run = run_cli("world_size=1", "data=digits,synthetic", "trainer.epochs=1", timeout=60)

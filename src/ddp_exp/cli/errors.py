@@ -248,11 +248,15 @@ def _disk_full_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
 
 def _output_folder_error(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     """One line for Hydra failing to create the run's or the sweep's folder (the path is a
-    file, under a file, or not writable); None for any other error, an ``OSError`` of our own
-    code included (told apart by the innermost frame of Hydra's or ours)."""
+    file, under a file, or not writable), or to write its first file there (``multirun.yaml``;
+    the job log, whose ``OSError`` the logging module raises again as ``ValueError: Unable to
+    configure handler 'file'``: an existing read-only folder gave that traceback); None for
+    any other error, an ``OSError`` of our own code included (told apart by the innermost
+    frame of Hydra's or ours)."""
     import traceback
 
-    if not isinstance(exc, OSError) or not exc.filename:
+    error = _caused_by(exc, OSError)
+    if error is None or not error.filename:
         return None
     hydra_dir = os.path.dirname(hydra.__file__) + os.sep
     ours = os.path.dirname(os.path.abspath(ddp_exp.__file__)) + os.sep
@@ -260,9 +264,15 @@ def _output_folder_error(exc: BaseException, argv: Sequence[str] = ()) -> str | 
               if f.filename.startswith((hydra_dir, ours))]
     if not owners or not owners[-1].startswith(hydra_dir):
         return None
-    return (f"cannot create the output folder {exc.filename}: {exc.strerror}; set "
-            "hydra.run.dir (hydra.sweep.dir with -m) to a folder that can be created and "
-            "written")
+    path = str(error.filename)
+    frames = traceback.extract_tb(error.__traceback__)
+    making = bool(frames) and frames[-1].name in ("makedirs", "mkdir")  # the folder itself
+    folder = os.path.dirname(path)
+    what = (f"cannot create the output folder {path}: {error.strerror}" if making
+            else f"cannot write in the output folder {folder}: {error.strerror} "
+                 f"({os.path.basename(path)})")
+    return (f"{what}; set hydra.run.dir (hydra.sweep.dir with -m) to a folder that can be "
+            "created and written")
 
 
 E = TypeVar("E", bound=BaseException)

@@ -157,12 +157,18 @@ def discard_refused_sweep() -> bool:
         return False
     if _earlier_record is not None:  # the sweep that ran there before: its record goes back
         record = _earlier_record
-        atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD), lambda fh: fh.write(record))
+        try:
+            atomic_write(os.path.join(active_sweep_dir, SWEEP_RECORD),
+                         lambda fh: fh.write(record))
+        except OSError:  # a folder that cannot be written: nothing was changed in it
+            return False
     else:
         try:
             os.remove(os.path.join(active_sweep_dir, SWEEP_RECORD))
         except FileNotFoundError:
             pass
+        except OSError:  # a folder that cannot be written (read-only): Hydra wrote nothing
+            return False
         remove_new_empty_folder(active_sweep_dir)
     return True
 
