@@ -173,3 +173,39 @@ def test_a_presets_value_refused_for_this_run_says_which_preset_set_it(run_cli, 
     assert run.returncode == 2 and len(said) == 1, run.stderr
     assert said[0].endswith("is invalid: a positive integer" + note if "mine" in note
                             else "cosine decay's last step)" + note), said
+
+
+@pytest.mark.parametrize(("choice", "keys"), [("scheduler=none", "interval"),
+                                              ("scheduler=step", "interval, step_size_epochs, "
+                                                                  "gamma")])
+def test_a_preset_with_an_option_that_lacks_its_keys_is_one_line(run_cli, choice, keys):
+    """``experiment=gpt_tokens scheduler=none``: the preset sets ``scheduler.warmup_steps``
+    for its own scheduler, which ``none`` lacks. Hydra's four lines (``In
+    'experiment/gpt_tokens': ConfigKeyError raised while composing config: ...``, a fresh
+    user's find) are one line naming the preset, the key, the option and its keys; exit 2."""
+    run = run_cli("experiment=gpt_tokens", choice, timeout=120)
+    option = choice
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"error: experiment=gpt_tokens sets scheduler.warmup_steps, which {option} does not "
+        f"have (its keys: {keys}): the preset's values are for the option it chooses; leave "
+        f"{option} out, or give your own copy of the preset (--config-dir) without that key"]
+
+
+@pytest.mark.parametrize(("override", "reason"), [
+    ("hydra.run.dir={tmp}/rüns", "a character it does not take in an unquoted value"),
+    ("data.batch_size=[1,2", "no viable alternative at input '[1,2'")])
+def test_an_override_hydra_cannot_parse_is_one_line_that_says_how_to_quote(run_cli, tmp_path,
+                                                                           override, reason):
+    """A fresh user's find: an override Hydra's grammar refuses (a letter outside ASCII in an
+    unquoted path, an unclosed list) printed Hydra's parser words and a caret, without
+    ``error:``. One line now names the override, the reason and the quoting that works (which
+    the run below then takes); exit 2, nothing made."""
+    given = override.format(tmp=tmp_path)
+    run = run_cli(given, "trainer.epochs=1", timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"error: {given}: Hydra cannot parse this override ({reason}); quote a value with "
+        "spaces, letters outside ASCII or Hydra's special characters for Hydra, inside the "
+        "shell's quotes: \"hydra.run.dir='/tmp/rüns x'\"; a list is [a,b]"]
+    assert not (tmp_path / "rüns").exists()

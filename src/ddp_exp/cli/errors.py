@@ -96,6 +96,53 @@ def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     return f"{cause.full_key}: {msg}"
 
 
+def _preset_key_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for a preset that sets a key the option chosen on the command line does not
+    have: ``experiment=gpt_tokens scheduler=none`` (the preset sets ``scheduler.warmup_steps``
+    for its own ``scheduler=cosine``). Hydra reported it in four lines, ``In
+    'experiment/gpt_tokens': ConfigKeyError raised while composing config: ...`` (its own
+    exception raised while handling OmegaConf's, not from it: a fresh user's find). None for
+    any other error, and where the key's group was not chosen on the command line (the
+    preset's own mistake: :func:`_one_line`'s line)."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    preset = messages.hydra_asking_config(str(exc))
+    cause = exc.__cause__ or exc.__context__
+    if preset is None or not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return None
+    key = str(getattr(cause, "full_key", "") or "")
+    group = key.split(".", 1)[0]
+    chosen = [a for a in argv if a.split("=", 1)[0].lstrip("+") == group and "=" in a]
+    schema = getattr(cause, "object_type", None)
+    if not chosen or "/" not in preset or not dataclasses.is_dataclass(schema):
+        return None
+    keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    option = preset.replace("/", "=", 1)
+    return (f"{option} sets {key}, which {chosen[-1].lstrip('+')} does not have (its keys: "
+            f"{', '.join(keys) or 'none'}): the preset's values are for the option it "
+            f"chooses; leave {chosen[-1].lstrip('+')} out, or give your own copy of the preset "
+            "(--config-dir) without that key")
+
+
+def _override_syntax_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
+    """One line for an override Hydra's grammar cannot parse (``OverrideParseException``):
+    a value with a space or a letter outside ASCII (``hydra.run.dir=/tmp/rüns``), an unclosed
+    list (``data.batch_size=[1,2``). Hydra printed its parser's words and a caret under the
+    place, without ``error:`` (a fresh user's find); the line names the override, Hydra's
+    reason and how a value is quoted. None for any other error."""
+    from hydra.errors import OverrideParseException
+
+    if not isinstance(exc, OverrideParseException):
+        return None
+    reason = " ".join(str(exc.message).split("See https://")[0].split())
+    reason = reason.replace(f" {exc.override}", "").rstrip(" ^")
+    if reason.startswith("LexerNoViableAltException"):  # its words and a caret, no more
+        reason = "a character it does not take in an unquoted value"
+    return (f"{exc.override}: Hydra cannot parse this override ({reason}); quote a value with "
+            "spaces, letters outside ASCII or Hydra's special characters for Hydra, inside "
+            "the shell's quotes: \"hydra.run.dir='/tmp/rüns x'\"; a list is [a,b]")
+
+
 # Hydra plugins that presets use, and the extra that installs each.
 PLUGIN_EXTRAS = {
     "submitit": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
@@ -339,6 +386,8 @@ class Row:
 # The exception -> one line table, read top to bottom: the first row with a line wins.
 ROWS: tuple[Row, ...] = (
     # Hydra's composition errors: the command line or a config file.
+    Row(_override_syntax_line, composition=True),  # hydra.run.dir=/tmp/rüns, [1,2
+    Row(_preset_key_line, composition=True),  # experiment=gpt_tokens scheduler=none
     Row(_one_line, composition=True),  # a value of the wrong type, an unknown key
     Row(_plus_on_a_default, composition=True),  # +data=... where data is chosen already
     Row(_unknown_option_line, composition=True),  # data=digitz
