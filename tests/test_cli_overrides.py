@@ -44,6 +44,12 @@ def test_deleting_a_packaged_options_key_says_there_is_no_need(compose):
     line = _one_line(info.value)
     assert line.startswith("model.hidden_sizes: ") and "\n" not in line
     assert "one given in its place drops the keys its signature does not take" in line
+    # Any other key of the schema (a fresh user's find: no hint at what would be valid).
+    with pytest.raises(hydra.errors.ConfigCompositionException) as info:
+        compose("~trainer.epochs")
+    assert _one_line(info.value) == (
+        "trainer.epochs: TrainerConfig (DictConfig) does not support deletion; a key of "
+        "ddp_exp's schema cannot be deleted: give it a value instead (trainer.epochs=...)")
 
 
 @pytest.mark.parametrize("override, key", [("data.val_size=${oops}", "data.val_size"),

@@ -88,5 +88,7 @@ def test_the_gpt_sample_is_in_the_log_and_a_missing_mfu_is_explained(tmp_path):
     assert f"sample after epoch 1 (trainer.sample_prompt='The ', 120 tokens):\n{shown}\n" in (
         run.stdout)
     assert run.stdout.count("perf/mfu is not reported: set trainer.peak_flops") == 1
+    # the whole sentence (a fresh user's find: it stopped at "perf/model_flops_per_sec is")
+    assert "; perf/model_flops_per_sec is reported either way\n" in run.stdout
     assert "perf/mfu" not in run.metrics
     assert torch.isfinite(torch.tensor(run.metrics["perf/model_flops_per_sec"]))

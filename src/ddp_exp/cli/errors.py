@@ -93,6 +93,9 @@ def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
             TARGET_GROUPS):  # ~model.hidden_sizes, to give model._target_=my.Net
         msg += ("; no need to delete it for your own _target_: one given in its place drops "
                 "the keys its signature does not take")
+    elif messages.omegaconf_no_deletion(msg):  # ~trainer.epochs: the schema's keys stay
+        msg += (f"; a key of ddp_exp's schema cannot be deleted: give it a value instead "
+                f"({cause.full_key}=...)")
     return f"{cause.full_key}: {msg}"
 
 

@@ -139,7 +139,8 @@ class LanguageModelReport:
         self.stream = datasets.train.stream if self.active else None
         if self.flops is not None and not peak and is_main:  # once per run, rank 0
             log.info("perf/mfu is not reported: set trainer.peak_flops to one device's peak "
-                     "FLOP/s (e.g. 989e12, an H100's dense bf16); perf/model_flops_per_sec is")
+                     "FLOP/s (e.g. 989e12, an H100's dense bf16); perf/model_flops_per_sec is "
+                     "reported either way")
         self.train_split = datasets.train
         self.output_key = getattr(trainer, "output_key", None) or "logits"
         self.tokenizer: TextTokenizer | None | bool = False  # False: not loaded yet
