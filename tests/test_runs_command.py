@@ -276,3 +276,100 @@ def test_runs_says_when_a_completed_runs_metrics_cannot_be_read(tmp_path):
     _, rows = table([str(tmp_path / "whole"), str(tmp_path / "cut")])
     assert [r["status"] for r in rows] == ["completed", "completed, metrics.json unreadable"]
     assert rows[0]["val/loss"] == 0.5 and "val/loss" not in rows[1]
+
+
+def composed_job(folder: Path, *overrides: str) -> Path:
+    """A job folder's ``.hydra/config.yaml`` and ``hydra.yaml`` as Hydra composes them for
+    ``overrides`` (in this process: Hydra's own ``hydra.runtime.choices`` and
+    ``hydra.overrides.task``), with a completed ``status.json`` and a ``metrics.json``."""
+    import hydra
+    from omegaconf import OmegaConf, open_dict
+
+    from ddp_exp.cli.registry import register
+
+    register()
+    with hydra.initialize_config_module(config_module="ddp_exp.conf", version_base="1.3"):
+        cfg = hydra.compose("config", overrides=list(overrides), return_hydra_config=True)
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"hydra": cfg.hydra}), folder / ".hydra" / "hydra.yaml")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")
+    (folder / "status.json").write_text(json.dumps({"status": "completed", "wall_s": 1.0}))
+    (folder / "metrics.json").write_text(json.dumps({"val/loss": 0.5}))
+    return folder
+
+
+def test_runs_shows_a_list_as_the_command_line_writes_it(tmp_path, capsys):
+    """A run started with logger=[tensorboard,csv,mlflow] (several options of a group: Hydra
+    records no choice for it) had an empty logger cell and --diff said "logger: None ->
+    'tensorboard'" (a fresh user's find); a list-valued config key (model.channels) showed as
+    Python writes a list. Both now show as the command line writes them, in the table, the CSV
+    and --diff."""
+    from ddp_exp.cli.runs import main
+
+    several = composed_job(tmp_path / "several", "logger=[tensorboard,csv,mlflow]",
+                           "model=cnn", "model.channels=[8,16]")
+    one = composed_job(tmp_path / "one", "model=cnn", "model.channels=[8,16,32]")
+    assert main([str(several), str(one)]) == 0
+    header, *rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    cells = [dict(zip(header, row, strict=False)) for row in rows]
+    assert [(c["run"], c["logger"], c["model.channels"]) for c in cells] == [
+        (str(one), "tensorboard", "[8,16,32]"),
+        (str(several), "[tensorboard,csv,mlflow]", "[8,16]")]
+    assert main([str(several), str(one), "--csv"]) == 0
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert (rows[str(several)]["logger"], rows[str(several)]["model.channels"]) == (
+        "[tensorboard,csv,mlflow]", "[8,16]")
+    assert main(["--diff", str(several), str(one)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "logger: [tensorboard,csv,mlflow] -> 'tensorboard'" in lines
+    assert "model.channels: [8,16] -> [8,16,32]" in lines
+    assert not any(line.startswith("logger.") for line in lines)  # the group's line says it
+
+
+def test_rerun_with_a_misspelled_override_is_the_jobs_one_line(tmp_path, monkeypatch, capfd):
+    """``rerun RUN trainer.epocs=3``: the job refuses the key before it makes its folder. Its
+    one error line is the only one and its exit status (2) is the rerun's; it was followed by
+    "error: the rerun failed (exit status 2); see <a folder that does not exist>", exit 1 (a
+    fresh user's find)."""
+    from ddp_exp.cli.rerun import main
+
+    fake_job(tmp_path / "done", tmp_path, 1, [], "completed", [1.0, 2.0])
+    monkeypatch.chdir(tmp_path)
+    assert main([str(tmp_path / "done"), "trainer.epocs=3", "--out", "new"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: trainer.epocs: Key 'epocs' not in 'TrainerConfig'; valid "
+                          "keys: epochs, ") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists() and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("writes, code, rc, line", [
+    (False, 2, 2, None),  # refused (an --out it cannot write): its line alone, its status
+    (True, 1, 1, "error: the rerun failed (exit status 1); see {out}"),  # failed training
+    (True, 0, 1, "error: the rerun failed (exit status 0); see {out}"),  # no model.pt
+    (False, -9, 1, "error: the rerun ended (killed by signal 9) before it wrote anything "
+                   "into its folder")])
+def test_rerun_that_failed_names_its_folder_only_when_it_wrote_there(
+        tmp_path, monkeypatch, capsys, writes, code, rc, line):
+    """A job that wrote nothing into ``--out`` (here an empty folder, as a read-only one it
+    cannot write into) gets no line pointing there, and a refusal's status is passed on; a job
+    that started there and failed gets one line naming the folder, exit 1."""
+    import subprocess
+
+    from ddp_exp.cli import rerun
+
+    def run(cmd, cwd, env, stdin):
+        out = Path(cmd[-1].removeprefix("hydra.run.dir="))
+        if writes:
+            (out / "status.json").write_text(json.dumps({"status": "failed"}))
+        print("error: the job's own line", file=sys.stderr)
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(rerun.subprocess, "run", run)
+    fake_job(tmp_path / "done", tmp_path, 1, [], "completed", [1.0, 2.0])
+    (tmp_path / "out").mkdir()
+    assert rerun.main([str(tmp_path / "done"), "--out", str(tmp_path / "out")]) == rc
+    expected = ["error: the job's own line"] + ([line.format(out=tmp_path / "out")] if line
+                                                else [])
+    assert capsys.readouterr().err.splitlines() == expected

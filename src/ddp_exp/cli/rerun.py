@@ -14,10 +14,14 @@ was resumed at another world size (``attempts`` in its record) is expected to di
 level: its rerun trains start to end at the last world size, whose sums round otherwise; the
 verdict says so, naming the world sizes, instead of blaming a nondeterministic operation.
 
-The exit status is 0 when bit-identical, 1 when not (or the rerun failed), 2 for a RUN that is
-no completed job: a run whose ``status.json`` (or record) says it failed, was interrupted or
-was preempted is refused in one line naming that state, without a rerun (it has no final
-weights to compare); start it again, or resume it (``trainer.resume=auto``), instead.
+The exit status is 0 when bit-identical, 1 when not, 2 for a RUN that is no completed job: a
+run whose ``status.json`` (or record) says it failed, was interrupted or was preempted is
+refused in one line naming that state, without a rerun (it has no final weights to compare);
+start it again, or resume it (``trainer.resume=auto``), instead. A rerun whose job refused to
+start (a misspelled extra override, an ``--out`` it cannot write) wrote nothing into its folder:
+the job's own ``error:`` line is the only one, and its exit status is this command's (2 for a
+refused input). A rerun whose job started and then failed (or left no ``model.pt``) adds one
+line naming its folder, to see its log and ``status.json``, and exits 1.
 
 May use: :mod:`ddp_exp.job.record`, :mod:`ddp_exp.job.folder` (``STATUS_FILE``),
 :mod:`ddp_exp.io.files`.
@@ -150,6 +154,27 @@ def record_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def rerun_failed(code: int, out: str) -> int:
+    """Say that the rerun into ``out`` left no final weights, given its job's exit status
+    ``code`` (negative: killed by that signal, :class:`subprocess.Popen`); returns this
+    command's exit status. A job that wrote nothing into ``out`` (it refused its input and
+    said so in its own line) gets no second line, and its status is passed on; one that
+    started (``out`` holds something) gets one line naming ``out``, exit 1."""
+    try:
+        started = bool(os.listdir(out))
+    except OSError:  # never made (or unreadable): the job did not start there
+        started = False
+    if not started and code > 0:
+        return code
+    if started:
+        print(f"error: the rerun failed (exit status {code}); see {out}", file=sys.stderr)
+    else:
+        ended = f"killed by signal {-code}" if code < 0 else "exit status 0"
+        print(f"error: the rerun ended ({ended}) before it wrote anything into its folder",
+              file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str]) -> int:
     """``ddp-exp rerun`` (see the module's docstring); returns the exit status."""
     parser = argparse.ArgumentParser(prog="ddp-exp rerun", description=__doc__.split("\n\n")[0])
@@ -183,8 +208,7 @@ def main(argv: Sequence[str]) -> int:
     code = subprocess.run(cmd, cwd=cwd, env=rerun_env(record), stdin=subprocess.DEVNULL
                           ).returncode
     if code != 0 or not os.path.isfile(os.path.join(out, "model.pt")):
-        print(f"error: the rerun failed (exit status {code}); see {out}", file=sys.stderr)
-        return 1
+        return rerun_failed(code, out)
     first = compare_weights(weights, os.path.join(out, "model.pt"))
     differences = record_differences(record, read_json(os.path.join(out, RECORD)) or {})
     if first is None:

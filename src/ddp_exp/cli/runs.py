@@ -8,7 +8,10 @@ option differs shows as the group, ``model=cnn``, not as its keys), the final me
 ``metrics.json`` and the wall seconds. ``--sort KEY`` orders it by a column (numbers
 ascending, empty cells last), ``--csv`` prints CSV instead of aligned text. ``--diff A B``
 prints each config key, group option and ``run.json`` entry (:mod:`ddp_exp.job.record`) that
-differs, ``key: A -> B``.
+differs, ``key: A -> B``. A list shows as a command line writes it, in the table, the CSV and
+``--diff``: ``[tensorboard,csv,mlflow]``, ``[16,32]``; so does a group given several options
+(``logger=[tensorboard,csv,mlflow]``), which Hydra leaves out of ``hydra.runtime.choices``: it is
+read from the run's overrides.
 
 May use: :mod:`ddp_exp.job` (the record, the sweep summary's readers), :mod:`ddp_exp.io.files`.
 """
@@ -73,11 +76,67 @@ def run_config(job_dir: str) -> dict[str, Any]:
     values = flatten(cfg)
     hydra_yaml = os.path.join(job_dir, ".hydra", "hydra.yaml")
     if os.path.isfile(hydra_yaml):
-        choices = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.runtime.choices")
-        for group, option in (OmegaConf.to_container(choices) if choices else {}).items():
+        hydra_cfg = OmegaConf.load(hydra_yaml)
+        choices = OmegaConf.select(hydra_cfg, "hydra.runtime.choices")
+        choices = OmegaConf.to_container(choices) if choices else {}
+        for group, option in choices.items():
             if not group.startswith(("hydra", "schema")):
                 values[f"{group}="] = option
+        overrides = OmegaConf.select(hydra_cfg, "hydra.overrides.task")
+        for group, options in group_lists(OmegaConf.to_container(overrides) if overrides
+                                          else [], cfg).items():
+            if group not in choices:
+                values[f"{group}="] = options
     return values
+
+
+def group_lists(overrides: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{group: [option, ...]}`` for each config group that ``overrides`` (a run's
+    ``hydra.overrides.task``) gave several options, ``logger=[tensorboard,csv]`` (the last such
+    override of a group wins); a top-level key the config holds a list in is a value, not a
+    group. Hydra records no choice for such a group (``hydra.runtime.choices``, Hydra 1.3)."""
+    import yaml  # omegaconf's own YAML parser
+
+    found: dict[str, list[Any]] = {}
+    for override in overrides:
+        key, sep, text = str(override).lstrip("+").partition("=")
+        if not sep or "." in key or key.startswith(("~", "hydra")) or isinstance(
+                cfg.get(key), list):
+            continue
+        try:
+            options = yaml.safe_load(text)
+        except yaml.YAMLError:
+            continue
+        if isinstance(options, list):
+            found[key] = options
+    return found
+
+
+def override_text(value: Any) -> str:
+    """A value as a command-line override writes it: a list ``[tensorboard,csv]``, a mapping
+    ``{a:1}``, None ``null``, a bool ``true``; a string with a space, comma, bracket, brace or
+    quote (or empty) quoted, ``'a b'``; anything else as ``str``."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_text(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{override_text(v)}" for k, v in value.items()) + "}"
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, str) and (not value or any(c in value for c in " \t,[]{}()'\"")):
+        return repr(value)
+    return str(value)
+
+
+def shown(value: Any) -> str:
+    """A config value as ``--diff`` shows it: a list as a command line writes it
+    (:func:`override_text`), anything else as ``repr`` (``'cosine'``, ``0.01``, ``None``)."""
+    return override_text(value) if isinstance(value, (list, tuple)) else repr(value)
+
+
+def cell(value: Any) -> str:
+    """A table cell (:func:`ddp_exp.job.summary.table_cell`), a list as a command line writes
+    it (:func:`override_text`)."""
+    return override_text(value) if isinstance(value, (list, tuple)) else table_cell(value)
 
 
 def differing(configs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -120,7 +179,7 @@ def sort_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
             return (2, 0, "")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return (0, value, "")
-        return (1, 0, str(value))
+        return (1, 0, cell(value))
     return sorted(rows, key=order)
 
 
@@ -130,10 +189,10 @@ def render(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], as_csv: bo
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({c: "" if r.get(c) is None else r.get(c) for c in columns}
-                         for r in rows)
+        writer.writerows({c: "" if r.get(c) is None else override_text(r[c]) if isinstance(
+            r[c], (list, tuple)) else r[c] for c in columns} for r in rows)
         return out.getvalue()
-    cells = [list(columns)] + [[table_cell(r.get(c)) for c in columns] for r in rows]
+    cells = [list(columns)] + [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
                    + "\n" for line in cells)
@@ -145,7 +204,8 @@ def diff(a: str, b: str) -> list[str]:
     lines = []
     configs = [run_config(a), run_config(b)]
     for key in differing(configs):
-        lines.append(f"{key.rstrip('=')}: {configs[0].get(key)!r} -> {configs[1].get(key)!r}")
+        lines.append(f"{key.rstrip('=')}: {shown(configs[0].get(key))} -> "
+                     f"{shown(configs[1].get(key))}")
     records = [flatten({k: v for k, v in (read_json(os.path.join(d, RECORD)) or {}).items()
                         if k not in RECORD_NOISE}) for d in (a, b)]
     for key in sorted(records[0].keys() | records[1].keys()):
