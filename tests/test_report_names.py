@@ -33,6 +33,20 @@ def test_the_progress_bar_labels_its_rate_by_unit():
         assert f"{unit}_s=12,345" in postfix and "loss=1.5000" in postfix, postfix
 
 
+def test_the_progress_counts_the_steps_the_epoch_will_run():
+    """A fresh user's find: ``trainer.max_steps=300`` at 547 steps an epoch showed ``step
+    240/547``. The total is where the epoch stops: max_steps part-way, counting a resumed
+    epoch's steps done (``done``) and the run's before it (``global_step``)."""
+    from ddp_exp.metrics.progress import steps_in_epoch
+
+    assert steps_in_epoch(547, 0, 0, 300) == 300
+    assert steps_in_epoch(547, 0, 0, None) == 547
+    assert steps_in_epoch(100, 0, 200, 250) == 50  # the third epoch stops at step 250
+    assert steps_in_epoch(100, 30, 230, 250) == 50  # resumed 30 steps into it
+    assert steps_in_epoch(100, 0, 0, 1000) == 100
+    assert steps_in_epoch(100, 0, 300, 250) == 0  # max_steps already reached
+
+
 def test_the_summary_names_the_epoch_mean(tmp_path):
     """A sweep's summary row takes metrics.json's train/epoch_loss under that name."""
     job = tmp_path / "0"

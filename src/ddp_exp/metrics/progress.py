@@ -36,6 +36,17 @@ def resolve_mode(mode: str, enabled: bool) -> str:
     return mode
 
 
+def steps_in_epoch(steps_per_epoch: int, done: int, global_step: int,
+                   max_steps: int | None) -> int:
+    """The optimizer steps the epoch will run, the total its progress shows: all of
+    ``steps_per_epoch``, unless ``trainer.max_steps`` stops the run part-way through it
+    (``done`` of its steps taken, ``global_step`` of the run's). A run of 547 steps an epoch
+    stopped at ``max_steps=300`` showed ``step 240/547`` (a fresh user's find)."""
+    if max_steps is None:
+        return steps_per_epoch
+    return min(steps_per_epoch, done + max(0, max_steps - global_step))
+
+
 class Progress:
     """One epoch's progress. ``step()`` per optimizer step, ``interval(loss, rate)`` per
     logging interval, ``close()`` at the end of the epoch."""

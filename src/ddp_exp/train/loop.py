@@ -73,7 +73,7 @@ from ddp_exp.io.files import BackgroundWriter
 from ddp_exp.job import pruning
 from ddp_exp.metrics.lm import LanguageModelReport
 from ddp_exp.metrics.perf import StepTimer
-from ddp_exp.metrics.progress import EpochResult, Progress, resolve_mode
+from ddp_exp.metrics.progress import EpochResult, Progress, resolve_mode, steps_in_epoch
 from ddp_exp.metrics.train_loss import LossWindow
 from ddp_exp.metrics.warmup import Warmup
 from ddp_exp.metrics.writer import MetricsWriter, mean
@@ -228,7 +228,9 @@ class Trainer:
         self.ddp.train()
         window = self.window
         progress = Progress(resolve_mode(trainer.progress.value, self.world.is_main), self.epoch,
-                            trainer.epochs, self.steps_per_epoch, self.lm.unit)
+                            trainer.epochs, steps_in_epoch(self.steps_per_epoch, first,
+                                                           self.global_step, max_steps),
+                            self.lm.unit)
         progress.done = first  # a resumed epoch's steps done
         if progress.bar is not None:
             progress.bar.update(first)
