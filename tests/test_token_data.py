@@ -258,6 +258,13 @@ def test_the_epoch_line_names_the_unit_it_counts():
     assert epoch_line(tokens, 1).endswith("| 2,560 tokens/s")
     samples = EpochResult(0, 10, 2.0, 640, 1.0, val)
     assert epoch_line(samples, 1).endswith("| 640 samples/s")
+    # trainer.val_every_n_steps: the epoch ends after its last validation (a fresh user's
+    # find: step 50's line showed step 45's val/loss as its own)
+    earlier = EpochResult(0, 50, 2.0, 640, 1.0, val, val_step=45)
+    assert epoch_line(earlier, 2).startswith(
+        "epoch 1/2 | step 50 | train/epoch_loss 2.0000 | val at step 45 | val/loss 1.0000 |")
+    assert "val at step" not in epoch_line(EpochResult(0, 50, 2.0, 640, 1.0, val, val_step=50),
+                                           2)
 
 
 @pytest.mark.slow

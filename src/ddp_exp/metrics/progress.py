@@ -98,15 +98,20 @@ class EpochResult:
     val: dict[str, Any]
     unit: str = "samples"  # what train_samples counts: samples, or tokens (data=tokens)
     timed_samples: int | None = None  # of train_samples, those in train_s (warm-up left out)
+    val_step: int | None = None  # the step ``val`` was measured at, where not global_step
 
 
 def epoch_line(r: EpochResult, epochs: int) -> str:
     """The line rank 0 logs after each epoch: ``epoch e/E | step s | train/epoch_loss ... |
     val/... | N samples/s`` (``tokens/s`` for token data: the unit ``r.unit`` the loss counts;
-    a value that does not apply is left out; the rate leaves warm-up out)."""
+    a value that does not apply is left out; the rate leaves warm-up out). Validation values
+    of an earlier step (``trainer.val_every_n_steps``: the last validation before the epoch's
+    end) are preceded by ``val at step N``."""
     parts = [f"epoch {r.epoch + 1}/{epochs}", f"step {r.global_step}"]
     if r.train_loss is not None:
         parts.append(f"train/epoch_loss {r.train_loss:.4f}")
+    if r.val_step is not None and r.val_step != r.global_step and r.val["val/loss"] is not None:
+        parts.append(f"val at step {r.val_step}")
     if r.val["val/loss"] is not None:
         parts.append(f"val/loss {r.val['val/loss']:.4f}")
     if r.val["val/accuracy"] is not None:

@@ -61,7 +61,8 @@ def run_epochs(loop: CheckpointedLoop) -> tuple[EpochResult | None, float, int]:
         val = (step_validation.at_epoch_end(loop, stopped or loop.epoch + 1 >= trainer.epochs)
                if by_steps else loop.evaluator.validate(loop.epoch, loop.global_step))
         last = EpochResult(loop.epoch, loop.global_step, mean(loss_sum, samples), samples,
-                           seconds, val, loop.lm.unit, timed)
+                           seconds, val, loop.lm.unit, timed,
+                           loop.last_val_step if by_steps else None)
         log.info(epoch_line(last, trainer.epochs))
         warmup.report(loop.warmup, loop.writer, loop.global_step)  # perf/compile_s, its line
         with loop.strategy.evaluation():  # FSDP: whole parameters for rank 0's reads
