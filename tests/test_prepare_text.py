@@ -420,3 +420,235 @@ def test_a_ctrl_c_that_python_dropped_still_stops_prepare(tmp_path, monkeypatch)
         run_prepare([tmp_path / "corpus"], tmp_path / "out", tokenizer="bytes")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def prepare_cli(*argv: str) -> int:
+    """``ddp-exp prepare ARGV`` as the console script runs it: the entry's one line, exit 2."""
+    from ddp_exp.cli.commands import dispatch
+
+    return dispatch(["prepare", *argv, "--tokenizer", "bytes", "--no-progress"])
+
+
+def hidden_leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("where", ["under a file", "deeper under a file", "/proc", "full disk"])
+def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, monkeypatch,
+                                                                      capsys, where):
+    """--out under a file, in /proc, or on a disk that fills while the tokens are written: one
+    ``error: --out=...`` line naming the cause, exit 2, no traceback, no work folder and no
+    folder made above --out left (tracebacks: FileExistsError, FileNotFoundError '/proc/.pout.x',
+    OSError '2801 requested and 1295 written')."""
+    import builtins
+    import errno
+    import re
+
+    from ddp_exp.data import prepare_text
+
+    write_corpus(tmp_path / "corpus", documents=6)
+    (tmp_path / "doc.txt").write_text("a file\n")
+    if where == "/proc" and not os.path.isdir("/proc/self"):
+        pytest.skip("Linux /proc")
+    out = {"under a file": tmp_path / "doc.txt" / "sub",
+           "deeper under a file": tmp_path / "doc.txt" / "a" / "b",
+           "/proc": Path("/proc/ddp_exp_pout"),
+           "full disk": tmp_path / "new" / "deeper" / "out"}[where]
+    written = []
+
+    class FullDisk:
+        """A file whose disk fills after 1,000 bytes: writes up to there, then ENOSPC."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            room = 1000 - sum(written)
+            if len(data) > room:
+                self.f.write(bytes(data)[:room])
+                written.append(room)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written.append(len(data))
+            return self.f.write(data)
+
+        def close(self):
+            self.f.close()
+
+    if where == "full disk":
+        monkeypatch.setattr(prepare_text, "open", lambda *a, **k: FullDisk(builtins.open(*a, **k)),
+                            raising=False)
+    assert prepare_cli(str(tmp_path / "corpus"), "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    expected = {
+        "under a file": rf"lies under {re.escape(str(tmp_path / 'doc.txt'))}, a file, not a "
+                        "folder: give --out a path in a folder",
+        "deeper under a file": rf"lies under {re.escape(str(tmp_path / 'doc.txt'))}, a file",
+        "/proc": r"cannot be created \(No such file or directory in /proc\): give --out a folder "
+                 "that can be created and written",
+        "full disk": r": the disk that holds it is full \(No space left on device; 1,000 bytes "
+                     r"written before it filled, [\d,.]+ (bytes|MB) free there now\): free space "
+                     "there, or give --out a folder on another disk"}[where]
+    assert re.match(rf"error: --out={re.escape(str(out))}\b.*{expected}", err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "doc.txt"]
+    if where == "/proc":
+        assert not [n for n in os.listdir("/proc") if n.startswith(".ddp_exp_pout.")]
+
+
+def test_a_later_prepare_removes_the_leftovers_of_killed_ones_only(tmp_path):
+    """A prepare killed with SIGKILL leaves its work folder; the next prepare into the same
+    --out removes it (its lock is free: its process is gone), and the work folder of an older
+    ddp_exp (no lock), but keeps one whose lock a running prepare holds."""
+    import fcntl
+    import signal
+    import subprocess
+    import time
+
+    write_corpus(tmp_path / "corpus", documents=6)
+    marker = tmp_path / "writing"
+    script = ("import sys, time\n"
+              "from ddp_exp.data import prepare_text as p\n"
+              "def encode(*a, **k):\n"
+              "    open(sys.argv[3], 'w').close()\n"
+              "    time.sleep(600)\n"
+              "p._encode = encode\n"
+              "p.prepare(p.PrepareOptions([sys.argv[1]], sys.argv[2], 'bytes', progress=False))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "corpus"),
+                             str(tmp_path / "out"), str(marker)])
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the prepare to kill never reached its writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = hidden_leftovers(tmp_path)
+    assert len(killed) == 2 and killed[0].startswith(".out.") and killed[1] == killed[0] + ".lock"
+    (tmp_path / ".out.abc_1234").mkdir()  # an older ddp_exp's work folder: no lock
+    (tmp_path / ".out.abc_1234" / "train.bin").write_bytes(b"\0" * 10)
+    (tmp_path / ".out.live0000").mkdir()  # a prepare writing now: its lock is held
+    with open(tmp_path / ".out.live0000.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run_prepare([tmp_path / "corpus"], tmp_path / "out", tokenizer="bytes", val_fraction=0.2)
+        assert hidden_leftovers(tmp_path) == [".out.live0000", ".out.live0000.lock"]
+    assert (tmp_path / "out" / "meta.json").is_file()
+    run_prepare([tmp_path / "corpus"], tmp_path / "out", tokenizer="bytes", val_fraction=0.2)
+    assert hidden_leftovers(tmp_path) == []  # its prepare is gone (the lock released)
+
+
+def test_a_source_that_is_no_file_or_folder_is_named_so(tmp_path):
+    """/dev/null, a FIFO (whose read would wait forever) and a link to nothing exist, or seem
+    to: each is named for what it is, not "no such file or folder"."""
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink(tmp_path / "nowhere", tmp_path / "link")
+    cases = [(tmp_path / "fifo", r"fifo: exists but is a named pipe \(FIFO\), not a regular file "
+                                 "or folder: give text files"),
+             (tmp_path / "link", r"link: a symbolic link to .*nowhere, which does not exist: "
+                                 "give text files")]
+    if os.path.exists("/dev/null"):
+        cases.append((Path("/dev/null"), r"^/dev/null: exists but is a character device, not a "
+                                         "regular file or folder: give text files, a folder of "
+                                         "them, JSON lines / CSV / Parquet files$"))
+    for source, expected in cases:
+        with pytest.raises(ConfigError, match=expected):
+            run_prepare([source], tmp_path / "o", tokenizer="bytes")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link"]
+    # The same inside a folder of text: its walk read the FIFO (and waited for ever).
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n")
+    os.mkfifo(folder / "pipe")
+    with pytest.raises(ConfigError, match=r"texts/pipe: not a regular file \(a FIFO, socket or "
+                                          r"device\): remove it from the folder"):
+        run_prepare([folder], tmp_path / "o", tokenizer="bytes")
+    (folder / "pipe").unlink()
+    os.symlink(tmp_path / "nowhere", folder / "gone.txt")
+    with pytest.raises(ConfigError, match=r"texts/gone.txt: cannot be read \(No such file"):
+        run_prepare([folder], tmp_path / "o", tokenizer="bytes")
+
+
+@pytest.mark.parametrize("name", ["plain_dir-1.x", "prep dir", "dür", "it's", "1e3", "a,b",
+                                  "sub/x y"])
+def test_the_printed_override_works_pasted_into_a_shell(tmp_path, monkeypatch, capsys, name):
+    """The summary's ``data.path=`` word, split as a POSIX shell splits it, is read back by
+    Hydra's override parser as the path itself: a space, ``ü`` (outside Hydra's unquoted
+    characters), a quote, a number (``1e3`` would be the float 1000.0), a comma (a sweep); a
+    plain path is printed as it is."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    monkeypatch.chdir(tmp_path)  # --out as typed: relative
+    write_corpus(tmp_path / "corpus", documents=6)
+    out = name
+    assert prepare_cli("corpus", "--out", out, "--val-fraction", "0.2") == 0
+    line = capsys.readouterr().out.strip()
+    words = shlex.split(line.split("; train with ", 1)[1])
+    assert words[:4] == ["python", "-m", "ddp_exp", "experiment=gpt_tokens"] and len(words) == 5
+    parsed = OverridesParser.create().parse_overrides([words[4]])[0]
+    assert parsed.key_or_group == "data.path" and parsed.value() == out
+    if name == "plain_dir-1.x":
+        assert line.endswith(f" data.path={out}")
+
+
+def test_a_prepared_folder_without_its_tokenizer_trains_with_one_warning(tmp_path, caplog,
+                                                                         monkeypatch):
+    """A BPE folder whose tokenizer.json was deleted still reads (tokens need no tokenizer),
+    with one warning naming the file, what is lost and the fix; a bytes folder loses nothing
+    (its ids are bytes): no warning; torchrun's other ranks stay silent."""
+    import logging
+
+    from ddp_exp.metrics import lm
+
+    write_corpus(tmp_path / "c", 12)
+    out = tmp_path / "p"
+    meta = run_prepare([tmp_path / "c"], out, vocab_size=600, val_fraction=0.25,
+                       command=["ddp-exp", "prepare", "my c", "--out", "p"])
+    (out / "tokenizer.json").unlink()
+    monkeypatch.delenv("RANK", raising=False)
+    with caplog.at_level(logging.WARNING):
+        stream = tk.load_tokens(str(out), block_size=8)
+    assert len(stream.tokens) == meta["train"]["tokens"] and stream.tokenizer is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{out / 'tokenizer.json'} is missing: no val/bits_per_byte and no text samples (token "
+        "ids instead); run ddp-exp prepare again to write it (meta.json's command: ddp-exp "
+        "prepare 'my c' --out p)"]
+    splits = tk.split_stream(stream, None, 0, seed=0)
+    assert lm.token_byte_lengths(splits.val) is None  # indeed no bits per byte
+    caplog.clear()
+    monkeypatch.setenv("RANK", "1")
+    with caplog.at_level(logging.WARNING):
+        tk.load_tokens(str(out), block_size=8)
+    assert caplog.records == []
+    monkeypatch.delenv("RANK")
+    run_prepare([tmp_path / "c"], tmp_path / "b", tokenizer="bytes", val_fraction=0.25)
+    (tmp_path / "b" / "tokenizer.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert tk.load_tokens(str(tmp_path / "b"), block_size=8).byte_level
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("name, text, vocab", [
+    ("notes.txt", "Some notes, é and 数据.\n" * 613, None),  # odd size, no vocabulary
+    ("notes.md", "# Title\n\nEven sized text.\n" * 300, 50304),  # fits uint16 and a vocab
+    ("corpus.bin", "plain English text, named as tokens\n" * 100, 50304),
+], ids=["txt", "md", "bin"])
+def test_a_text_file_given_as_tokens_names_prepare(tmp_path, name, text, vocab):
+    """data.path=<text file>: one line saying it is text and the commands that make tokens of
+    it (not a dtype multiple, a missing vocabulary, or training on the text's bytes as ids)."""
+    import re
+    import shlex
+
+    path = tmp_path / "my texts" / name
+    path.parent.mkdir()
+    path.write_text(text, encoding="utf-8")
+    folder = tmp_path / "my texts" / f"{name.split('.')[0]}_prepared"
+    expected = (f"data.path={path} is a text file (UTF-8), not tokens: prepare it first, "
+                f"ddp-exp prepare {shlex.quote(str(path))} --out {shlex.quote(str(folder))}, "
+                f"then train with 'data.path=\"{folder}\"'")
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        tk.load_tokens(str(path), vocab_size=vocab, block_size=8)
+    ids = np.arange(1000, dtype=np.uint16) * 37  # real tokens are not text
+    ids.tofile(tmp_path / "t.bin")
+    assert len(tk.load_tokens(str(tmp_path / "t.bin"), vocab_size=50304).tokens) == 1000

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_exp.cli.one_line_parser import OneLineParser
+from ddp_exp.data.prepare_out import shell_override
 from ddp_exp.data.prepare_text import PrepareOptions, plural, prepare, val_share_warning
 
 
@@ -45,8 +46,10 @@ def parser() -> OneLineParser:
 
 def main(argv: Sequence[str]) -> int:
     """Run ``ddp-exp prepare`` with ``argv`` (the words after ``prepare``); prints one summary
-    line, and one warning line when validation's share of the tokens is far from
-    ``--val-fraction`` (:func:`~ddp_exp.data.prepare_text.val_share_warning`). Bad input raises
+    line, whose ``data.path=`` override works pasted into a shell whatever the path holds
+    (spaces, ``ü``: :func:`~ddp_exp.data.prepare_out.shell_override`), and one warning line
+    when validation's share of the tokens is far from ``--val-fraction``
+    (:func:`~ddp_exp.data.prepare_text.val_share_warning`). Bad input raises
     :class:`ddp_exp.config.errors.ConfigError` (the entry's one line)."""
     args = parser().parse_args(list(argv))
     opts = PrepareOptions(args.sources, args.out, args.tokenizer, args.vocab_size,
@@ -58,7 +61,8 @@ def main(argv: Sequence[str]) -> int:
     print(f"{args.out}: vocabulary {meta['vocab_size']} ({meta['dtype']}), train "
           f"{plural(train['tokens'], 'token')} / {plural(train['documents'], 'document')}, val "
           f"{plural(val['tokens'], 'token')} / {plural(val['documents'], 'document')}; train "
-          f"with python -m ddp_exp experiment=gpt_tokens data.path={args.out}", file=sys.stdout)
+          f"with python -m ddp_exp experiment=gpt_tokens {shell_override('data.path', args.out)}",
+          file=sys.stdout)
     warning = val_share_warning(meta)
     if warning:
         print(warning, file=sys.stderr)

@@ -16,11 +16,16 @@ Steps, streaming (the corpus is never in memory; passes read the sources again):
 4. Encode the documents in batches (``encode_batch``, on every core), each followed by
    ``<|endoftext|>``, appending to the split's ``.bin``.
 
-Everything is written in a folder beside ``out`` and renamed to it at the end: a failed or
-interrupted prepare leaves no half-written folder. The same command gives byte-identical
-files.
+Everything is written in a work folder beside ``out``
+(:class:`ddp_exp.data.prepare_out.WorkFolder`) and renamed to it at the end: a failed or
+interrupted prepare leaves no half-written folder, and the folders it created above ``out``
+are removed again. The same command gives byte-identical files. An ``--out`` that cannot be
+written (it cannot be created, lies under a file, is not writable, or its disk fills) is one
+line naming ``--out``, the path and the cause (:func:`ddp_exp.data.prepare_out.out_error`); a
+killed prepare's leftovers are removed by the next one into the same ``out``.
 
-May use: NumPy, tqdm, :mod:`ddp_exp.config` (``ConfigError``), this package's text modules.
+May use: NumPy, tqdm, :mod:`ddp_exp.config` (``ConfigError``), this package's text modules and
+:mod:`ddp_exp.data.prepare_out` (the work folder).
 """
 
 from __future__ import annotations
@@ -29,9 +34,8 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
-import tempfile
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,9 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddp_exp.config.errors import ConfigError
+from ddp_exp.data.prepare_out import WorkFolder, writing
 from ddp_exp.data.text_sources import Corpus
 from ddp_exp.data.text_tokenizer import END_OF_TEXT, TextTokenizer, require_tokenizers
-from ddp_exp.io.files import process_umask
 
 META_FORMAT = "ddp_exp prepared tokens 1"
 BATCH_CHARS = 4 << 20  # characters encoded per encode_batch call
@@ -78,8 +82,9 @@ def check_options(opts: PrepareOptions) -> None:
 
     Raises:
         ConfigError: a vocabulary below the byte alphabet plus ``<|endoftext|>``, a
-            validation fraction outside ``[0, 1)``, an existing non-empty ``--out`` that is not
-            a prepared folder.
+            validation fraction outside ``[0, 1)``, a source that exists but is no regular file
+            or folder (a device, a FIFO, a socket: ``/dev/null``) or is a symbolic link to
+            nothing, an existing non-empty ``--out`` that is not a prepared folder.
     """
     if opts.tokenizer == "bpe" and opts.vocab_size < MIN_BPE_VOCAB:
         raise ConfigError(f"--vocab-size={opts.vocab_size} is invalid: a byte-level BPE holds "
@@ -90,10 +95,35 @@ def check_options(opts: PrepareOptions) -> None:
         raise ConfigError(f"--vocab-size={opts.vocab_size} is invalid: at most 2^32 ids")
     if not 0 <= opts.val_fraction < 1:
         raise ConfigError(f"--val-fraction={opts.val_fraction} is invalid: 0 <= f < 1")
+    for source in opts.sources:
+        kind = _not_a_file_or_folder(source)
+        if kind:
+            raise ConfigError(f"{source}: {kind}: give text files, a folder of them, JSON "
+                              "lines / CSV / Parquet files")
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or (
             os.listdir(opts.out) and not os.path.isfile(os.path.join(opts.out, "meta.json")))):
         raise ConfigError(f"--out={opts.out} exists and is not a prepared folder: give a new "
                           "folder (a prepared one is replaced)")
+
+
+def _not_a_file_or_folder(path: str) -> str | None:
+    """What ``path`` is when it exists but is no regular file or folder (``exists but is a
+    character device, not a regular file or folder``), or is a symbolic link to nothing; None
+    otherwise (a file, a folder, or nothing there: the source reader's own line)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return None
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"exists but is {kind}, not a regular file or folder"
 
 
 def prepare(opts: PrepareOptions) -> dict:
@@ -102,7 +132,8 @@ def prepare(opts: PrepareOptions) -> dict:
     Raises:
         ConfigError: bad options (:func:`check_options`), an unreadable, binary or non-UTF-8
             source, a corpus with no text, too few documents to split, a tokenizer file that
-            does not load or has no ``<|endoftext|>``.
+            does not load or has no ``<|endoftext|>``, an ``--out`` that cannot be written
+            (:func:`ddp_exp.data.prepare_out.out_error`).
     """
     with _sigint_noted() as interrupted:
         return _prepare(opts, interrupted)
@@ -146,6 +177,11 @@ def _raise_if(interrupted: list[int]) -> None:
 
 def _prepare(opts: PrepareOptions, interrupted: list[int]) -> dict:
     check_options(opts)
+    with WorkFolder(opts.out) as work:  # --out is checked before the corpus is read
+        return _prepare_in(opts, interrupted, work)
+
+
+def _prepare_in(opts: PrepareOptions, interrupted: list[int], folder: WorkFolder) -> dict:
     corpus = Corpus(list(opts.sources), opts.text_key, opts.documents, opts.dataset, opts.split)
     if opts.tokenizer == "bpe":
         require_tokenizers("--tokenizer bpe")
@@ -166,13 +202,9 @@ def _prepare(opts: PrepareOptions, interrupted: list[int]) -> dict:
         raise ConfigError(f"--tokenizer={opts.tokenizer}: no {END_OF_TEXT} token in its "
                           "vocabulary (documents are joined with it); add it as a special token")
     dtype = dtype_for(tokenizer.vocab_size)
-    parent = os.path.dirname(os.path.abspath(opts.out))
-    os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(opts.out))}.",
-                            dir=parent)
-    os.chmod(work, 0o777 & ~process_umask())  # mkdtemp's 0700 would stay on the renamed folder
-    try:
-        stats = _encode(corpus, tokenizer, val_docs, work, dtype, eot, opts.progress)
+    work = folder.path
+    stats = _encode(corpus, tokenizer, val_docs, work, dtype, eot, opts.progress)
+    with writing():
         tokenizer.save(os.path.join(work, "tokenizer.json"))
         meta = {
             "format": META_FORMAT,
@@ -194,10 +226,7 @@ def _prepare(opts: PrepareOptions, interrupted: list[int]) -> dict:
             json.dump(meta, f, indent=1, ensure_ascii=False)
             f.write("\n")
         _raise_if(interrupted)  # the last moment nothing has landed
-        _replace(work, opts.out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        folder.land()
     return meta
 
 
@@ -268,7 +297,8 @@ def _encode(corpus: Corpus, tokenizer: TextTokenizer, val_docs: np.ndarray, work
             dtype: str, eot: int, progress: bool) -> dict:
     """Encode every document into ``work/{train,val}.bin``; returns each split's counts."""
     stats = {name: {"tokens": 0, "documents": 0, "bytes": 0} for name in ("train", "val")}
-    files = {name: open(os.path.join(work, f"{name}.bin"), "wb") for name in stats}
+    with writing():
+        files = {name: open(os.path.join(work, f"{name}.bin"), "wb") for name in stats}
     batch: list[tuple[int, int, str]] = []  # (document, is the last piece, text)
     size = 0
 
@@ -282,7 +312,10 @@ def _encode(corpus: Corpus, tokenizer: TextTokenizer, val_docs: np.ndarray, work
                 stats[name]["documents"] += 1
             stats[name]["tokens"] += len(piece)
             stats[name]["bytes"] += len(text.encode("utf-8"))
-            np.asarray(piece, dtype=dtype).tofile(files[name])
+            # file.write, not ndarray.tofile: a short write of tofile is an OSError without
+            # errno ("2801 requested and 1295 written"), a full disk that names no cause
+            with writing():
+                files[name].write(np.asarray(piece, dtype=dtype).tobytes())
         batch.clear()
         size = 0
 
@@ -299,20 +332,10 @@ def _encode(corpus: Corpus, tokenizer: TextTokenizer, val_docs: np.ndarray, work
         if batch:
             flush()
     finally:
-        for f in files.values():
-            f.close()
+        with writing():
+            for f in files.values():
+                f.close()
     return stats
-
-
-def _replace(work: str, out: str) -> None:
-    """Rename ``work`` to ``out``, replacing an earlier prepared folder there."""
-    if os.path.isdir(out):
-        old = out.rstrip("/") + ".old"
-        os.replace(out, old)
-        os.replace(work, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(work, out)
 
 
 def _bar(items, enabled: bool, desc: str, unit: str):

@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -112,11 +113,30 @@ def _expand(path: str) -> list[Source]:
             found += [os.path.join(root, n) for n in sorted(names) if not n.startswith(".")]
         if not found:
             raise ConfigError(f"{path}: an empty folder (give a folder of text files)")
+        for p in found:  # reading a FIFO or a device would wait for ever (a fresh user's find)
+            _check_regular(p)
         return [_source(p) for p in found]
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: no such file or folder (text files, a folder of them, "
                           "JSON lines / CSV / Parquet files)")
     return [_source(path)]
+
+
+def _check_regular(path: str) -> None:
+    """Refuse a file of a source folder that is no regular file: a FIFO, a socket, a device
+    (reading one would wait for ever or never end), a symbolic link to nothing.
+
+    Raises:
+        ConfigError: one line naming the file and what it is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror}; a symbolic link to nothing?):"
+                          " remove it from the folder or give the files one by one") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device): remove it "
+                          "from the folder or give the files one by one")
 
 
 def _source(path: str) -> Source:

@@ -111,14 +111,20 @@ class TextTokenizer:
         return cls("hf", hf, path)
 
     def save(self, path: str) -> None:
-        """Write ``tokenizer.json`` to ``path``."""
-        if self.kind == BYTES_KIND:
-            with open(path, "w", encoding="utf-8") as f:
+        """Write ``tokenizer.json`` to ``path``, through Python's file (the library's own
+        ``save`` is Rust's: a full disk came back as a bare ``Exception``, no ``OSError`` with
+        its errno); the same bytes as ``Tokenizer.save``.
+
+        Raises:
+            OSError: the write failed (a full disk: ``ENOSPC``).
+        """
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            if self.kind == BYTES_KIND:
                 json.dump({"ddp_exp": BYTES_KIND, "vocab_size": 257,
                            "end_of_text": 256}, f, indent=1)
                 f.write("\n")
-        else:
-            self.hf.save(path)
+            else:
+                f.write(self.hf.to_str(pretty=True))
 
     # ------------------------------------------------------------------------------ queries
     @property

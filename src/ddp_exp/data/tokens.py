@@ -11,7 +11,9 @@ Sources (:func:`load_tokens`):
 * ``data.path`` to a folder ``ddp-exp prepare`` wrote (:mod:`ddp_exp.data.prepare_text`): its
   ``meta.json`` gives the vocabulary and dtype (no ``data.vocab_size`` to type; a different one
   is refused), ``train.bin`` is the training stream and ``val.bin`` the validation one (the
-  split by document that prepare made), ``tokenizer.json`` decodes samples;
+  split by document that prepare made), ``tokenizer.json`` decodes samples (a folder of a
+  BPE's or a file's tokens without it still trains, with one warning line: no
+  ``val/bits_per_byte``, samples as token ids);
 * no ``data.path``: the built-in corpus, the English text of the standard library's
   ``pydoc_data.topics`` (ships with CPython, no download) as UTF-8 bytes, vocabulary 256.
 
@@ -26,15 +28,20 @@ global index)``, computed per batch and never stored), sharded like ``Distribute
 size.
 
 A token id ``>= vocab_size`` is found in the batch that reads it (no scan of the file at start)
-and reported in one line with its position in the stream.
+and reported in one line with its position in the stream. A text file given as ``data.path``
+(:func:`text_file_line`) is one line naming ``ddp-exp prepare``, not a dtype or vocabulary
+complaint.
 
-May use: NumPy, torch, :mod:`ddp_exp.config` (``ConfigError``).
+May use: NumPy, torch, :mod:`ddp_exp.config` (``ConfigError``),
+:func:`ddp_exp.data.prepare_out.shell_override` (the override a line names).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +53,11 @@ from ddp_exp.config.errors import ConfigError
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SHIFT_STREAM = 0x5EED  # SeedSequence's extra word for the per-epoch shift
 BUILTIN_NAME = "pydoc_data.topics (built-in, byte-level)"
+TEXT_SUFFIXES = (".txt", ".md", ".text", ".rst", ".csv", ".tsv", ".json", ".jsonl", ".html",
+                 ".xml", ".tex", ".py")
+SNIFF_BYTES = 1 << 16  # the head of a file read to tell text from tokens
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -87,9 +99,10 @@ def load_tokens(path: str | None = None, dtype: str = "uint16", vocab_size: int 
     """``data=tokens``' target: open the stream (memory-mapped for files; nothing is scanned).
 
     Raises:
-        ConfigError: an unknown ``data.dtype``, a missing or unreadable file, a ``.bin`` whose
-            size is not a multiple of its dtype, a ``.npy`` that is not 1-D integer, a file
-            without ``data.vocab_size``, a stream shorter than ``block_size + 1`` tokens.
+        ConfigError: an unknown ``data.dtype``, a missing or unreadable file, a text file
+            (:func:`text_file_line`), a ``.bin`` whose size is not a multiple of its dtype, a
+            ``.npy`` that is not 1-D integer, a file without ``data.vocab_size``, a stream
+            shorter than ``block_size + 1`` tokens.
     """
     if block_size < 1:
         raise ConfigError(f"data.block_size={block_size} is invalid: a positive number of tokens")
@@ -101,6 +114,9 @@ def load_tokens(path: str | None = None, dtype: str = "uint16", vocab_size: int 
     elif os.path.isdir(str(path)):
         return _open_prepared(str(path), vocab_size, block_size)
     else:
+        text = text_file_line(str(path))
+        if text:
+            raise ConfigError(text)
         tokens, source, byte_level = _open_file(str(path), dtype), str(path), False
         if vocab_size is None or vocab_size < 1:
             raise ConfigError(f"data.vocab_size={vocab_size} is invalid: a token file needs its "
@@ -147,9 +163,55 @@ def _open_prepared(path: str, vocab_size: int | None, block_size: int) -> TokenS
                           f"shorter than data.block_size + 1 = {block_size + 1}; give more "
                           "text or a smaller data.block_size")
     tokenizer = os.path.join(path, "tokenizer.json")
-    return TokenStream(streams["train"], vocab, int(block_size), path,
-                       byte_level=meta.get("tokenizer") == "bytes", val_tokens=streams["val"],
+    byte_level = meta.get("tokenizer") == "bytes"  # the ids are bytes: decoded without it
+    if not os.path.isfile(tokenizer) and not byte_level and _is_first_rank():
+        command = meta.get("command")
+        log.warning("%s is missing: no val/bits_per_byte and no text samples (token ids "
+                    "instead); run ddp-exp prepare again to write it%s", tokenizer,
+                    f" (meta.json's command: {shlex.join(map(str, command))})"
+                    if isinstance(command, list) and command else "")
+    return TokenStream(streams["train"], vocab, int(block_size), path, byte_level=byte_level,
+                       val_tokens=streams["val"],
                        tokenizer=tokenizer if os.path.isfile(tokenizer) else None)
+
+
+def _is_first_rank() -> bool:
+    """Whether this process says what every rank would: the launcher (no ``RANK`` yet, its
+    ranks are given the built data) or torchrun's rank 0, where each rank builds its own."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def text_file_line(path: str) -> str | None:
+    """The line for a text file given as tokens, naming the command that makes tokens of it;
+    None for any other file. Text: the file's first :data:`SNIFF_BYTES` decode as UTF-8 (a
+    character cut at the end allowed), hold no NUL byte (a ``uint16`` or ``uint32`` id under
+    256 has one) and, unless the name ends in a text suffix (:data:`TEXT_SUFFIXES`), are at
+    least 95% printable characters or whitespace. A ``.npy`` is never text."""
+    if path.endswith(".npy") or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        return None
+    if not head or b"\0" in head:
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:  # not just a character cut by the read
+            return None
+        text = head[:e.start].decode("utf-8")
+    printable = sum(c.isprintable() or c.isspace() for c in text)
+    if not path.lower().endswith(TEXT_SUFFIXES) and printable < 0.95 * len(text):
+        return None
+    from ddp_exp.data.prepare_out import shell_override
+
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0] or "text"
+    folder = os.path.join(os.path.dirname(path), f"{stem}_prepared")
+    return (f"data.path={path} is a text file (UTF-8), not tokens: prepare it first, "
+            f"ddp-exp prepare {shlex.quote(path)} --out {shlex.quote(folder)}, then train with "
+            f"{shell_override('data.path', folder)}")
 
 
 def _open_file(path: str, dtype: str) -> np.ndarray:
