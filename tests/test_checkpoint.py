@@ -109,7 +109,7 @@ def test_a_failed_background_write_is_raised_by_the_next_call_and_leaves_the_old
     assert checkpoint.load(os.path.join(folder, "last.pt"))["epoch"] == 0
     monkeypatch.setattr(os, "fsync", full_disk)
     checkpoint.save(str(tmp_path), _state(3.0, 2), keep_epoch_file=False, keep=1, writer=writer)
-    while not writer._pending[0].done():  # the failure happens on the thread ...
+    while not writer.idle():  # the failure happens on the thread ...
         time.sleep(0.01)
     with pytest.raises(OSError, match="No space left"):  # ... and the next save raises it
         checkpoint.save(str(tmp_path), _state(4.0, 3), keep_epoch_file=False, keep=1,
