@@ -434,3 +434,29 @@ def test_a_collectives_timeout_names_its_limit_and_the_ranks_still_running():
     assert world_failure(exc) == (
         "rank 0 failed: " + failure_detail(gloo) + "; rank 1 was still running, at net.py:9 "
         "in forward (...)", True)
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_timed_out_rank_names_where_its_node_peers_were(run_cli, tmp_path,
+                                                                          monkeypatch):
+    """Under torchrun the launcher is not ddp_exp's: the rank whose collective timed out asks
+    this node's other ranks (its siblings under torchrun's agent) for their stacks itself,
+    before it records the failure: the line names rank 1, stalled in the user's ``forward``,
+    and keeps its stacks in ``errors/rank1.stacks.txt``. Real processes: ranks forked from the
+    tests' pre-imported server are not torchrun's children (``tests/zygote.py``)."""
+    monkeypatch.setenv("DDP_EXP_TEST_NO_ZYGOTE", "1")
+    run = run_cli(*faulty_args(tmp_path / "conf", fault="stall", fault_step=3, fault_rank=1),
+                  "trainer.epochs=1", "distributed.timeout_s=4", QUIET, env=tests_on_path(),
+                  timeout=120, launcher=TORCHRUN_2)
+    text = output(run)
+    assert run.returncode == 1, text
+    status = json.loads((run.job_dir / "status.json").read_text())
+    line = status["error"]
+    kept = run.job_dir / "errors" / "rank1.stacks.txt"
+    assert re.match(r"rank 0 failed: RuntimeError: Timed out waiting 4000ms for (recv|send) "
+                    r"operation to complete \(the limit is distributed.timeout_s\); rank 1 was "
+                    r"still running, at faulty.py:\d+ in forward \(its threads' stacks: "
+                    + re.escape(str(kept)) + r"\)$", line), line
+    assert "in forward" in kept.read_text()
+    assert [ln for ln in run.stderr.splitlines() if ln.startswith("error: ")] == [
+        f"error: {line}"], text

@@ -35,7 +35,7 @@ from ddp_exp.job import folder as jobdir
 from ddp_exp.job.earlier_run import run_status
 from ddp_exp.launch import session
 from ddp_exp.launch.torchrun_env import MULTIRUN_UNDER_TORCHRUN
-from ddp_exp.rank import preemption
+from ddp_exp.rank import preemption, stacks
 from ddp_exp.rank.failures import build_failure_recorded, exit_is_a_failure, record_rank_failure
 from ddp_exp.rank.logs import configure_logging
 from ddp_exp.rank.worker import set_threads, train_rank
@@ -70,6 +70,7 @@ def run_under_torchrun(cfg: DictConfig) -> dict[str, Any] | None:
     # each machine says the oversubscription warning.
     placement = session.check(cfg, world.local_world_size, warn=world.local_rank == 0)
     preemption.install(preemption.signal_number(cfg.trainer.preempt_signal, la.cluster))
+    stacks.listen()  # where this rank is, asked by a peer whose collective timed out
     threads = set_threads(world, cfg.data.num_workers)
     init_process_group(placement.backend, world, cfg.distributed.timeout_s, placement.device)
     try:

@@ -42,6 +42,7 @@ from ddp_exp.config.errors import ConfigError, described
 from ddp_exp.distributed.process_group import PeerFailed
 from ddp_exp.io.files import naming_the_disk
 from ddp_exp.job import folder as jobdir
+from ddp_exp.rank import stacks
 
 # "ddp_exp.config.errors.ConfigError: ..." at the start of a traceback's last line.
 _DOTTED_TYPE = re.compile(r"^(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*): ")
@@ -253,7 +254,6 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
         jobdir.log_to_job_log_only(logging.WARNING, f"rank {rank} stopped: another rank failed "
                                    f"first ({detail})")
         return RankFailed(line, job_dir, False, True)
-    jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
     errors = os.path.join(job_dir, jobdir.ERRORS_DIR)
     try:
         os.mkdir(errors)  # atomic: exactly one rank creates it
@@ -262,6 +262,12 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
         report = False
     except OSError:  # no folder to record in: rank 0 still reports
         report = rank == 0
+    # A collective's timeout: where this node's other ranks still running are (they wait
+    # for this one, or it for them: ddp_exp.rank.stacks), asked before torchrun stops them;
+    # after errors/ is made, which says which rank reports.
+    note = stacks.of_node_peers(job_dir, detail)
+    line += f"; {note}" if note else ""
+    jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
     with contextlib.suppress(OSError):
         _record_error_file(os.path.join(errors, f"rank{rank}.json"), exc)
     ErrorHandler().record_exception(exc)  # torchrun's file, where torchrun set one

@@ -20,9 +20,11 @@ launcher's agent sends them :data:`SIGNAL` before it stops them and reads their 
 ``<job_dir>/errors/rank<R>.stacks.txt`` and gives the note the failure's line ends with:
 ``rank 1 was still running, at sleepy.py:9 in forward``.
 
-Linux only (``memfd_create``, real-time signals, ``/proc``): elsewhere :func:`listen` does
-nothing and the line is torch's as before. Ranks started by ``torchrun`` or ``srun`` listen too,
-but their launcher is not ours: nothing asks.
+Under ``torchrun`` (or ``srun``) the launcher is not ours: the rank whose collective timed out
+asks this node's other ranks itself, found as its siblings under the agent
+(:func:`of_node_peers`); ranks on other nodes are not reached. Linux only (``memfd_create``,
+real-time signals, ``/proc``): elsewhere :func:`listen` does nothing and the line is torch's as
+before.
 """
 
 from __future__ import annotations
@@ -210,6 +212,53 @@ def on_rank_failure(error_file: str, running: dict[int, int]) -> None:
         message = message.get("message")
     if isinstance(message, str) and collective_timed_out(message):
         take(running)
+
+
+def node_peers() -> dict[int, int]:
+    """Under ``torchrun`` (or any launcher that starts each rank as a child process of its
+    own): this node's other ranks, global rank -> PID, found as the processes whose parent is
+    this one's (the agent) and whose environment names a ``RANK`` (``/proc``); a rank's own
+    DataLoader workers are its children, not the agent's. Empty where ``/proc`` cannot be
+    read."""
+    me, agent = os.getpid(), os.getppid()
+    found = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])  # after "(comm)"
+            if parent != agent:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                names = fh.read().split(b"\0")
+            rank = next((int(v[5:]) for v in names if v.startswith(b"RANK=")), None)
+        except (OSError, ValueError, IndexError):
+            continue
+        if rank is not None:
+            found[rank] = pid
+    return found
+
+
+def of_node_peers(job_dir: str, message: str) -> str:
+    """In a rank that ``torchrun`` (or ``srun``) started and that fails with ``message``: where
+    that failure is a collective's timeout, the note of where this node's other ranks still
+    running are (:func:`node_peers`, :func:`take`, :func:`keep`; their stacks are kept in
+    ``<job_dir>/errors/``), else "". The launcher's own agent asks for them under ddp_exp's
+    launcher (:func:`on_rank_failure`)."""
+    from ddp_exp.compat.messages import collective_timed_out
+
+    if not collective_timed_out(message):
+        return ""
+    peers = node_peers()
+    if not peers:
+        return ""
+    take(peers)
+    return keep(job_dir, first_rank=0)  # the keys are global ranks already
 
 
 def forget() -> None:
