@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -339,7 +340,9 @@ from ddp_exp.rank import stacks
 stacks.listen()
 def stalled_here():
     print("ready", flush=True); time.sleep(60)
-stalled_here()
+def train_rank():  # as a rank's training thread is named
+    stalled_here()
+train_rank()
 '''
 
 
@@ -376,11 +379,25 @@ def test_a_running_ranks_stacks_are_read_from_its_process_and_name_where_it_is(t
         assert note == f"rank 4 was still running, at stalls.py:5 in stalled_here " \
                        f"(its threads' stacks: {kept})"
         assert kept.read_text() == taken[0]
-        os.kill(proc.pid, signal.SIGSTOP)  # it cannot answer: the wait ends, nothing taken
-        assert stacks.take({0: proc.pid}, wait_s=0.3) == {0: ""}
+        # Stopped (kill -STOP): it cannot answer; it is continued, so that the world's stop
+        # ends it at once (torch's SIGTERM waited 30 s for a stopped rank: a fresh user's find)
+        os.kill(proc.pid, signal.SIGSTOP)
+        while not stacks._stopped(proc.pid):
+            time.sleep(0.01)
+        assert stacks.take({0: proc.pid}, wait_s=5) == {0: stacks.STOPPED}
         assert stacks.keep(str(tmp_path / "job"), first_rank=None) == (
-            "local rank 0 was still running and gave no stacks within 2 s")
+            "local rank 0 was stopped (SIGSTOP, Ctrl-Z): it gave no stacks")
         assert stacks.keep(str(tmp_path / "job"), first_rank=0) == ""  # kept once
+        for _ in range(500):  # continued
+            if not stacks._stopped(proc.pid):
+                break
+            time.sleep(0.01)
+        assert not stacks._stopped(proc.pid)
+        # A rank no longer in its training (failing too, or ending) is left out of the note.
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        stacks._taken.update({3: taken[0].replace("train_rank", "run_rank")})
+        assert stacks.keep(str(tmp_path / "job"), first_rank=0) == ""
     finally:
         for p in (proc, deaf):
             p.kill()
@@ -390,8 +407,8 @@ def test_a_running_ranks_stacks_are_read_from_its_process_and_name_where_it_is(t
 def test_where_names_the_main_threads_innermost_frame_of_the_users_code():
     """:func:`ddp_exp.rank.stacks.where` on faulthandler's text: the thread that runs the rank
     (``run_rank`` in it), not the thread the signal landed on; its innermost frame outside
-    the libraries and ddp_exp; ddp_exp's own where the rank waits inside torch (a collective);
-    None for a text with no frame."""
+    the libraries and ddp_exp; ddp_exp's own where the rank waits inside torch (a collective),
+    with that frame; None for a text with no frame."""
     from ddp_exp.rank.stacks import where
 
     text = """Thread 0x00007f01 (most recent call first):
@@ -408,8 +425,40 @@ Current thread 0x00007f02 (most recent call first):
     assert where(text, libs) == "net.py:9 in forward"
     waiting = text.replace('  File "/home/me/net.py", line 9 in forward\n', "").replace(
         "module.py\", line 1789 in _call_impl", "distributed_c10d.py\", line 2950 in all_reduce")
-    assert where(waiting, libs) == "steps.py:78 in train_step"
+    assert where(waiting, libs) == (
+        "steps.py:78 in train_step (inside distributed_c10d.py:2950 in all_reduce)")
     assert where("Stack (most recent call first):\n", libs) is None
+    # A fresh user's finds: a rank waiting for its DataLoader worker named Hydra's run_job
+    # (an installed library's frame, outside the user's code), a spawned rank "<string>", and
+    # under torchrun a background thread listed first ("threading.py:327 in wait").
+    worker = """Thread 0x00007f03 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/site/tensorboard/summary/writer/event_file_writer.py", line 240 in run
+
+Stack (most recent call first):
+  File "/site/torch/utils/data/dataloader.py", line 1284 in _try_get_data
+  File "/src/ddp_exp/data/loaders.py", line 181 in __iter__
+  File "/src/ddp_exp/rank/worker.py", line 172 in train_rank
+  File "/src/ddp_exp/launch/torchrun.py", line 95 in run_under_torchrun
+  File "/site/hydra/core/utils.py", line 189 in run_job
+  File "<string>", line 1 in <module>
+"""
+    libs = ("/usr/lib/python3.11/", "/site/")
+    assert where(worker, libs) == (
+        "loaders.py:181 in __iter__ (inside dataloader.py:1284 in _try_get_data)")
+    # The rank's DataLoader worker's stacks follow its own (rank.stacks.take): the user's
+    # Dataset line where the worker is.
+    child = """
+--- child process 4242 (a DataLoader worker), its stacks:
+Current thread 0x00007f04 (most recent call first):
+  File "/home/me/stallds.py", line 16 in __getitem__
+  File "/site/torch/utils/data/_utils/worker.py", line 349 in _worker_loop
+  File "/src/ddp_exp/rank/worker.py", line 172 in train_rank
+"""
+    assert where(worker.replace("/site/", "/x/site-packages/") + child,
+                 ("/usr/lib/python3.11/", "/x/site-packages/")) == (
+        "loaders.py:181 in __iter__ (inside dataloader.py:1284 in _try_get_data), its "
+        "DataLoader worker at stallds.py:16 in __getitem__")
 
 
 def test_a_collectives_timeout_names_its_limit_and_the_ranks_still_running():

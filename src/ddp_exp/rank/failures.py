@@ -263,9 +263,10 @@ def record_rank_failure(exc: BaseException, rank: int, job_dir: str) -> RankFail
     except OSError:  # no folder to record in: rank 0 still reports
         report = rank == 0
     # A collective's timeout: where this node's other ranks still running are (they wait
-    # for this one, or it for them: ddp_exp.rank.stacks), asked before torchrun stops them;
-    # after errors/ is made, which says which rank reports.
-    note = stacks.of_node_peers(job_dir, detail)
+    # for this one, or it for them: ddp_exp.rank.stacks), asked before torchrun stops them,
+    # by the rank that reports (the first to make errors/): two asking at once saw each other
+    # in the asking.
+    note = stacks.of_node_peers(job_dir, detail) if report else ""  # one rank asks
     line += f"; {note}" if note else ""
     jobdir.log_to_job_log_only(logging.ERROR, f"{line}\n{traceback.format_exc()}")
     with contextlib.suppress(OSError):

@@ -41,11 +41,12 @@ from typing import Any
 SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 MEMFD_NAME = "ddp_exp-stacks"
 WAIT_S = 2.0  # the most the launcher waits for a rank's stacks before it stops the ranks
+STOPPED = "\0stopped"  # take()'s text for a rank that was stopped (SIGSTOP, Ctrl-Z)
 _fd: list[int] = []  # this rank's in-memory file, kept open while the process lives
 _taken: dict[int, str] = {}  # in the launcher: local rank -> its stacks, as last taken
 # faulthandler's frame line: '  File "/path/x.py", line 9 in forward'
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_THREAD = re.compile(r"^((Current thread|Thread) 0x[0-9a-f]+|Stack) \(most recent call first\)")
 
 
 def listen() -> None:
@@ -101,8 +102,10 @@ def take(pids: dict[int, int], wait_s: float = WAIT_S) -> dict[int, str]:
     stacks (:data:`SIGNAL`) and read what each writes after it (an earlier request's text
     stays in the file), waiting up to ``wait_s`` seconds in all for each rank's to be written
     whole (its length unchanged over 50 ms). A rank with no such file (it does not listen:
-    :func:`listen`) is left out; one that wrote nothing in time (stopped, or gone) gets "".
-    The result is also kept for :func:`keep`.
+    :func:`listen`) is left out; one that wrote nothing in time (gone) gets ""; a stopped one
+    (``kill -STOP``) gets :data:`STOPPED` and is continued (``SIGCONT``), so that the stop of
+    the world that follows ends it at once (torch's SIGTERM waited 30 s for it, then killed
+    it). The result is also kept for :func:`keep`.
 
     Returns:
         local rank -> the text faulthandler wrote (every thread, innermost frame first).
@@ -110,9 +113,14 @@ def take(pids: dict[int, int], wait_s: float = WAIT_S) -> dict[int, str]:
     paths = {rank: _memfd_path(pid) for rank, pid in pids.items()}
     paths = {rank: path for rank, path in paths.items() if path is not None}
     start = {rank: _size(path) for rank, path in paths.items()}  # an earlier request's text
+    stopped = {rank for rank in paths if _stopped(pids[rank])}
     for rank in paths:
         try:
-            os.kill(pids[rank], SIGNAL)
+            if rank in stopped:  # it cannot answer; continued, the stop that follows ends it
+                os.kill(pids[rank], signal.SIGCONT)  # at once (SIGTERM waited 30 s for it)
+                paths[rank] = ""
+            else:
+                os.kill(pids[rank], SIGNAL)
         except (OSError, TypeError):
             paths[rank] = ""
     deadline, seen = time.monotonic() + wait_s, dict.fromkeys(paths, "")
@@ -124,17 +132,111 @@ def take(pids: dict[int, int], wait_s: float = WAIT_S) -> dict[int, str]:
             if text and text == seen[rank]:  # written and not growing: whole
                 waiting.discard(rank)
             seen[rank] = text
+    for rank, text in seen.items():  # its children's (DataLoader workers): after the rank's
+        if text:
+            seen[rank] = text + _children_stacks(pids[rank], paths[rank], deadline)
+    seen.update(dict.fromkeys(stopped, STOPPED))
     _taken.clear()
     _taken.update(seen)
     return dict(_taken)
 
 
+CHILD = "--- child process {pid} (a DataLoader worker), its stacks:"
+_CHILD = re.compile(r"^--- child process (\d+) ")
+
+
+def _children_stacks(pid: int, path: str, deadline: float) -> str:
+    """The stacks of rank ``pid``'s child processes that share its file ``path`` (forked
+    DataLoader workers inherit the handler and the file), asked one at a time until
+    ``deadline`` (``time.monotonic()``), each under a :data:`CHILD` line."""
+    out = ""
+    for child in _children(pid):
+        if _memfd_path(child) is None or _stopped(child) or time.monotonic() >= deadline:
+            continue
+        start = _size(path)
+        try:
+            os.kill(child, SIGNAL)
+        except OSError:
+            continue
+        text = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = _read(path, start)
+            if now and now == text:
+                break
+            text = now
+        if text:
+            out += "\n" + CHILD.format(pid=child) + "\n" + text
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (``/proc``), in order."""
+    found = []
+    try:
+        names = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
+                if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)
+
+
 def where(text: str, package_dirs: tuple[str, ...] = ()) -> str | None:
-    """Where the rank whose stacks are ``text`` (faulthandler's) was: the innermost frame of
-    its main thread (the thread whose outermost frame is the rank's entry, else the first
-    listed) outside ``package_dirs`` (torch's and the standard library's folders) and outside
-    ddp_exp, as ``file.py:LINE in FUNCTION``; else its innermost frame outside
-    ``package_dirs``; None when ``text`` lists no frame."""
+    """Where the rank whose stacks are ``text`` (faulthandler's) was: in the thread that runs
+    its training (the one with the rank's entry in it: :data:`ENTRIES`; else the first listed),
+    the innermost frame of the user's code (outside ``package_dirs``, the installed libraries'
+    and the standard library's folders, outside ddp_exp, not ``<string>``), as
+    ``file.py:LINE in FUNCTION``; else its innermost frame of ddp_exp's, followed by the
+    library frame it waits in (``loaders.py:181 in __iter__ (inside dataloader.py:1284 in
+    _try_get_data)``: a DataLoader worker that stalls); None when ``text`` lists no frame."""
+    parts = re.split(r"\n(?=--- child process \d+ )", text)
+    main = _training_thread(parts[0])
+    if not main:
+        return None
+    user = _users(main, package_dirs)
+    if user:
+        return _frame(user[0])
+    own = [f for f in main if _ours(f)]
+    if not own:
+        return _frame(main[0])
+    inside = next((f for f in main if "site-packages" in f[0] or "dist-packages" in f[0]),
+                  main[0])
+    said = _frame(own[0]) + (f" (inside {_frame(inside)})" if inside is not own[0] else "")
+    for child in parts[1:]:  # a DataLoader worker in the user's Dataset: where it is
+        frames = _training_thread(child)
+        user = _users(frames, package_dirs)
+        if user:
+            return f"{said}, its DataLoader worker at {_frame(user[0])}"
+    return said
+
+
+def _ours(frame: tuple[str, str, str]) -> bool:
+    return f"{os.sep}ddp_exp{os.sep}" in frame[0]
+
+
+def _users(frames: list[tuple[str, str, str]], package_dirs: tuple[str, ...]
+           ) -> list[tuple[str, str, str]]:
+    """The frames of the user's code: outside ``package_dirs`` and ddp_exp, not ``<...>``."""
+    return [f for f in frames
+            if not f[0].startswith(package_dirs) and not f[0].startswith("<") and not _ours(f)]
+
+
+# The functions of a rank's training thread, outermost to innermost: ddp_exp's launcher's rank,
+# torchrun's, the training both run.
+ENTRIES = ("run_rank", "run_under_torchrun", "train_rank")
+TRAINING = "train_rank"
+
+
+def _training_thread(text: str) -> list[tuple[str, str, str]]:
+    """The frames (file, line, function; innermost first) of the thread in faulthandler's
+    ``text`` that runs the rank (one with a function of :data:`ENTRIES`), else of the first
+    thread listed; [] when ``text`` lists no frame."""
     threads: list[list[tuple[str, str, str]]] = []
     for line in text.splitlines():
         if _THREAD.match(line):
@@ -143,23 +245,42 @@ def where(text: str, package_dirs: tuple[str, ...] = ()) -> str | None:
             threads[-1].append(frame.groups())
     threads = [frames for frames in threads if frames]
     if not threads:
-        return None
-    main = next((frames for frames in threads
-                 if any(fn == "run_rank" for _, _, fn in frames)), threads[0])
-    outside = [f for f in main if not f[0].startswith(package_dirs)]
-    own = [f for f in outside if f"{os.sep}ddp_exp{os.sep}" not in f[0]]
-    file, line, fn = (own or outside or main)[0]
+        return []
+    return next((frames for frames in threads if any(fn in ENTRIES for _, _, fn in frames)),
+                threads[0])
+
+
+def still_training(text: str) -> bool:
+    """Whether the rank whose stacks are ``text`` was still in its training (:data:`TRAINING`
+    on its thread's stack); False for one already failing or ending (its training has raised:
+    a peer that timed out too, or one whose collective broke and waits to exit)."""
+    return any(fn == TRAINING for _, _, fn in _training_thread(text))
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T``: SIGSTOP, Ctrl-Z; ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
+def _frame(frame: tuple[str, str, str]) -> str:
+    file, line, fn = frame
     return f"{os.path.basename(file)}:{line} in {fn}"
 
 
 def _library_dirs() -> tuple[str, ...]:
-    """The folders whose frames say nothing of where a rank was: torch's, the standard
-    library's."""
+    """The folders whose frames say nothing of where a rank was: the standard library's and
+    every installed package's (site-packages: torch, Hydra, ...)."""
+    import site
     import sysconfig
 
-    import torch
-
-    return (os.path.dirname(torch.__file__) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
+    paths = sysconfig.get_paths()
+    dirs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
+            *site.getsitepackages()}
+    return tuple(sorted(os.path.join(d, "") for d in dirs if d))
 
 
 def keep(job_dir: str, first_rank: int | None) -> str:
@@ -174,9 +295,14 @@ def keep(job_dir: str, first_rank: int | None) -> str:
     _taken.clear()
     notes = []
     for local_rank, text in sorted(taken.items()):
+        if text and text != STOPPED and not still_training(text):
+            continue  # failing too, or ending: not where the world was held
         # This node's ranks are first_rank, first_rank + 1, ...; unknown: their local ranks.
         name = f"rank {first_rank + local_rank}" if first_rank is not None else (
             f"local rank {local_rank}")
+        if text == STOPPED:
+            notes.append(f"{name} was stopped (SIGSTOP, Ctrl-Z): it gave no stacks")
+            continue
         if not text:
             notes.append(f"{name} was still running and gave no stacks within {WAIT_S:g} s")
             continue
