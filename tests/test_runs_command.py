@@ -373,3 +373,19 @@ def test_rerun_that_failed_names_its_folder_only_when_it_wrote_there(
     expected = ["error: the job's own line"] + ([line.format(out=tmp_path / "out")] if line
                                                 else [])
     assert capsys.readouterr().err.splitlines() == expected
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["runs", "--bogus"], "error: ddp-exp runs: unrecognized arguments: --bogus (ddp-exp runs "
+                          "--help lists the options)"),
+    (["runs", "--diff", "A"], "error: ddp-exp runs: argument --diff: expected 2 arguments "
+                              "(ddp-exp runs --help lists the options)"),
+    (["rerun"], "error: ddp-exp rerun: the following arguments are required: run, overrides "
+                "(ddp-exp rerun --help lists the options)")])
+def test_a_bad_command_line_of_runs_or_rerun_is_one_line(capsys, argv, said):
+    """A fresh user's find: ``runs`` and ``rerun`` printed argparse's usage block, where
+    ``prepare`` and ``sample`` say one line; exit 2."""
+    from ddp_exp.cli.commands import dispatch
+
+    assert dispatch(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [said]

@@ -51,13 +51,13 @@ def _sample(argv: Sequence[str]) -> int:
 def _runs(argv: Sequence[str]) -> int:
     from ddp_exp.cli.runs import main
 
-    return main(argv)
+    return _one_line(main, argv)
 
 
 def _rerun(argv: Sequence[str]) -> int:
     from ddp_exp.cli.rerun import main
 
-    return main(argv)
+    return _one_line(main, argv)
 
 
 # first argument -> (function of the remaining arguments returning the exit status, summary)

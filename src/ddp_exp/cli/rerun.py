@@ -29,7 +29,6 @@ May use: :mod:`ddp_exp.job.record`, :mod:`ddp_exp.job.folder` (``STATUS_FILE``),
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import subprocess
@@ -37,6 +36,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddp_exp.cli.one_line_parser import OneLineParser
 from ddp_exp.io.files import read_json
 from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
@@ -177,7 +177,7 @@ def rerun_failed(code: int, out: str) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """``ddp-exp rerun`` (see the module's docstring); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="ddp-exp rerun", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="ddp-exp rerun", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a finished job folder (holding run.json and model.pt)")
     parser.add_argument("overrides", nargs="*", help="overrides appended to the job's")
     parser.add_argument("--out", help="the new job folder (default: outputs/reruns/<time> in "

@@ -18,7 +18,6 @@ May use: :mod:`ddp_exp.job` (the record, the sweep summary's readers), :mod:`ddp
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import os
@@ -26,6 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddp_exp.cli.one_line_parser import OneLineParser
 from ddp_exp.io.files import read_json
 from ddp_exp.job.folder import STATUS_FILE
 from ddp_exp.job.record import RECORD
@@ -217,7 +217,7 @@ def diff(a: str, b: str) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     """``ddp-exp runs`` (see the module's docstring); returns the exit status (2: no runs or a
     folder that is no run)."""
-    parser = argparse.ArgumentParser(prog="ddp-exp runs", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="ddp-exp runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="folders of runs or sweeps (default: outputs)")
     parser.add_argument("--sort", metavar="KEY", help="order by this column, e.g. val/loss")
     parser.add_argument("--csv", action="store_true", help="print CSV")
