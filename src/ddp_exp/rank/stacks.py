@@ -18,7 +18,10 @@ launcher's agent sends them :data:`SIGNAL` before it stops them and reads their 
 ``/proc/<pid>/fd`` (:func:`on_rank_failure`, :func:`take`; called from the agent's poll,
 :func:`ddp_exp.compat.elastic_agent.start_ranks_safely`). :func:`keep` writes each to
 ``<job_dir>/errors/rank<R>.stacks.txt`` and gives the note the failure's line ends with:
-``rank 1 was still running, at sleepy.py:9 in forward``.
+``rank 1 was still running, at sleepy.py:9 in forward``. A rank's DataLoader workers (forked:
+they share its handler and file) are asked after it, so that a Dataset that stalls is named
+(``..., its DataLoader worker at data.py:16 in __getitem__``); a rank stopped by ``kill -STOP``
+is said to be stopped; ranks no longer in their training (failing too) are left out.
 
 Under ``torchrun`` (or ``srun``) the launcher is not ours: the rank whose collective timed out
 asks this node's other ranks itself, found as its siblings under the agent
