@@ -23,7 +23,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import hydra
 from hydra.errors import HydraException
@@ -60,6 +60,12 @@ def rendezvous_line(exc: BaseException, cfg: DictConfig) -> str:
             + " and its own hydra.run.dir")
 
 
+def _schema_keys(schema: Any) -> list[str]:
+    """The keys a user may give a schema dataclass's section (``_target_`` and the like
+    left out)."""
+    return [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+
+
 def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     """A one-line message for a config value of the wrong type, or None for other errors."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -83,8 +89,7 @@ def _one_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None:
     schema = getattr(cause, "object_type", None)
     unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))
     if unknown_key and dataclasses.is_dataclass(schema):
-        keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
-        msg += f"; valid keys: {', '.join(keys)}"
+        msg += f"; valid keys: {', '.join(_schema_keys(schema))}"
         if str(cause.full_key).split(".", 1)[0] in TARGET_GROUPS:  # a _target_ replaced
             msg += f"; an argument of your own _target_ is added with +{cause.full_key}=..."
     elif unknown_key:  # under a free-form node (data.transform, a user's target's arguments)
@@ -119,7 +124,7 @@ def _preset_key_line(exc: BaseException, argv: Sequence[str] = ()) -> str | None
     schema = getattr(cause, "object_type", None)
     if not chosen or "/" not in preset or not dataclasses.is_dataclass(schema):
         return None
-    keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    keys = _schema_keys(schema)
     option = preset.replace("/", "=", 1)
     return (f"{option} sets {key}, which {chosen[-1].lstrip('+')} does not have (its keys: "
             f"{', '.join(keys) or 'none'}): the preset's values are for the option it "

@@ -145,7 +145,6 @@ def take(pids: dict[int, int], wait_s: float = WAIT_S) -> dict[int, str]:
 
 
 CHILD = "--- child process {pid} (a DataLoader worker), its stacks:"
-_CHILD = re.compile(r"^--- child process (\d+) ")
 
 
 def _children_stacks(pid: int, path: str, deadline: float) -> str:
@@ -175,19 +174,22 @@ def _children_stacks(pid: int, path: str, deadline: float) -> str:
 
 def _children(pid: int) -> list[int]:
     """The PIDs whose parent is ``pid`` (``/proc``), in order."""
-    found = []
     try:
-        names = [n for n in os.listdir("/proc") if n.isdigit()]
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
     except OSError:
         return []
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
-                if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return sorted(found)
+    return [child for child in pids if (_stat(child) or ("", -1))[1] == pid]
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and parent PID (``/proc/<pid>/stat``, the fields after
+    its ``(comm)``, which may hold spaces); None when it cannot be read (gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            state, parent = fh.read().rsplit(")", 1)[1].split()[:2]
+        return state, int(parent)
+    except (OSError, ValueError):
+        return None
 
 
 def where(text: str, package_dirs: tuple[str, ...] = ()) -> str | None:
@@ -198,7 +200,7 @@ def where(text: str, package_dirs: tuple[str, ...] = ()) -> str | None:
     ``file.py:LINE in FUNCTION``; else its innermost frame of ddp_exp's, followed by the
     library frame it waits in (``loaders.py:181 in __iter__ (inside dataloader.py:1284 in
     _try_get_data)``: a DataLoader worker that stalls); None when ``text`` lists no frame."""
-    parts = re.split(r"\n(?=--- child process \d+ )", text)
+    parts = text.split("\n" + CHILD.split("{")[0])  # the rank's, then each worker's
     main = _training_thread(parts[0])
     if not main:
         return None
@@ -261,12 +263,8 @@ def still_training(text: str) -> bool:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped (``T``: SIGSTOP, Ctrl-Z; ``/proc/<pid>/stat``)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+    """Whether process ``pid`` is stopped (``T``: SIGSTOP, Ctrl-Z; :func:`_stat`)."""
+    return (_stat(pid) or ("", -1))[0] == "T"
 
 
 def _frame(frame: tuple[str, str, str]) -> str:
@@ -349,24 +347,15 @@ def node_peers() -> dict[int, int]:
     this one's (the agent) and whose environment names a ``RANK`` (``/proc``); a rank's own
     DataLoader workers are its children, not the agent's. Empty where ``/proc`` cannot be
     read."""
-    me, agent = os.getpid(), os.getppid()
-    found = {}
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return {}
-    for pid in pids:
+    me, found = os.getpid(), {}
+    for pid in _children(os.getppid()):
         if pid == me:
             continue
         try:
-            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-                parent = int(fh.read().rsplit(")", 1)[1].split()[1])  # after "(comm)"
-            if parent != agent:
-                continue
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 names = fh.read().split(b"\0")
             rank = next((int(v[5:]) for v in names if v.startswith(b"RANK=")), None)
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):
             continue
         if rank is not None:
             found[rank] = pid
